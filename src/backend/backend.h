@@ -1,0 +1,52 @@
+// The seam between the model and the backends. The forward pass is a fixed sequence of blocks
+// (model/qwen_hybrid.cpp); each backend implements each block as it likes. A block reads and updates
+// the backend-owned residual stream x [T, H] of the current step:
+//   embed:      x = embed_tokens[tokens]
+//   gdn_mixer:  x += GatedDeltaNet(RMSNorm(x, input_norm))   (conv + recurrent state updated)
+//   attn_mixer: x += GatedAttention(RMSNorm(x, input_norm))  (KV cache appended)
+//   ffn:        x += MoE(RMSNorm(x, post_norm))              (or the dense MLP)
+//   head:       logits = RMSNorm(x, final_norm) · lm_headᵀ for the selected rows
+// Rows of one step are consecutive tokens of one sequence at positions state.n_tokens() + t.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/weights.h"
+
+namespace lily {
+
+// Per-sequence state (KV cache, conv state, fp32 recurrent state), owned by a backend. Snapshots are
+// deep copies; restoring a snapshot brings the sequence back to exactly that point.
+class SequenceState {
+ public:
+  virtual ~SequenceState() = default;
+  virtual int64_t n_tokens() const = 0;   // tokens absorbed so far (next position)
+  virtual int64_t capacity() const = 0;   // most tokens the KV cache can hold
+  virtual std::unique_ptr<SequenceState> clone() const = 0;
+  virtual void restore(const SequenceState& snapshot) = 0;  // snapshot from the same backend and model
+  virtual void reset() = 0;
+  virtual size_t nbytes() const = 0;      // memory used by the tokens absorbed so far
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual const ModelWeights& weights() const = 0;
+
+  // max_tokens bounds the KV cache; the backend may grow it lazily.
+  virtual std::unique_ptr<SequenceState> new_state(int64_t max_tokens) = 0;
+
+  // One step of T rows. Blocks are called between begin and end in model order.
+  virtual void begin(SequenceState& st, int64_t T) = 0;
+  virtual void embed(const int32_t* tokens) = 0;
+  virtual void gdn_mixer(int layer) = 0;
+  virtual void attn_mixer(int layer) = 0;
+  virtual void ffn(int layer) = 0;
+  // Logits [rows, V] (float32, host memory) of the last `rows` rows of the step.
+  virtual void head(int64_t rows, float* logits) = 0;
+  virtual void end() = 0;  // the state now holds n_tokens() + T tokens
+};
+
+}  // namespace lily

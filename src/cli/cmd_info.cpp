@@ -1,0 +1,57 @@
+#include <filesystem>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/registry.h"
+#include "model/weights.h"
+
+namespace lily::cli {
+namespace {
+
+Register reg("info", "Show a model's architecture, sizes, layer kinds and tensors", [](CLI::App& app) {
+  auto model = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  app.add_option("--model", *model, "Model directory (config.json + safetensors)")->required();
+  app.add_flag("--json", *json, "Print JSON");
+  return [=]() -> int {
+    auto w = ModelWeights::load(*model);
+    const auto& cfg = w->cfg;
+    std::map<std::string, size_t> bytes_by_dtype;
+    size_t n_tensors = 0, total = 0;
+    for (auto& [name, t] : w->ckpt->tensors()) {
+      bytes_by_dtype[dtype_name(t->dtype)] += t->nbytes;
+      total += t->nbytes;
+      ++n_tensors;
+    }
+    nlohmann::json j = cfg.to_json();
+    j["model_dir"] = *model;
+    j["tensor_count"] = n_tensors;
+    j["tensor_bytes"] = total;
+    j["bytes_by_dtype"] = bytes_by_dtype;
+    j["weight_bytes"] = w->weight_bytes();
+    j["active_bytes_per_token"] = w->active_bytes_per_token();
+    if (*json) {
+      fmt::print("{}\n", j.dump(2));
+      return 0;
+    }
+    fmt::print("model          {}\n", *model);
+    fmt::print("architecture   {} (model_type {})\n", arch_name(cfg.arch), cfg.model_type);
+    fmt::print("layers         {} ({} Gated DeltaNet + {} gated attention)\n", cfg.layers, cfg.n_linear_layers(), cfg.n_full_layers());
+    fmt::print("hidden         {}   vocab {}\n", cfg.hidden, cfg.vocab);
+    fmt::print("attention      {} q / {} kv heads x {}, rotary {}, theta {}\n", cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rotary_dim, cfg.rope_theta);
+    fmt::print("deltanet       {} k / {} v heads, dk {} dv {}, conv {}\n", cfg.lin_k_heads, cfg.lin_v_heads, cfg.lin_k_dim, cfg.lin_v_dim, cfg.conv_kernel);
+    fmt::print("moe            {} experts, top-{}, expert {} / shared {}\n", cfg.n_experts, cfg.top_k, cfg.moe_inter, cfg.shared_inter);
+    std::string kinds;
+    for (auto k : cfg.layer_kinds) kinds += k == LayerKind::FullAttention ? 'A' : 'L';
+    fmt::print("layer kinds    {}  (L = linear attention, A = full attention)\n", kinds);
+    fmt::print("tensors        {} ({:.1f} MiB)\n", n_tensors, double(total) / (1 << 20));
+    for (auto& [dt, b] : bytes_by_dtype) fmt::print("  {:<6} {:.1f} MiB\n", dt, double(b) / (1 << 20));
+    fmt::print("active/token   {:.1f} MiB of weights\n", double(w->active_bytes_per_token()) / (1 << 20));
+    return 0;
+  };
+});
+
+}  // namespace
+}  // namespace lily::cli

@@ -1,0 +1,252 @@
+#include "model/config.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+
+namespace lily {
+
+const char* arch_name(Arch a) { return a == Arch::Qwen3Next ? "qwen3_next" : "qwen3_5_moe"; }
+
+int64_t ModelConfig::n_full_layers() const {
+  int64_t n = 0;
+  for (auto k : layer_kinds) n += k == LayerKind::FullAttention;
+  return n;
+}
+
+namespace {
+
+struct Reader {
+  const nlohmann::json& j;
+  std::string where;
+
+  const nlohmann::json* find(const char* key) const {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  int64_t int_req(const char* key) const {
+    auto* v = find(key);
+    if (!v) fail("{}: missing field '{}'", where, key);
+    if (!v->is_number_integer()) fail("{}: field '{}' must be an integer", where, key);
+    return v->get<int64_t>();
+  }
+  int64_t int_opt(const char* key, int64_t def) const {
+    auto* v = find(key);
+    if (!v) return def;
+    if (!v->is_number_integer()) fail("{}: field '{}' must be an integer", where, key);
+    return v->get<int64_t>();
+  }
+  double num_opt(const char* key, double def) const {
+    auto* v = find(key);
+    if (!v) return def;
+    if (!v->is_number()) fail("{}: field '{}' must be a number", where, key);
+    return v->get<double>();
+  }
+  bool bool_opt(const char* key, bool def) const {
+    auto* v = find(key);
+    if (!v) return def;
+    if (!v->is_boolean()) fail("{}: field '{}' must be true or false", where, key);
+    return v->get<bool>();
+  }
+};
+
+void positive(const std::string& where, const char* key, int64_t v) {
+  if (v <= 0) fail("{}: field '{}' must be positive (got {})", where, key, v);
+}
+
+std::vector<int64_t> ids_of(const nlohmann::json* v) {
+  std::vector<int64_t> out;
+  if (!v || v->is_null()) return out;
+  if (v->is_number_integer()) out.push_back(v->get<int64_t>());
+  if (v->is_array())
+    for (auto& x : *v)
+      if (x.is_number_integer()) out.push_back(x.get<int64_t>());
+  return out;
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const nlohmann::json& top, const std::string& where) {
+  if (!top.is_object()) fail("{}: not a JSON object", where);
+  ModelConfig c;
+  auto mt = top.find("model_type");
+  if (mt == top.end() || !mt->is_string()) fail("{}: missing field 'model_type'", where);
+  c.model_type = mt->get<std::string>();
+  const nlohmann::json* tj = &top;
+  std::string twhere = where;
+  if (c.model_type == "qwen3_next") {
+    c.arch = Arch::Qwen3Next;
+    c.tensor_prefix = "model.";
+  } else if (c.model_type == "qwen3_5_moe_text") {
+    c.arch = Arch::Qwen35Moe;
+    c.tensor_prefix = "model.";
+  } else if (c.model_type == "qwen3_5_moe") {
+    c.arch = Arch::Qwen35Moe;
+    auto it = top.find("text_config");
+    if (it == top.end() || !it->is_object()) fail("{}: model_type qwen3_5_moe needs an object 'text_config'", where);
+    tj = &*it;
+    twhere = where + " (text_config)";
+    c.tensor_prefix = "model.language_model.";
+  } else {
+    fail("{}: unknown model_type '{}' (supported: qwen3_next, qwen3_5_moe, qwen3_5_moe_text)", where, c.model_type);
+  }
+  Reader r{*tj, twhere};
+  c.hidden = r.int_req("hidden_size");
+  c.layers = r.int_req("num_hidden_layers");
+  c.vocab = r.int_req("vocab_size");
+  c.rms_eps = r.num_opt("rms_norm_eps", 1e-6);
+  c.n_heads = r.int_req("num_attention_heads");
+  c.n_kv_heads = r.int_opt("num_key_value_heads", c.n_heads);
+  c.head_dim = r.int_opt("head_dim", c.n_heads > 0 ? c.hidden / c.n_heads : 0);
+  c.lin_k_heads = r.int_req("linear_num_key_heads");
+  c.lin_v_heads = r.int_req("linear_num_value_heads");
+  c.lin_k_dim = r.int_req("linear_key_head_dim");
+  c.lin_v_dim = r.int_req("linear_value_head_dim");
+  c.conv_kernel = r.int_opt("linear_conv_kernel_dim", 4);
+  c.n_experts = r.int_opt("num_experts", 0);
+  c.top_k = r.int_opt("num_experts_per_tok", 0);
+  c.moe_inter = r.int_opt("moe_intermediate_size", 0);
+  c.shared_inter = r.int_opt("shared_expert_intermediate_size", 0);
+  c.dense_inter = r.int_opt("intermediate_size", 0);
+  c.norm_topk = c.arch == Arch::Qwen35Moe ? true : r.bool_opt("norm_topk_prob", true);
+  c.max_positions = r.int_opt("max_position_embeddings", 0);
+  // Tied embeddings may be declared at either level.
+  c.tie_embeddings = Reader{top, where}.bool_opt("tie_word_embeddings", r.bool_opt("tie_word_embeddings", false));
+
+  for (auto [k, v] : {std::pair{"hidden_size", c.hidden}, {"num_hidden_layers", c.layers}, {"vocab_size", c.vocab},
+                      {"num_attention_heads", c.n_heads}, {"num_key_value_heads", c.n_kv_heads},
+                      {"head_dim", c.head_dim}, {"linear_num_key_heads", c.lin_k_heads},
+                      {"linear_num_value_heads", c.lin_v_heads}, {"linear_key_head_dim", c.lin_k_dim},
+                      {"linear_value_head_dim", c.lin_v_dim}, {"linear_conv_kernel_dim", c.conv_kernel}})
+    positive(twhere, k, v);
+  if (c.n_heads % c.n_kv_heads) fail("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", twhere, c.n_heads, c.n_kv_heads);
+  if (c.lin_v_heads % c.lin_k_heads)
+    fail("{}: linear_num_value_heads {} is not a multiple of linear_num_key_heads {}", twhere, c.lin_v_heads, c.lin_k_heads);
+
+  // RoPE: rope_parameters (transformers 5) or top-level keys (older saves); rope_scaling is legacy.
+  double partial = r.num_opt("partial_rotary_factor", 1.0);
+  c.rope_theta = r.num_opt("rope_theta", 10000.0);
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    auto* rp = r.find(key);
+    if (!rp) continue;
+    if (!rp->is_object()) fail("{}: field '{}' must be an object", twhere, key);
+    Reader rr{*rp, twhere + " (" + key + ")"};
+    partial = rr.num_opt("partial_rotary_factor", partial);
+    c.rope_theta = rr.num_opt("rope_theta", c.rope_theta);
+    auto* type = rr.find("rope_type");
+    if (!type) type = rr.find("type");
+    if (type && type->is_string()) {
+      auto t = type->get<std::string>();
+      if (t != "default" && t != "mrope")
+        fail("{}: {}.rope_type '{}' is not supported (only default RoPE)", twhere, key, t);
+    }
+  }
+  double rd = double(c.head_dim) * partial;
+  c.rotary_dim = int64_t(rd);
+  if (c.rotary_dim <= 0 || c.rotary_dim > c.head_dim || c.rotary_dim % 2 || std::fabs(rd - double(c.rotary_dim)) > 1e-9)
+    fail("{}: head_dim {} x partial_rotary_factor {} must give an even rotary dimension", twhere, c.head_dim, partial);
+  if (c.rope_theta <= 0) fail("{}: rope_theta must be positive", twhere);
+
+  // Layer kinds.
+  if (auto* lt = r.find("layer_types")) {
+    if (!lt->is_array()) fail("{}: 'layer_types' must be a list", twhere);
+    if (int64_t(lt->size()) != c.layers)
+      fail("{}: 'layer_types' has {} entries but num_hidden_layers is {}", twhere, lt->size(), c.layers);
+    for (auto& t : *lt) {
+      auto s = t.is_string() ? t.get<std::string>() : std::string();
+      if (s == "linear_attention") c.layer_kinds.push_back(LayerKind::LinearAttention);
+      else if (s == "full_attention") c.layer_kinds.push_back(LayerKind::FullAttention);
+      else fail("{}: 'layer_types' entry '{}' is neither linear_attention nor full_attention", twhere, t.dump());
+    }
+  } else {
+    int64_t interval = r.int_opt("full_attention_interval", 4);
+    positive(twhere, "full_attention_interval", interval);
+    for (int64_t i = 0; i < c.layers; ++i)
+      c.layer_kinds.push_back((i + 1) % interval == 0 ? LayerKind::FullAttention : LayerKind::LinearAttention);
+  }
+
+  // MoE vs dense MLP per layer.
+  std::vector<int64_t> mlp_only;
+  if (auto* m = r.find("mlp_only_layers")) {
+    if (!m->is_array()) fail("{}: 'mlp_only_layers' must be a list", twhere);
+    for (auto& x : *m) {
+      if (!x.is_number_integer()) fail("{}: 'mlp_only_layers' must hold integers", twhere);
+      mlp_only.push_back(x.get<int64_t>());
+    }
+  }
+  int64_t sparse_step = r.int_opt("decoder_sparse_step", 1);
+  for (int64_t i = 0; i < c.layers; ++i) {
+    bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
+    bool moe = !only && c.n_experts > 0 && sparse_step > 0 && (i + 1) % sparse_step == 0;
+    if (c.arch == Arch::Qwen35Moe) moe = c.n_experts > 0 && !only;
+    c.layer_is_moe.push_back(moe);
+    if (moe) {
+      if (c.top_k <= 0 || c.top_k > c.n_experts)
+        fail("{}: num_experts_per_tok {} must be in [1, num_experts={}]", twhere, c.top_k, c.n_experts);
+      positive(twhere, "moe_intermediate_size", c.moe_inter);
+    } else {
+      positive(twhere, "intermediate_size", c.dense_inter);
+    }
+  }
+
+  c.eos_ids = ids_of(r.find("eos_token_id"));
+  if (c.eos_ids.empty()) c.eos_ids = ids_of(top.contains("eos_token_id") ? &top["eos_token_id"] : nullptr);
+
+  for (const nlohmann::json* q : {r.find("quantization"), r.find("quantization_config"),
+                                  top.contains("quantization") ? &top["quantization"] : nullptr,
+                                  top.contains("quantization_config") ? &top["quantization_config"] : nullptr}) {
+    if (q && q->is_object()) {
+      c.quantization = *q;
+      c.quant_method = q->value("quant_method", std::string(q->contains("bits") ? "affine" : ""));
+      break;
+    }
+  }
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::string& dir) {
+  namespace fs = std::filesystem;
+  auto path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(path)) fail("{}: no config.json", dir);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not valid JSON: {}", path, e.what());
+  }
+  ModelConfig c = from_json(j, path);
+  auto gen = (fs::path(dir) / "generation_config.json").string();
+  if (fs::exists(gen)) {
+    try {
+      auto g = nlohmann::json::parse(read_text_file(gen));
+      auto ids = ids_of(g.contains("eos_token_id") ? &g["eos_token_id"] : nullptr);
+      if (!ids.empty()) c.eos_ids = ids;
+    } catch (const nlohmann::json::exception& e) {
+      fail("{}: not valid JSON: {}", gen, e.what());
+    }
+  }
+  return c;
+}
+
+nlohmann::json ModelConfig::to_json() const {
+  nlohmann::json kinds = nlohmann::json::array();
+  for (auto k : layer_kinds) kinds.push_back(k == LayerKind::FullAttention ? "full_attention" : "linear_attention");
+  return {{"architecture", arch_name(arch)},
+          {"model_type", model_type},
+          {"hidden_size", hidden},
+          {"num_layers", layers},
+          {"num_full_attention_layers", n_full_layers()},
+          {"num_linear_attention_layers", n_linear_layers()},
+          {"vocab_size", vocab},
+          {"attention", {{"heads", n_heads}, {"kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"rotary_dim", rotary_dim}, {"rope_theta", rope_theta}}},
+          {"linear_attention", {{"key_heads", lin_k_heads}, {"value_heads", lin_v_heads}, {"key_dim", lin_k_dim}, {"value_dim", lin_v_dim}, {"conv_kernel", conv_kernel}}},
+          {"moe", {{"experts", n_experts}, {"top_k", top_k}, {"expert_intermediate", moe_inter}, {"shared_intermediate", shared_inter}, {"norm_topk_prob", norm_topk}}},
+          {"tie_word_embeddings", tie_embeddings},
+          {"layer_types", kinds},
+          {"quantization", quant_method.empty() ? nlohmann::json(nullptr) : nlohmann::json(quant_method)}};
+}
+
+}  // namespace lily

@@ -1,0 +1,270 @@
+#include "model/weights.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "model/load_linear.h"
+
+namespace lily {
+
+const char* format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Dense: return "dense";
+    case WeightFormat::Affine: return "affine";
+    case WeightFormat::Exl3: return "exl3";
+  }
+  return "?";
+}
+
+namespace {
+
+float read_float(const TensorInfo& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::F32: { float v; std::memcpy(&v, t.data + 4 * i, 4); return v; }
+    case DType::BF16: { uint16_t v; std::memcpy(&v, t.data + 2 * i, 2); return bf16_to_f32(v); }
+    case DType::F16: { uint16_t v; std::memcpy(&v, t.data + 2 * i, 2); return f16_to_f32(v); }
+    case DType::F64: { double v; std::memcpy(&v, t.data + 8 * i, 8); return float(v); }
+    default: fail("{}: tensor '{}' has dtype {}, expected a float type", t.file, t.name, dtype_name(t.dtype));
+  }
+}
+
+void check_shape(const TensorInfo& t, std::vector<int64_t> want) {
+  if (t.shape != want) {
+    TensorInfo w;
+    w.shape = want;
+    fail("{}: tensor '{}' has shape {}, expected {}", t.file, t.name, t.shape_str(), w.shape_str());
+  }
+}
+
+class Loader {
+ public:
+  Loader(const ModelConfig& cfg, const Checkpoint& ck, ModelWeights& w) : cfg_(cfg), ck_(ck), w_(w) {}
+
+  std::vector<float> vec(const std::string& name, int64_t n, bool plus_one) {
+    const auto& t = ck_.get(name);
+    if (t.numel() != n || t.shape.size() != 1) check_shape(t, {n});
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = read_float(t, i) + (plus_one ? 1.0f : 0.0f);
+    return v;
+  }
+
+  Linear linear(const std::string& base, int64_t out, int64_t in) {
+    return load_linear(ck_, cfg_, base, out, in, w_.owned);
+  }
+
+  // Experts: per-expert tensors, HF fused gate_up_proj / down_proj, or a format-specific stack.
+  std::vector<Expert> experts(const std::string& p) {
+    const int64_t E = cfg_.n_experts, I = cfg_.moe_inter, H = cfg_.hidden;
+    std::vector<Expert> ex(static_cast<size_t>(E));
+    if (auto* gu = ck_.find(p + "experts.gate_up_proj")) {
+      const auto& dn = ck_.get(p + "experts.down_proj");
+      check_shape(*gu, {E, 2 * I, H});
+      check_shape(dn, {E, H, I});
+      for (const auto* t : {gu, &dn})
+        if (!dtype_is_float(t->dtype)) fail("{}: tensor '{}' has dtype {}, expected a float type", t->file, t->name, dtype_name(t->dtype));
+      size_t es = dtype_size(gu->dtype);
+      for (int64_t e = 0; e < E; ++e) {
+        const uint8_t* g = gu->data + size_t(e * 2 * I * H) * es;
+        ex[size_t(e)].gate = dense_view(gu->name, gu->dtype, g, I, H);
+        ex[size_t(e)].up = dense_view(gu->name, gu->dtype, g + size_t(I * H) * es, I, H);
+        ex[size_t(e)].down = dense_view(dn.name, dn.dtype, dn.data + size_t(e * H * I) * dtype_size(dn.dtype), H, I);
+      }
+      return ex;
+    }
+    if (load_stacked_experts(ck_, cfg_, p, ex, w_.owned)) return ex;
+    for (int64_t e = 0; e < E; ++e) {
+      std::string b = p + "experts." + std::to_string(e) + ".";
+      ex[size_t(e)].gate = linear(b + "gate_proj", I, H);
+      ex[size_t(e)].up = linear(b + "up_proj", I, H);
+      ex[size_t(e)].down = linear(b + "down_proj", H, I);
+    }
+    return ex;
+  }
+
+  static Linear dense_view(const std::string& name, DType dt, const uint8_t* data, int64_t out, int64_t in) {
+    Linear l;
+    l.name = name;
+    l.out = out;
+    l.in = in;
+    l.format = WeightFormat::Dense;
+    l.dense = {dt, data, in};
+    return l;
+  }
+
+  void gdn(const std::string& p, GdnWeights& g) {
+    const int64_t H = cfg_.hidden, Hk = cfg_.lin_k_heads, Hv = cfg_.lin_v_heads, dk = cfg_.lin_k_dim,
+                  dv = cfg_.lin_v_dim, K = cfg_.conv_kernel, C = cfg_.conv_channels();
+    if (cfg_.arch == Arch::Qwen3Next) {
+      Linear qkvz = linear(p + "in_proj_qkvz", 2 * Hk * dk + 2 * Hv * dv, H);
+      Linear ba = linear(p + "in_proj_ba", 2 * Hv, H);
+      // Per key head g: [q(dk) | k(dk) | v(r·dv) | z(r·dv)] and [b(r) | a(r)]; see model doc §2.5.
+      const int64_t r = Hv / Hk, B = 2 * dk + 2 * r * dv;
+      std::vector<int64_t> qkv_rows, z_rows, b_rows, a_rows;
+      for (int64_t g = 0; g < Hk; ++g)
+        for (int64_t d = 0; d < dk; ++d) qkv_rows.push_back(g * B + d);
+      for (int64_t g = 0; g < Hk; ++g)
+        for (int64_t d = 0; d < dk; ++d) qkv_rows.push_back(g * B + dk + d);
+      for (int64_t j = 0; j < Hv; ++j) {
+        int64_t g = j / r, i = j % r;
+        for (int64_t d = 0; d < dv; ++d) {
+          qkv_rows.push_back(g * B + 2 * dk + i * dv + d);
+          z_rows.push_back(g * B + 2 * dk + r * dv + i * dv + d);
+        }
+        b_rows.push_back(g * 2 * r + i);
+        a_rows.push_back(g * 2 * r + r + i);
+      }
+      g.in_qkv = select_rows(qkvz, qkv_rows, w_.owned);
+      g.in_z = select_rows(qkvz, z_rows, w_.owned);
+      g.in_b = select_rows(ba, b_rows, w_.owned);
+      g.in_a = select_rows(ba, a_rows, w_.owned);
+    } else {
+      g.in_qkv = linear(p + "in_proj_qkv", C, H);
+      g.in_z = linear(p + "in_proj_z", Hv * dv, H);
+      g.in_b = linear(p + "in_proj_b", Hv, H);
+      g.in_a = linear(p + "in_proj_a", Hv, H);
+    }
+    const auto& cw = ck_.get(p + "conv1d.weight");
+    check_shape(cw, {C, 1, K});
+    g.conv.resize(size_t(C * K));
+    for (int64_t i = 0; i < C * K; ++i) g.conv[size_t(i)] = read_float(cw, i);
+    g.dt_bias = vec(p + "dt_bias", Hv, false);
+    g.A_neg = vec(p + "A_log", Hv, false);
+    for (auto& a : g.A_neg) a = -std::exp(a);
+    g.norm = vec(p + "norm.weight", dv, false);
+    g.out = linear(p + "out_proj", H, Hv * dv);
+  }
+
+  void attn(const std::string& p, AttnWeights& a) {
+    const int64_t H = cfg_.hidden, hd = cfg_.head_dim;
+    a.q = linear(p + "q_proj", cfg_.n_heads * 2 * hd, H);
+    a.k = linear(p + "k_proj", cfg_.n_kv_heads * hd, H);
+    a.v = linear(p + "v_proj", cfg_.n_kv_heads * hd, H);
+    a.o = linear(p + "o_proj", H, cfg_.n_heads * hd);
+    a.q_norm = vec(p + "q_norm.weight", hd, true);
+    a.k_norm = vec(p + "k_norm.weight", hd, true);
+  }
+
+  void ffn(const std::string& p, bool moe, FfnWeights& f) {
+    const int64_t H = cfg_.hidden;
+    f.moe = moe;
+    if (!moe) {
+      const int64_t I = cfg_.dense_inter;
+      f.shared.gate = linear(p + "gate_proj", I, H);
+      f.shared.up = linear(p + "up_proj", I, H);
+      f.shared.down = linear(p + "down_proj", H, I);
+      return;
+    }
+    f.router = linear(p + "gate", cfg_.n_experts, H);
+    f.experts = experts(p);
+    if (cfg_.shared_inter > 0) {
+      const int64_t Is = cfg_.shared_inter;
+      f.shared.gate = linear(p + "shared_expert.gate_proj", Is, H);
+      f.shared.up = linear(p + "shared_expert.up_proj", Is, H);
+      f.shared.down = linear(p + "shared_expert.down_proj", H, Is);
+      f.shared_gate = linear(p + "shared_expert_gate", 1, H);
+    }
+  }
+
+ private:
+  const ModelConfig& cfg_;
+  const Checkpoint& ck_;
+  ModelWeights& w_;
+};
+
+}  // namespace
+
+Linear select_rows(const Linear& src, const std::vector<int64_t>& rows, std::vector<std::shared_ptr<void>>& owned) {
+  Linear l = src;
+  l.out = int64_t(rows.size());
+  switch (src.format) {
+    case WeightFormat::Dense: {
+      size_t es = dtype_size(src.dense.dtype), row_bytes = size_t(src.in) * es;
+      auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[rows.size() * row_bytes]);
+      for (size_t i = 0; i < rows.size(); ++i)
+        std::memcpy(buf.get() + i * row_bytes,
+                    static_cast<const uint8_t*>(src.dense.data) + size_t(rows[i] * src.dense.row_stride) * es, row_bytes);
+      l.dense = {src.dense.dtype, buf.get(), src.in};
+      owned.push_back(std::shared_ptr<void>(buf, buf.get()));
+      return l;
+    }
+    default:
+      return select_rows_quantized(src, rows, owned);
+  }
+}
+
+size_t Linear::nbytes() const {
+  switch (format) {
+    case WeightFormat::Dense: return size_t(out * in) * dtype_size(dense.dtype);
+    default: return quantized_nbytes(*this);
+  }
+}
+
+std::shared_ptr<ModelWeights> ModelWeights::load(const std::string& dir) {
+  auto cfg = ModelConfig::load(dir);
+  return load(cfg, std::make_shared<Checkpoint>(dir));
+}
+
+std::shared_ptr<ModelWeights> ModelWeights::load(const ModelConfig& cfg, std::shared_ptr<Checkpoint> ckpt) {
+  auto w = std::make_shared<ModelWeights>();
+  w->cfg = cfg;
+  w->ckpt = ckpt;
+  Loader ld(cfg, *ckpt, *w);
+  const std::string P = cfg.tensor_prefix;
+  const int64_t H = cfg.hidden, V = cfg.vocab;
+  w->embed = ld.linear(P + "embed_tokens", V, H);
+  if (ckpt->find("lm_head.weight") || ckpt->find("lm_head.trellis") || ckpt->find("lm_head.scales"))
+    w->lm_head = ld.linear("lm_head", V, H);
+  else if (cfg.tie_embeddings)
+    w->lm_head = w->embed;
+  else
+    fail("{}: missing tensor 'lm_head.weight' (and tie_word_embeddings is false)", ckpt->dir());
+  w->final_norm = ld.vec(P + "norm.weight", H, true);
+  w->layers.resize(size_t(cfg.layers));
+  for (int64_t i = 0; i < cfg.layers; ++i) {
+    auto& L = w->layers[size_t(i)];
+    std::string p = P + "layers." + std::to_string(i) + ".";
+    L.kind = cfg.layer_kinds[size_t(i)];
+    L.input_norm = ld.vec(p + "input_layernorm.weight", H, true);
+    L.post_norm = ld.vec(p + "post_attention_layernorm.weight", H, true);
+    if (L.kind == LayerKind::LinearAttention) ld.gdn(p + "linear_attn.", L.gdn);
+    else ld.attn(p + "self_attn.", L.attn);
+    ld.ffn(p + "mlp.", cfg.layer_is_moe[size_t(i)], L.ffn);
+  }
+  return w;
+}
+
+size_t ModelWeights::weight_bytes() const {
+  size_t n = embed.nbytes() + (lm_head.dense.data == embed.dense.data && lm_head.format == embed.format ? 0 : lm_head.nbytes());
+  auto ex = [](const Expert& e) { return e.gate.nbytes() + e.up.nbytes() + e.down.nbytes(); };
+  for (auto& L : layers) {
+    if (L.kind == LayerKind::LinearAttention)
+      n += L.gdn.in_qkv.nbytes() + L.gdn.in_z.nbytes() + L.gdn.in_b.nbytes() + L.gdn.in_a.nbytes() + L.gdn.out.nbytes();
+    else
+      n += L.attn.q.nbytes() + L.attn.k.nbytes() + L.attn.v.nbytes() + L.attn.o.nbytes();
+    if (L.ffn.moe) n += L.ffn.router.nbytes() + L.ffn.shared_gate.nbytes();
+    for (auto& e : L.ffn.experts) n += ex(e);
+    n += ex(L.ffn.shared);
+  }
+  return n;
+}
+
+size_t ModelWeights::active_bytes_per_token() const {
+  size_t n = lm_head.nbytes() + size_t(cfg.hidden) * 2;  // head + one embedding row
+  auto ex = [](const Expert& e) { return e.gate.nbytes() + e.up.nbytes() + e.down.nbytes(); };
+  for (auto& L : layers) {
+    if (L.kind == LayerKind::LinearAttention)
+      n += L.gdn.in_qkv.nbytes() + L.gdn.in_z.nbytes() + L.gdn.in_b.nbytes() + L.gdn.in_a.nbytes() + L.gdn.out.nbytes();
+    else
+      n += L.attn.q.nbytes() + L.attn.k.nbytes() + L.attn.v.nbytes() + L.attn.o.nbytes();
+    if (L.ffn.moe) {
+      n += L.ffn.router.nbytes() + L.ffn.shared_gate.nbytes();
+      if (!L.ffn.experts.empty()) n += size_t(cfg.top_k) * ex(L.ffn.experts[0]);
+    }
+    n += ex(L.ffn.shared);
+  }
+  return n;
+}
+
+}  // namespace lily

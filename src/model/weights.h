@@ -1,0 +1,73 @@
+// ModelWeights: the checkpoint mapped onto our names. All checkpoint quirks are resolved here, once:
+// prefixes, both expert layouts, Qwen3-Next's grouped in_proj_qkvz / in_proj_ba regrouped to the flat
+// q‖k‖v / z / b / a order, zero-centred norms folded to (1 + w) in fp32, tied embeddings.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/linear.h"
+
+namespace lily {
+
+struct Expert {
+  Linear gate, up, down;  // [I, H], [I, H], [H, I]
+};
+
+struct GdnWeights {
+  Linear in_qkv;   // [2·Hk·dk + Hv·dv, H], rows q‖k‖v flat
+  Linear in_z;     // [Hv·dv, H]
+  Linear in_b;     // [Hv, H]
+  Linear in_a;     // [Hv, H]
+  std::vector<float> conv;     // [C, K]; conv[c*K + j] multiplies input K-1-j steps back
+  std::vector<float> dt_bias;  // [Hv]
+  std::vector<float> A_neg;    // [Hv] = -exp(A_log)
+  std::vector<float> norm;     // [dv] plain weight (no +1)
+  Linear out;      // [H, Hv·dv]
+};
+
+struct AttnWeights {
+  Linear q;        // [Hq·2·hd, H] per-head interleaved query | gate
+  Linear k, v;     // [Hkv·hd, H]
+  Linear o;        // [H, Hq·hd]
+  std::vector<float> q_norm, k_norm;  // [hd], folded (1 + w)
+};
+
+struct FfnWeights {
+  bool moe = true;
+  Linear router;                // [E, H]
+  std::vector<Expert> experts;  // E
+  Expert shared;                // shared expert (MoE) or the dense MLP (moe == false)
+  Linear shared_gate;           // [1, H]; empty for dense MLP
+};
+
+struct LayerWeights {
+  LayerKind kind;
+  std::vector<float> input_norm, post_norm;  // [H], folded (1 + w)
+  GdnWeights gdn;
+  AttnWeights attn;
+  FfnWeights ffn;
+};
+
+struct ModelWeights {
+  ModelConfig cfg;
+  Linear embed;                // [V, H] (gathered, never multiplied)
+  Linear lm_head;              // [V, H]
+  std::vector<float> final_norm;  // [H], folded
+  std::vector<LayerWeights> layers;
+
+  std::shared_ptr<Checkpoint> ckpt;  // keeps the mappings alive
+  std::vector<std::shared_ptr<void>> owned;  // buffers made at load time (regrouped matrices, ...)
+
+  // Loads DIR (config.json + safetensors). Throws InputError naming the file/tensor/field.
+  static std::shared_ptr<ModelWeights> load(const std::string& dir);
+  static std::shared_ptr<ModelWeights> load(const ModelConfig& cfg, std::shared_ptr<Checkpoint> ckpt);
+
+  size_t weight_bytes() const;              // all matrices, as stored
+  size_t active_bytes_per_token() const;    // weights read per decoded token (top-k experts)
+};
+
+}  // namespace lily
