@@ -47,6 +47,11 @@ class Backend {
   // Logits [rows, V] (float32, host memory) of the last `rows` rows of the step.
   virtual void head(int64_t rows, float* logits) = 0;
   virtual void end() = 0;  // the state now holds n_tokens() + T tokens
+
+  // Waits for queued device work (no-op on the CPU). Timings are taken after it.
+  virtual void synchronize() {}
+  // Peak bytes of memory this backend allocated (weights + state + scratch), for reports.
+  virtual size_t peak_memory() const { return 0; }
 };
 
 }  // namespace lily
