@@ -1,0 +1,228 @@
+#include <chrono>
+#include <random>
+
+#include "common.h"
+#include "core/error.h"
+#include "text/tokenizer.h"
+#include "text/utf8.h"
+
+using namespace lily::text;
+using namespace lily::text::testing;
+using nlohmann::json;
+
+namespace {
+
+std::shared_ptr<const Tokenizer> qwen3() {
+  static std::shared_ptr<const Tokenizer> t = Tokenizer::load(qwen3_dir());
+  return t;
+}
+
+// The Qwen3 tokenizer.json with its Split regex replaced by the Qwen3.5 one from the expected data.
+std::shared_ptr<const Tokenizer> qwen35_regex() {
+  static std::shared_ptr<const Tokenizer> t = [] {
+    json tok = load_json(qwen3_dir() / "tokenizer.json");
+    json cases = load_json(data_dir() / "tokenizer_cases.json");
+    for (auto& p : tok["pre_tokenizer"]["pretokenizers"])
+      if (p["type"] == "Split") p["pattern"]["Regex"] = cases["qwen35_regex"];
+    return Tokenizer::from_json(tok, load_json(qwen3_dir() / "tokenizer_config.json"), "qwen3.5-regex variant");
+  }();
+  return t;
+}
+
+std::string show(const std::vector<int32_t>& v) {
+  std::string s;
+  for (auto x : v) s += std::to_string(x) + ",";
+  return s;
+}
+
+}  // namespace
+
+TEST(Utf8, SanitizeAndPrefix) {
+  EXPECT_TRUE(utf8_valid("h\xC3\xA9llo \xF0\x9F\x98\x80"));
+  EXPECT_FALSE(utf8_valid("\xC3"));
+  EXPECT_FALSE(utf8_valid("\xED\xA0\x80"));  // surrogate
+  EXPECT_FALSE(utf8_valid("\xC0\xAF"));      // overlong
+  EXPECT_EQ(utf8_sanitize("a\xF0\x9F\x98" "b"), "a\xEF\xBF\xBD" "b");  // one U+FFFD for a maximal subpart
+  EXPECT_EQ(utf8_sanitize("\xFF\xFE"), "\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(utf8_complete_prefix("ab\xF0\x9F"), 2u);
+  EXPECT_EQ(utf8_complete_prefix("ab\xF0\x9F\x98\x80"), 6u);
+  EXPECT_EQ(utf8_complete_prefix("ab\xFF"), 3u);
+  EXPECT_EQ(nfc("e\xCC\x81"), "\xC3\xA9");
+}
+
+TEST(Tokenizer, MatchesReferenceCorpus) {
+  LILY_REQUIRE_QWEN3();
+  json cases = load_json(data_dir() / "tokenizer_cases.json");
+  ASSERT_GT(cases["cases"].size(), 50u);
+  auto t = qwen3();
+  for (auto& c : cases["cases"]) {
+    std::string text = c["text"];
+    auto ids = t->encode(text);
+    EXPECT_EQ(show(ids), show(c["ids"].get<std::vector<int32_t>>())) << "text: " << json(text).dump();
+    EXPECT_EQ(t->decode(ids), nfc(text)) << "text: " << json(text).dump();
+  }
+}
+
+TEST(Tokenizer, MatchesReferenceCorpusQwen35Regex) {
+  LILY_REQUIRE_QWEN3();
+  json cases = load_json(data_dir() / "tokenizer_cases.json");
+  auto t = qwen35_regex();
+  int differ = 0;
+  for (auto& c : cases["cases"]) {
+    std::string text = c["text"];
+    auto ids = t->encode(text);
+    EXPECT_EQ(show(ids), show(c["ids_qwen35_regex"].get<std::vector<int32_t>>())) << "text: " << json(text).dump();
+    differ += c["ids_qwen35_regex"] != c["ids"];
+  }
+  EXPECT_GT(differ, 0) << "the corpus should contain text where the two regexes split differently";
+}
+
+TEST(Tokenizer, SpecialTokenIds) {
+  LILY_REQUIRE_QWEN3();
+  auto t = qwen3();
+  EXPECT_EQ(t->im_start_id(), 151644);
+  EXPECT_EQ(t->im_end_id(), 151645);
+  EXPECT_EQ(t->endoftext_id(), 151643);
+  EXPECT_EQ(t->eos_id(), 151645);  // tokenizer_config eos_token is <|im_end|>
+  EXPECT_EQ(t->token_id("<think>").value_or(-1), 151667);
+  EXPECT_TRUE(t->is_special(151644));
+  EXPECT_FALSE(t->is_special(151667));
+  EXPECT_EQ(t->vocab_size(), 151669);
+  EXPECT_EQ(t->decode({151644, 872}), "<|im_start|>user");
+  EXPECT_EQ(t->decode({151644, 872}, true), "user");
+  EXPECT_THROW(t->decode({151700}), lily::InputError);
+  // With parse_special = false, special tokens in text are plain text.
+  auto ids = t->encode("<|im_end|>", false);
+  EXPECT_GT(ids.size(), 1u);
+  EXPECT_EQ(t->decode(ids), "<|im_end|>");
+}
+
+TEST(Tokenizer, StreamDecoderNeverSplitsCharacters) {
+  LILY_REQUIRE_QWEN3();
+  auto t = qwen3();
+  std::string text = "Emoji 😀👨‍👩‍👧 and 你好世界, e\xCC\x81, Привет! 🇫🇷";
+  auto ids = t->encode(text);
+  StreamDecoder sd(t);
+  std::string acc;
+  for (auto id : ids) {
+    std::string piece = sd.push(id);
+    EXPECT_TRUE(utf8_valid(piece)) << "piece after id " << id;
+    acc += piece;
+  }
+  acc += sd.flush();
+  EXPECT_EQ(acc, nfc(text));
+  // A lone lead byte token is held, then replaced on flush.
+  int32_t lead = -1;
+  for (int32_t id = 0; id < 1000 && lead < 0; ++id)
+    if (t->token_bytes(id) == "\xF0") lead = id;
+  ASSERT_GE(lead, 0);
+  EXPECT_EQ(sd.push(lead), "");
+  EXPECT_EQ(sd.flush(), "\xEF\xBF\xBD");
+}
+
+TEST(Tokenizer, FuzzRandomBytes) {
+  LILY_REQUIRE_QWEN3();
+  auto t = qwen3();
+  std::mt19937 rng(1234);
+  const char* pieces[] = {"a", " ", "\n", "é", "e\xCC\x81", "你", "😀", "<|im_end|>", "<think>", "1", "'s", "\t", "\xF0", "\xFF", "Z"};
+  for (int iter = 0; iter < 400; ++iter) {
+    std::string s;
+    int len = int(rng() % 40);
+    for (int k = 0; k < len; ++k) {
+      if (rng() % 3 == 0) s += char(rng() % 256);
+      else s += pieces[rng() % std::size(pieces)];
+    }
+    std::vector<int32_t> ids;
+    ASSERT_NO_THROW(ids = t->encode(s));
+    std::string back = t->decode(ids);
+    EXPECT_EQ(back, nfc(utf8_sanitize(s)));
+    if (utf8_valid(s)) {
+      EXPECT_EQ(back, nfc(s));
+    }
+  }
+}
+
+TEST(Tokenizer, MalformedJsonNamesThePlace) {
+  json good = {{"model",
+                {{"type", "BPE"},
+                 {"vocab", json::object()},
+                 {"merges", json::array()}}}};
+  auto msg = [](const json& j) {
+    try {
+      Tokenizer::from_json(j, nullptr, "t.json");
+    } catch (const lily::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg(json::array()).find("t.json"), std::string::npos);
+  EXPECT_NE(msg(json::object()).find("model"), std::string::npos);
+  EXPECT_NE(msg(good).find("byte 0x00"), std::string::npos);  // vocab lacks byte tokens
+  if (!have_qwen3()) return;
+  json tok = load_json(qwen3_dir() / "tokenizer.json");
+  json bad = tok;
+  bad["model"]["merges"][5] = 17;
+  EXPECT_NE(msg(bad).find("model.merges[5]"), std::string::npos);
+  bad = tok;
+  bad["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "([a-";
+  EXPECT_NE(msg(bad).find("pre_tokenizer.pretokenizers[0].pattern"), std::string::npos);
+  bad = tok;
+  bad["added_tokens"][2]["id"] = "x";
+  EXPECT_NE(msg(bad).find("added_tokens[2].id"), std::string::npos);
+  bad = tok;
+  bad["normalizer"]["type"] = "Weird";
+  EXPECT_NE(msg(bad).find("normalizer.type"), std::string::npos);
+  // Merges in the "a b" string form give the same tokenizer as the array form.
+  json strform = tok;
+  for (auto& m : strform["model"]["merges"]) m = m[0].get<std::string>() + " " + m[1].get<std::string>();
+  auto t2 = Tokenizer::from_json(strform, nullptr, "string-merges");
+  std::string text = "Hello world, this is a test of merges 12345 你好";
+  EXPECT_EQ(show(t2->encode(text)), show(qwen3()->encode(text)));
+}
+
+TEST(Tokenizer, AddedTokenFlags) {
+  LILY_REQUIRE_QWEN3();
+  json tok = load_json(qwen3_dir() / "tokenizer.json");
+  tok["added_tokens"].push_back({{"id", 151669}, {"content", "[LS]"}, {"single_word", false}, {"lstrip", true},
+                                 {"rstrip", false}, {"normalized", false}, {"special", true}});
+  tok["added_tokens"].push_back({{"id", 151670}, {"content", "[RS]"}, {"single_word", false}, {"lstrip", false},
+                                 {"rstrip", true}, {"normalized", false}, {"special", true}});
+  tok["added_tokens"].push_back({{"id", 151671}, {"content", "word"}, {"single_word", true}, {"lstrip", false},
+                                 {"rstrip", false}, {"normalized", true}, {"special", false}});
+  auto t = Tokenizer::from_json(tok, nullptr, "flags");
+  auto base = qwen3();
+  auto ids = t->encode("a  [LS]b");  // lstrip eats the spaces before
+  EXPECT_EQ(show(ids), show({base->encode("a")[0], 151669, base->encode("b")[0]}));
+  ids = t->encode("a[RS]  b");  // rstrip eats the spaces after
+  EXPECT_EQ(show(ids), show({base->encode("a")[0], 151670, base->encode("b")[0]}));
+  ids = t->encode("a word here");
+  EXPECT_NE(std::find(ids.begin(), ids.end(), 151671), ids.end());
+  ids = t->encode("swordfish");  // single_word: not inside another word
+  EXPECT_EQ(std::find(ids.begin(), ids.end(), 151671), ids.end());
+}
+
+TEST(Tokenizer, Throughput) {
+  LILY_REQUIRE_QWEN3();
+  auto t = qwen3();
+  std::string para =
+      "The engine reads the model's tokenizer and chat template, then turns each message into token ids. "
+      "Performance matters: a long document of several megabytes should be tokenized in well under a second, "
+      "so the byte-pair merges are cached per pre-token and the regex runs with the PCRE2 JIT.\n";
+  std::string text;
+  std::mt19937 rng(7);
+  while (text.size() < (4u << 20)) {
+    text += para;
+    text += "Item " + std::to_string(rng() % 100000) + " costs $" + std::to_string(rng() % 1000) + ".\n";
+  }
+  t->encode(text.substr(0, 1 << 20));  // warm the cache
+  auto t0 = std::chrono::steady_clock::now();
+  auto ids = t->encode(text);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double mbps = double(text.size()) / s / 1e6;
+  RecordProperty("tokenize_MBps", std::to_string(mbps));
+  std::printf("tokenizer: %.1f MB of English in %.3f s = %.1f MB/s (%zu tokens)\n", text.size() / 1e6, s, mbps, ids.size());
+  EXPECT_EQ(t->decode(ids), text);
+#ifdef NDEBUG
+  EXPECT_GT(mbps, 5.0);
+#endif
+}
