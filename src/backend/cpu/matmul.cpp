@@ -1,0 +1,159 @@
+#include "backend/cpu/matmul.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/thread_pool.h"
+
+namespace lily::cpu {
+
+namespace {
+
+typedef float v8f __attribute__((vector_size(32)));
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline float hsum(v8f v) {
+  float s = 0;
+  for (int i = 0; i < 8; ++i) s += v[i];
+  return s;
+}
+
+// Converts `n` elements of a dense row to float32.
+void row_to_f32(const DenseWeight& w, int64_t row, int64_t n, float* out) {
+  const uint8_t* base = static_cast<const uint8_t*>(w.data) + size_t(row * w.row_stride) * dtype_size(w.dtype);
+  switch (w.dtype) {
+    case DType::F32:
+      std::memcpy(out, base, size_t(n) * 4);
+      break;
+    case DType::BF16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(base);
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t u = uint32_t(p[i]) << 16;
+        std::memcpy(&out[i], &u, 4);
+      }
+      break;
+    }
+    case DType::F16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(base);
+      for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(p[i]);
+      break;
+    }
+    default:
+      throw InternalError("dense weight with non-float dtype");
+  }
+}
+
+// acc[r][c] = dot(x[r], w[c]) for 2 x-rows and 4 w-rows of length n.
+inline void kernel_2x4(const float* x0, const float* x1, const float* w0, const float* w1, const float* w2,
+                       const float* w3, int64_t n, float out[2][4]) {
+  v8f a00 = {}, a01 = {}, a02 = {}, a03 = {}, a10 = {}, a11 = {}, a12 = {}, a13 = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    v8f p0 = load8(x0 + i), p1 = load8(x1 + i);
+    v8f q0 = load8(w0 + i), q1 = load8(w1 + i), q2 = load8(w2 + i), q3 = load8(w3 + i);
+    a00 += p0 * q0; a01 += p0 * q1; a02 += p0 * q2; a03 += p0 * q3;
+    a10 += p1 * q0; a11 += p1 * q1; a12 += p1 * q2; a13 += p1 * q3;
+  }
+  float s[2][4] = {{hsum(a00), hsum(a01), hsum(a02), hsum(a03)}, {hsum(a10), hsum(a11), hsum(a12), hsum(a13)}};
+  for (; i < n; ++i) {
+    s[0][0] += x0[i] * w0[i]; s[0][1] += x0[i] * w1[i]; s[0][2] += x0[i] * w2[i]; s[0][3] += x0[i] * w3[i];
+    s[1][0] += x1[i] * w0[i]; s[1][1] += x1[i] * w1[i]; s[1][2] += x1[i] * w2[i]; s[1][3] += x1[i] * w3[i];
+  }
+  std::memcpy(out, s, sizeof s);
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  v8f acc0 = {}, acc1 = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 += load8(a + i) * load8(b + i);
+    acc1 += load8(a + i + 8) * load8(b + i + 8);
+  }
+  for (; i + 8 <= n; i += 8) acc0 += load8(a + i) * load8(b + i);
+  float s = hsum(acc0 + acc1);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+constexpr int64_t kRowBlock = 16;  // weight rows converted to fp32 per block (16 x in floats, L1/L2 resident)
+
+void matmul_dense(const Linear& W, const float* x, int64_t T, float* y) {
+  const int64_t N = W.out, K = W.in;
+  const int64_t blocks = (N + kRowBlock - 1) / kRowBlock;
+  // Small products run on the calling thread: the pool's hand-off costs more than they do.
+  int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, K * T * kRowBlock) );
+  auto work = [&](int64_t b0, int64_t b1) {
+    thread_local std::vector<float> wbuf;
+    wbuf.resize(static_cast<size_t>(kRowBlock * K));
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t r0 = b * kRowBlock, nr = std::min(kRowBlock, N - r0);
+      for (int64_t r = 0; r < nr; ++r) row_to_f32(W.dense, r0 + r, K, wbuf.data() + r * K);
+      int64_t t = 0;
+      for (; t + 2 <= T; t += 2) {
+        const float* x0 = x + t * K;
+        const float* x1 = x0 + K;
+        int64_t r = 0;
+        for (; r + 4 <= nr; r += 4) {
+          float o[2][4];
+          const float* w = wbuf.data() + r * K;
+          kernel_2x4(x0, x1, w, w + K, w + 2 * K, w + 3 * K, K, o);
+          for (int c = 0; c < 4; ++c) {
+            y[t * N + r0 + r + c] = o[0][c];
+            y[(t + 1) * N + r0 + r + c] = o[1][c];
+          }
+        }
+        for (; r < nr; ++r) {
+          y[t * N + r0 + r] = dot(x0, wbuf.data() + r * K, K);
+          y[(t + 1) * N + r0 + r] = dot(x1, wbuf.data() + r * K, K);
+        }
+      }
+      for (; t < T; ++t)
+        for (int64_t r = 0; r < nr; ++r) y[t * N + r0 + r] = dot(x + t * K, wbuf.data() + r * K, K);
+    }
+  };
+  if (blocks * K * T < (int64_t(1) << 15))
+    work(0, blocks);
+  else
+    ThreadPool::global().parallel_for(blocks, grain, work);
+}
+
+}  // namespace
+
+void matmul(const Linear& W, const float* x, int64_t T, float* y) {
+  if (T <= 0 || W.out == 0) return;
+  if (W.format == WeightFormat::Dense)
+    matmul_dense(W, x, T, y);
+  else
+    matmul_quantized(W, x, T, y);
+}
+
+void matmul_ref(const Linear& W, const float* x, int64_t T, float* y) {
+  if (W.format != WeightFormat::Dense) return matmul_quantized_ref(W, x, T, y);
+  std::vector<float> row(static_cast<size_t>(W.in));
+  for (int64_t n = 0; n < W.out; ++n) {
+    row_to_f32(W.dense, n, W.in, row.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double s = 0;
+      for (int64_t k = 0; k < W.in; ++k) s += double(x[t * W.in + k]) * double(row[size_t(k)]);
+      y[t * W.out + n] = float(s);
+    }
+  }
+}
+
+void weight_row(const Linear& W, int64_t row, float* out) {
+  LILY_ASSERT(row >= 0 && row < W.out);
+  if (W.format == WeightFormat::Dense)
+    row_to_f32(W.dense, row, W.in, out);
+  else
+    weight_row_quantized(W, row, out);
+}
+
+}  // namespace lily::cpu

@@ -1,0 +1,47 @@
+#include <cstdio>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/registry.h"
+#include "core/error.h"
+#include "runtime/session.h"
+
+namespace lily::cli {
+namespace {
+
+Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for a token list", [](CLI::App& app) {
+  struct Opts {
+    std::string model, tokens, out, backend = "cpu";
+    int64_t chunk = 2048;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--model", o->model, "Model directory")->required();
+  app.add_option("--tokens", o->tokens, "Token ids, comma separated")->required();
+  app.add_option("--out", o->out, "Output file (float32 little-endian, row t predicts token t+1)")->required();
+  app.add_option("--prefill-chunk", o->chunk, "Tokens per forward step")->capture_default_str();
+  app.add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
+  return [o]() -> int {
+    auto ids = parse_ids(o->tokens, "--tokens");
+    if (ids.empty()) fail("--tokens: no token ids given");
+    EngineOptions eo;
+    eo.backend = o->backend;
+    eo.prefill_chunk = o->chunk;
+    eo.ctx_size = int64_t(ids.size());
+    auto engine = Engine::open(o->model, eo);
+    Session s(*engine);
+    const int64_t V = engine->config().vocab;
+    std::vector<float> logits(ids.size() * size_t(V));
+    s.prefill(ids, nullptr, logits.data());
+    FILE* f = std::fopen(o->out.c_str(), "wb");
+    if (!f) fail("--out {}: cannot create file", o->out);
+    size_t n = std::fwrite(logits.data(), sizeof(float), logits.size(), f);
+    bool ok = n == logits.size() && std::fclose(f) == 0;
+    if (!ok) fail("--out {}: write failed", o->out);
+    fmt::print(stderr, "wrote {} x {} logits to {}\n", ids.size(), V, o->out);
+    return 0;
+  };
+});
+
+}  // namespace
+}  // namespace lily::cli

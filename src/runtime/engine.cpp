@@ -1,0 +1,44 @@
+#include "runtime/engine.h"
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#ifdef LILY_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace lily {
+
+bool backend_available(const std::string& name) {
+  if (name == "cpu") return true;
+#ifdef LILY_HAVE_CUDA
+  if (name == "cuda") return cuda::cuda_available();
+#endif
+  return false;
+}
+
+std::unique_ptr<Engine> Engine::open(const std::string& model_dir, const EngineOptions& opt) {
+  return from_weights(ModelWeights::load(model_dir), opt);
+}
+
+std::unique_ptr<Engine> Engine::from_weights(std::shared_ptr<const ModelWeights> w, const EngineOptions& opt) {
+  LILY_CHECK(opt.ctx_size > 0, "--ctx-size must be positive (got {})", opt.ctx_size);
+  LILY_CHECK(opt.prefill_chunk > 0, "--prefill-chunk must be positive (got {})", opt.prefill_chunk);
+  auto e = std::unique_ptr<Engine>(new Engine());
+  e->weights_ = std::move(w);
+  e->opt_ = opt;
+  if (opt.backend == "cpu") {
+    e->backend_ = std::make_unique<cpu::CpuBackend>(e->weights_);
+  } else if (opt.backend == "cuda") {
+#ifdef LILY_HAVE_CUDA
+    if (!cuda::cuda_available()) fail("--backend cuda: no usable CUDA device is present");
+    e->backend_ = cuda::make_cuda_backend(e->weights_, cuda::CudaOptions{});
+#else
+    fail("--backend cuda: this build has no CUDA backend (configure with nvcc present)");
+#endif
+  } else {
+    fail("--backend '{}' is unknown (cpu or cuda)", opt.backend);
+  }
+  return e;
+}
+
+}  // namespace lily
