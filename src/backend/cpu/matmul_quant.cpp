@@ -1,14 +1,144 @@
+// CPU products against quantized weights, straight from the packed bytes (no dequantised copy of W):
+//   affine: each thread dequantises one weight row at a time into a small buffer and dots it with all
+//           T activation rows (one decode per row per call, whatever T is);
+//   exl3:   x is rotated once (x ⊙ suh, Hadamard per 128 block); each thread owns output tile columns,
+//           decodes one 16x16 tile at a time and applies it to all T rows; the output Hadamard, svh,
+//           bias and the output-row gather follow.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "backend/cpu/matmul.h"
 #include "core/error.h"
+#include "core/half.h"
+#include "core/thread_pool.h"
+#include "quant/affine/affine.h"
+#include "quant/exl3/exl3.h"
 
 namespace lily::cpu {
 
-void matmul_quantized(const Linear& W, const float*, int64_t, float*) {
-  fail("{}: {} weights are not supported by the CPU backend in this build", W.name, format_name(W.format));
+namespace {
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) s[j] += a[i + j] * b[i + j];
+  float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r;
 }
-void matmul_quantized_ref(const Linear& W, const float* x, int64_t T, float* y) { matmul_quantized(W, x, T, y); }
-void weight_row_quantized(const Linear& W, int64_t, float*) {
-  fail("{}: {} weights are not supported by the CPU backend in this build", W.name, format_name(W.format));
+
+void affine_matmul(const quant::AffineWeight& q, const float* x, int64_t T, float* y) {
+  const int64_t out = q.out, in = q.in;
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, in / 64));
+  ThreadPool::global().parallel_for(out, grain, [&](int64_t b, int64_t e) {
+    std::vector<float> row(static_cast<size_t>(in));
+    for (int64_t o = b; o < e; ++o) {
+      quant::affine_dequant_row(q, o, row.data());
+      for (int64_t t = 0; t < T; ++t) y[t * out + o] = dot(row.data(), x + t * in, in);
+    }
+  });
+}
+
+void exl3_matmul(const quant::Exl3Weight& w, const float* x, int64_t T, float* y) {
+  const int64_t kp = w.in_p, np = w.out_p, tk = w.tiles_k();
+  std::vector<float> xh(static_cast<size_t>(T * kp)), acc(static_cast<size_t>(T * np), 0.0f);
+  auto& pool = ThreadPool::global();
+  pool.parallel_for(T, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      float* d = xh.data() + t * kp;
+      const float* s = x + t * w.in;
+      for (int64_t k = 0; k < w.in; ++k) d[k] = s[k] * f16_to_f32(w.suh[k]);
+      std::fill(d + w.in, d + kp, 0.0f);
+      for (int64_t k = 0; k < kp; k += 128) quant::had128(d + k);
+    }
+  });
+  // 128-column output blocks that any logical output reads.
+  std::vector<char> need(static_cast<size_t>(np / 128), 0);
+  for (int64_t j = 0; j < w.out; ++j) need[size_t(w.column(j) / 128)] = 1;
+  std::vector<int64_t> cols;  // tile columns to compute
+  for (int64_t b = 0; b < np / 128; ++b)
+    if (need[size_t(b)])
+      for (int64_t c = 0; c < 8; ++c) cols.push_back(b * 8 + c);
+  pool.parallel_for(int64_t(cols.size()), 1, [&](int64_t b, int64_t e) {
+    alignas(64) float tile[256];
+    for (int64_t ci = b; ci < e; ++ci) {
+      const int64_t j = cols[size_t(ci)];
+      for (int64_t i = 0; i < tk; ++i) {
+        quant::exl3_decode_tile(w.tile(i, j), w.K, w.codebook, tile);
+        for (int64_t t = 0; t < T; ++t) {
+          const float* xs = xh.data() + t * kp + 16 * i;
+          float* a = acc.data() + t * np + 16 * j;
+          float r[16];
+          std::memcpy(r, a, sizeof r);
+          for (int rr = 0; rr < 16; ++rr) {
+            const float xv = xs[rr];
+            const float* tr = tile + rr * 16;
+            for (int c = 0; c < 16; ++c) r[c] += xv * tr[c];
+          }
+          std::memcpy(a, r, sizeof r);
+        }
+      }
+    }
+  });
+  pool.parallel_for(T, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      float* a = acc.data() + t * np;
+      for (int64_t blk = 0; blk < np / 128; ++blk)
+        if (need[size_t(blk)]) quant::had128(a + blk * 128);
+      for (int64_t j = 0; j < w.out; ++j) {
+        const int64_t n = w.column(j);
+        float v = a[n] * f16_to_f32(w.svh[n]);
+        if (w.bias) v += f16_to_f32(w.bias[n]);
+        y[t * w.out + j] = v;
+      }
+    }
+  });
+}
+
+void check(const Linear& W) {
+  if (W.format == WeightFormat::Affine) {
+    LILY_ASSERT(W.affine && W.affine->out == W.out && W.affine->in == W.in);
+  } else if (W.format == WeightFormat::Exl3) {
+    LILY_ASSERT(W.exl3 && W.exl3->out == W.out && W.exl3->in == W.in);
+  } else {
+    fail("{}: {} is not a quantized format", W.name, format_name(W.format));
+  }
+}
+
+}  // namespace
+
+void matmul_quantized(const Linear& W, const float* x, int64_t T, float* y) {
+  check(W);
+  if (T <= 0) return;
+  if (W.format == WeightFormat::Affine) affine_matmul(*W.affine, x, T, y);
+  else exl3_matmul(*W.exl3, x, T, y);
+}
+
+void matmul_quantized_ref(const Linear& W, const float* x, int64_t T, float* y) {
+  check(W);
+  if (W.format == WeightFormat::Exl3) {
+    quant::exl3_forward_ref(*W.exl3, x, T, y);
+    return;
+  }
+  const auto& q = *W.affine;
+  std::vector<float> row(static_cast<size_t>(q.in));
+  for (int64_t o = 0; o < q.out; ++o) {
+    quant::affine_dequant_row_ref(q, o, row.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double s = 0;
+      for (int64_t i = 0; i < q.in; ++i) s += double(row[size_t(i)]) * x[t * q.in + i];
+      y[t * q.out + o] = float(s);
+    }
+  }
+}
+
+void weight_row_quantized(const Linear& W, int64_t row, float* out) {
+  check(W);
+  if (row < 0 || row >= W.out) fail("{}: row {} out of range [0, {})", W.name, row, W.out);
+  if (W.format == WeightFormat::Affine) quant::affine_dequant_row(*W.affine, row, out);
+  else quant::exl3_weight_column(*W.exl3, row, out);
 }
 
 }  // namespace lily::cpu
