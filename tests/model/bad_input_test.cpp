@@ -1,0 +1,209 @@
+// Bad input: every case ends in an InputError naming the cause, and `lily` exits with code 2.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "io/safetensors.h"
+#include "model/weights.h"
+#include "runtime/session.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace lily;
+using nlohmann::json;
+
+namespace {
+
+class BadInput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    src_ = test::golden_dir("qwen3_5_moe_text-a");
+    ASSERT_FALSE(src_.empty());
+    dir_ = fs::temp_directory_path() / ("lily_bad_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    cfg_ = json::parse(read_text_file(src_ + "/config.json"));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void write_config(const json& c) { std::ofstream(dir_ / "config.json") << c.dump(1); }
+  void write_raw(const std::string& header, const std::string& data) {
+    std::ofstream f(dir_ / "model.safetensors", std::ios::binary);
+    uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << data;
+  }
+  // Golden tensors with `edit` applied to the list before writing.
+  void write_model(const std::function<void(std::vector<TensorToWrite>&)>& edit) {
+    Checkpoint ck(src_);
+    std::vector<TensorToWrite> t;
+    for (auto& [name, ti] : ck.tensors()) t.push_back({name, ti->dtype, ti->shape, ti->data, ti->nbytes});
+    edit(t);
+    write_safetensors((dir_ / "model.safetensors").string(), t);
+  }
+  // Loads through the library and through the CLI; both must name `needle`.
+  void expect_error(const std::string& needle) {
+    try {
+      ModelWeights::load(dir_.string());
+      ADD_FAILURE() << "loading succeeded; expected an error naming '" << needle << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    const char* bin = std::getenv("LILY_BIN");
+    if (!bin || !fs::exists(bin)) return;
+    std::string cmd = std::string(bin) + " info --model " + dir_.string() + " 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[512];
+    while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    int st = ::pclose(p);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << "exit status " << st << ": " << out;
+    EXPECT_NE(out.find(needle), std::string::npos) << out;
+  }
+
+  std::string src_;
+  fs::path dir_;
+  json cfg_;
+};
+
+TEST_F(BadInput, UnknownModelType) {
+  cfg_["model_type"] = "llama";
+  write_config(cfg_);
+  write_model([](auto&) {});
+  expect_error("unknown model_type 'llama'");
+}
+
+TEST_F(BadInput, MissingConfigField) {
+  cfg_.erase("linear_num_value_heads");
+  write_config(cfg_);
+  write_model([](auto&) {});
+  expect_error("missing field 'linear_num_value_heads'");
+}
+
+TEST_F(BadInput, ConfigNotJson) {
+  std::ofstream(dir_ / "config.json") << "{\"model_type\": ";
+  write_model([](auto&) {});
+  expect_error("config.json: not valid JSON");
+}
+
+TEST_F(BadInput, NoConfig) {
+  write_model([](auto&) {});
+  expect_error("no config.json");
+}
+
+TEST_F(BadInput, NoWeights) {
+  write_config(cfg_);
+  expect_error("neither model.safetensors nor model.safetensors.index.json");
+}
+
+TEST_F(BadInput, MissingTensor) {
+  write_config(cfg_);
+  write_model([](auto& t) {
+    std::erase_if(t, [](auto& x) { return x.name == "model.layers.1.linear_attn.in_proj_z.weight"; });
+  });
+  expect_error("missing tensor 'model.layers.1.linear_attn.in_proj_z.weight'");
+}
+
+TEST_F(BadInput, WrongShape) {
+  write_config(cfg_);
+  write_model([](auto& t) {
+    for (auto& x : t)
+      if (x.name == "model.layers.3.self_attn.q_proj.weight") x.shape = {x.shape[1], x.shape[0]};
+  });
+  expect_error("tensor 'model.layers.3.self_attn.q_proj.weight' has shape [128, 512], expected [512, 128]");
+}
+
+TEST_F(BadInput, WrongDtype) {
+  write_config(cfg_);
+  write_model([](auto& t) {
+    for (auto& x : t)
+      if (x.name == "model.layers.0.mlp.gate.weight") x.dtype = DType::I16;
+  });
+  expect_error("model.layers.0.mlp.gate.weight");
+}
+
+TEST_F(BadInput, HeaderPastEnd) {
+  write_config(cfg_);
+  std::ofstream f(dir_ / "model.safetensors", std::ios::binary);
+  uint64_t n = 1 << 20;
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f << "{}";
+  f.close();
+  expect_error("runs past the end of the file");
+}
+
+TEST_F(BadInput, DataOffsetsPastEnd) {
+  write_config(cfg_);
+  write_raw(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", std::string(8, '\0'));
+  expect_error("tensor 'a': data_offsets [0, 16] run past the end");
+}
+
+TEST_F(BadInput, OverlappingTensors) {
+  write_config(cfg_);
+  write_raw(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
+            std::string(24, '\0'));
+  expect_error("tensors 'a' and 'b' overlap");
+}
+
+TEST_F(BadInput, SizeMismatch) {
+  write_config(cfg_);
+  write_raw(R"({"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,16]}})", std::string(16, '\0'));
+  expect_error("tensor 'a': 16 bytes stored but shape [4] of BF16 needs 8");
+}
+
+TEST_F(BadInput, UnknownDtype) {
+  write_config(cfg_);
+  write_raw(R"({"a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})", std::string(4, '\0'));
+  expect_error("unsupported dtype 'F8_E4M3'");
+}
+
+TEST_F(BadInput, HeaderNotJson) {
+  write_config(cfg_);
+  write_raw("{not json", "");
+  expect_error("header is not valid JSON");
+}
+
+TEST_F(BadInput, TruncatedFile) {
+  write_config(cfg_);
+  std::ofstream(dir_ / "model.safetensors", std::ios::binary) << "abc";
+  expect_error("too small to be a safetensors file");
+}
+
+TEST_F(BadInput, MissingMlpForDenseLayer) {
+  cfg_["mlp_only_layers"] = {2};
+  write_config(cfg_);
+  write_model([](auto&) {});
+  expect_error("missing tensor 'model.layers.2.mlp.gate_proj.weight'");
+}
+
+TEST_F(BadInput, TokenOutsideVocab) {
+  auto e = Engine::open(src_, EngineOptions{});
+  Session s(*e);
+  std::vector<int32_t> ids = {1, 2, 320};
+  try {
+    s.prefill(ids, nullptr);
+    FAIL() << "expected an error";
+  } catch (const InputError& err) {
+    EXPECT_NE(std::string(err.what()).find("token id 320 is outside the vocabulary"), std::string::npos) << err.what();
+  }
+}
+
+TEST_F(BadInput, ContextOverflow) {
+  EngineOptions eo;
+  eo.ctx_size = 4;
+  auto e = Engine::open(src_, eo);
+  Session s(*e);
+  std::vector<int32_t> ids = {1, 2, 3, 4, 5};
+  EXPECT_THROW(s.prefill(ids, nullptr), InputError);
+}
+
+}  // namespace
