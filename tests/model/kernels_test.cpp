@@ -1,0 +1,201 @@
+// CPU fast paths against their plain references at awkward sizes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "core/thread_pool.h"
+#include "runtime/sampler.h"
+
+using namespace lily;
+
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+struct DenseMat {
+  std::vector<uint8_t> bytes;
+  Linear lin;
+};
+
+DenseMat make_dense(DType dt, int64_t out, int64_t in, uint32_t seed) {
+  auto v = randn(size_t(out * in), seed, 1.0f / std::sqrt(float(in)));
+  DenseMat m;
+  m.bytes.resize(size_t(out * in) * dtype_size(dt));
+  for (int64_t i = 0; i < out * in; ++i) {
+    if (dt == DType::F32) std::memcpy(m.bytes.data() + 4 * i, &v[size_t(i)], 4);
+    else {
+      uint16_t h = dt == DType::BF16 ? f32_to_bf16(v[size_t(i)]) : f32_to_f16(v[size_t(i)]);
+      std::memcpy(m.bytes.data() + 2 * i, &h, 2);
+    }
+  }
+  m.lin.name = "test";
+  m.lin.out = out;
+  m.lin.in = in;
+  m.lin.dense = {dt, m.bytes.data(), in};
+  return m;
+}
+
+TEST(Matmul, MatchesReferenceAtAwkwardSizes) {
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (int64_t T : {1, 2, 3, 17, 64, 65})
+      for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 1}, {17, 33}, {63, 64}, {65, 129}, {129, 7}, {300, 256}}) {
+        auto W = make_dense(dt, N, K, uint32_t(N * 7 + K));
+        auto x = randn(size_t(T * K), uint32_t(T));
+        std::vector<float> y(size_t(T * N), NAN), r(size_t(T * N));
+        cpu::matmul(W.lin, x.data(), T, y.data());
+        cpu::matmul_ref(W.lin, x.data(), T, r.data());
+        double err = 0, ref = 0;
+        for (size_t i = 0; i < y.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(y[i])) << "unwritten output " << i;
+          err += (y[i] - r[i]) * (y[i] - r[i]);
+          ref += r[i] * r[i];
+        }
+        EXPECT_LE(std::sqrt(err / std::max(ref, 1e-30)), 1e-5) << dtype_name(dt) << " T=" << T << " N=" << N << " K=" << K;
+      }
+}
+
+TEST(DeltaRule, ChunkedMatchesRecurrent) {
+  for (int64_t T : {1, 2, 17, 63, 64, 65, 129, 150})
+    for (auto [dk, dv] : {std::pair<int64_t, int64_t>{32, 32}, {16, 48}, {128, 128}}) {
+      auto q = randn(size_t(T * dk), 1), k = randn(size_t(T * dk), 2), v = randn(size_t(T * dv), 3);
+      for (int64_t t = 0; t < T; ++t)
+        for (auto* p : {&q, &k}) {
+          float ss = 0;
+          for (int64_t i = 0; i < dk; ++i) ss += (*p)[size_t(t * dk + i)] * (*p)[size_t(t * dk + i)];
+          for (int64_t i = 0; i < dk; ++i) (*p)[size_t(t * dk + i)] /= std::sqrt(ss);
+        }
+      std::vector<float> beta(static_cast<size_t>(T)), g(static_cast<size_t>(T));
+      std::mt19937 rng(9);
+      std::uniform_real_distribution<float> u(0, 1);
+      for (int64_t t = 0; t < T; ++t) {
+        beta[size_t(t)] = u(rng);
+        g[size_t(t)] = -2.0f * u(rng);
+      }
+      auto S0 = randn(size_t(dv * dk), 4, 0.1f);
+      std::vector<float> S1 = S0, S2 = S0, o1(size_t(T * dv)), o2(size_t(T * dv));
+      cpu::DeltaArgs a{q.data(), k.data(), v.data(), beta.data(), g.data(), dk, dk, dv, o1.data(), dv, S1.data(), T, dk, dv};
+      cpu::delta_rule_recurrent(a);
+      a.o = o2.data();
+      a.S = S2.data();
+      cpu::delta_rule_chunked(a);
+      double e = 0, es = 0;
+      for (size_t i = 0; i < o1.size(); ++i) e = std::max(e, double(std::fabs(o1[i] - o2[i])));
+      for (size_t i = 0; i < S1.size(); ++i) es = std::max(es, double(std::fabs(S1[i] - S2[i])));
+      EXPECT_LE(e, 2e-5) << "T=" << T << " dk=" << dk;
+      EXPECT_LE(es, 2e-5) << "T=" << T << " dk=" << dk;
+    }
+}
+
+TEST(Conv, StateCarriesAcrossSteps) {
+  const int64_t T = 9, C = 5, K = 4;
+  auto x = randn(size_t(T * C), 5), w = randn(size_t(C * K), 6);
+  std::vector<float> st1(size_t((K - 1) * C), 0.0f), st2 = st1, y1(size_t(T * C)), y2(size_t(T * C));
+  cpu::causal_conv_silu(x.data(), T, C, K, w.data(), st1.data(), y1.data());
+  for (int64_t t = 0; t < T; ++t) cpu::causal_conv_silu(x.data() + t * C, 1, C, K, w.data(), st2.data(), y2.data() + t * C);
+  for (size_t i = 0; i < y1.size(); ++i) EXPECT_NEAR(y1[i], y2[i], 1e-6);
+  for (size_t i = 0; i < st1.size(); ++i) EXPECT_EQ(st1[i], st2[i]);
+  // Plain definition: y[t][c] = silu(Σ_j w[c][j] x[t-K+1+j][c]).
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      double s = 0;
+      for (int64_t j = 0; j < K; ++j) {
+        int64_t src = t - K + 1 + j;
+        if (src >= 0) s += double(w[size_t(c * K + j)]) * x[size_t(src * C + c)];
+      }
+      EXPECT_NEAR(y1[size_t(t * C + c)], s / (1 + std::exp(-s)), 1e-5);
+    }
+}
+
+TEST(Half, RoundTrips) {
+  for (float f : {0.0f, 1.0f, -2.5f, 65504.0f, 0x1p-14f, 0x1p-24f, 0x3p-20f, -0.0f}) {
+    EXPECT_EQ(f16_to_f32(f32_to_f16(f)), f) << f;
+    EXPECT_NEAR(bf16_to_f32(f32_to_bf16(f)), f, std::fabs(f) / 128 + 1e-40) << f;
+  }
+  EXPECT_TRUE(std::isinf(f16_to_f32(f32_to_f16(1e6f))));
+  // Every fp16 bit pattern survives f16 -> f32 -> f16 (NaNs stay NaN).
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float f = f16_to_f32(uint16_t(h));
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(f32_to_f16(f), h) << h;
+  }
+}
+
+TEST(ThreadPool, CoversRangeAndPropagatesErrors) {
+  ThreadPool pool(3);
+  for (int64_t n : {1, 2, 7, 1000}) {
+    std::vector<std::atomic<int>> hit(static_cast<size_t>(n));
+    pool.parallel_for(n, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hit[size_t(i)]++;
+    });
+    for (auto& h : hit) EXPECT_EQ(h.load(), 1);
+  }
+  EXPECT_THROW(pool.parallel_for(100, 1, [](int64_t b, int64_t) { if (b >= 50) throw std::runtime_error("x"); }),
+               std::runtime_error);
+}
+
+TEST(Sampler, GreedySeededAndFiltered) {
+  std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f, 0.5f};
+  SamplingParams p;
+  EXPECT_EQ(Sampler(p).sample(logits), 1);
+  p.temperature = 1.0f;
+  p.seed = 42;
+  Sampler a(p), b(p);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
+  p.top_k = 2;
+  Sampler k(p);
+  for (int i = 0; i < 200; ++i) {
+    int t = k.sample(logits);
+    EXPECT_TRUE(t == 1 || t == 2);
+  }
+  p.top_k = 0;
+  p.min_p = 0.5f;  // keeps tokens with p >= 0.5 p_max: ids 1 and 2
+  Sampler m(p);
+  for (int i = 0; i < 200; ++i) {
+    int t = m.sample(logits);
+    EXPECT_TRUE(t == 1 || t == 2);
+  }
+  p.min_p = 0.0f;
+  p.top_p = 0.3f;  // the top token alone holds more than 0.3
+  Sampler tp(p);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(tp.sample(logits), 1);
+  // Repetition penalty pushes a seen token down.
+  SamplingParams g;
+  g.repetition_penalty = 10.0f;
+  std::vector<int32_t> hist = {1};
+  EXPECT_EQ(Sampler(g).sample(logits, hist), 2);
+  SamplingParams bad;
+  bad.top_p = 0.0f;
+  EXPECT_THROW(validate(bad), InputError);
+  bad = {};
+  bad.temperature = -1;
+  EXPECT_THROW(validate(bad), InputError);
+}
+
+TEST(Sampler, DistributionFollowsSoftmax) {
+  std::vector<float> logits = {0.0f, std::log(3.0f)};  // p = 0.25, 0.75
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 7;
+  Sampler s(p);
+  int ones = 0;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ones += s.sample(logits) == 1;
+  EXPECT_NEAR(double(ones) / n, 0.75, 0.015);
+  EXPECT_NEAR(token_logprob(logits, 1), std::log(0.75), 1e-6);
+  auto top = top_logprobs(logits, 2);
+  ASSERT_EQ(top.size(), 2u);
+  EXPECT_EQ(top[0].first, 1);
+}
+
+}  // namespace
