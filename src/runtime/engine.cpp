@@ -11,7 +11,7 @@ namespace lily {
 bool backend_available(const std::string& name) {
   if (name == "cpu") return true;
 #ifdef LILY_HAVE_CUDA
-  if (name == "cuda") return cuda::cuda_available();
+  if (name == "cuda") return cuda_available();
 #endif
   return false;
 }
@@ -30,8 +30,8 @@ std::unique_ptr<Engine> Engine::from_weights(std::shared_ptr<const ModelWeights>
     e->backend_ = std::make_unique<cpu::CpuBackend>(e->weights_);
   } else if (opt.backend == "cuda") {
 #ifdef LILY_HAVE_CUDA
-    if (!cuda::cuda_available()) fail("--backend cuda: no usable CUDA device is present");
-    e->backend_ = cuda::make_cuda_backend(e->weights_, cuda::CudaOptions{});
+    if (!cuda_available()) fail("--backend cuda: no usable CUDA device is present");
+    e->backend_ = make_cuda_backend(e->weights_, CudaOptions{});
 #else
     fail("--backend cuda: this build has no CUDA backend (configure with nvcc present)");
 #endif
