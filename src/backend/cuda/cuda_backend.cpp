@@ -1,0 +1,664 @@
+// CudaBackend: the blocks of backend/backend.h on one CUDA device, one stream.
+#include "backend/cuda/cuda_backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "backend/cuda/ops.h"
+#include "core/error.h"
+#include "core/half.h"
+
+namespace lily {
+namespace {
+
+using namespace lily::cuda;
+
+// Device allocations with a running total for peak_memory().
+struct DevMem {
+  size_t cur = 0, peak = 0;
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    if (bytes == 0) return nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess)
+      throw InputError(fmt::format("CUDA: cannot allocate {:.1f} MiB of device memory ({})", bytes / 1048576.0,
+                                   cudaGetErrorString(e)));
+    cur += bytes;
+    peak = std::max(peak, cur);
+    return p;
+  }
+  void free(void* p, size_t bytes) {
+    if (!p) return;
+    cudaFree(p);
+    cur -= bytes;
+  }
+};
+
+struct DevLayer {
+  LayerKind kind;
+  float *in_norm = nullptr, *post_norm = nullptr;
+  // DeltaNet
+  uint16_t *gdn_in = nullptr, *gdn_out = nullptr;  // [qkv|z|b|a, H], [H, Hv·dv]
+  GdnDev gdn;
+  // attention
+  uint16_t *attn_in = nullptr, *attn_o = nullptr;  // [q|gate ·Hq, k, v ; H], [H, Hq·hd]
+  AttnDev attn;
+  MoeDev moe;
+};
+
+class CudaBackend;
+
+class CudaState final : public SequenceState {
+ public:
+  CudaState(CudaBackend& be, int64_t cap);
+  ~CudaState() override;
+  int64_t n_tokens() const override { return n_; }
+  int64_t capacity() const override { return cap_; }
+  std::unique_ptr<SequenceState> clone() const override;
+  void restore(const SequenceState& snapshot) override;
+  void reset() override;
+  size_t nbytes() const override { return fixed_bytes_ + size_t(n_) * kv_bytes_per_token_; }
+
+  CudaBackend& be_;
+  int64_t cap_, n_ = 0;
+  int64_t* d_pos = nullptr;
+  std::vector<uint16_t*> kc, vc;          // per layer (attention layers)
+  std::vector<float*> conv, S;            // per layer (DeltaNet layers)
+  void* region = nullptr;
+  size_t region_bytes = 0, fixed_bytes_ = 0, kv_bytes_per_token_ = 0;
+  std::map<int, cudaGraphExec_t> graphs;  // decode graph per context bucket (key: bucket, +1000 greedy)
+  uint64_t graph_gen = 0;
+  void drop_graphs();
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOptions& opt);
+  ~CudaBackend() override;
+  std::string name() const override { return "cuda"; }
+  const ModelWeights& weights() const override { return *w_; }
+  std::unique_ptr<SequenceState> new_state(int64_t max_tokens) override;
+  void begin(SequenceState& st, int64_t T) override;
+  void embed(const int32_t* tokens) override;
+  void gdn_mixer(int layer) override;
+  void attn_mixer(int layer) override;
+  void ffn(int layer) override;
+  void head(int64_t rows, float* logits) override;
+  void end() override;
+  void synchronize() override { LILY_CU(cudaStreamSynchronize(stream_)); }
+  size_t peak_memory() const override { return mem_.peak; }
+
+  // greedy mode: the step's input token is already in d_tokens_[0]; head writes the argmax there.
+  void set_greedy(bool on) { greedy_ = on; }
+  std::vector<KernelLaunch> describe(int64_t ctx);
+
+  std::shared_ptr<const ModelWeights> w_;
+  CudaOptions opt_;
+  DevMem mem_;
+  cudaStream_t stream_ = nullptr;
+  std::vector<DevLayer> layers_;
+  uint16_t *embed_ = nullptr, *lm_head_ = nullptr;
+  float* final_norm_ = nullptr;
+  std::vector<std::pair<void*, size_t>> weight_allocs_;
+
+  // scratch (grown in begin(); growing drops captured graphs)
+  int cap_T_ = 0;
+  uint64_t scratch_gen_ = 1;
+  float *x_ = nullptr, *u_ = nullptr, *proj_ = nullptr, *core_ = nullptr, *logits_ = nullptr;
+  int32_t* d_tokens_ = nullptr;
+  void* work_ = nullptr;
+  size_t work_bytes_ = 0, scratch_bytes_ = 0;
+  int max_proj_ = 0, max_core_ = 0;
+
+  // current step
+  CudaState* st_ = nullptr;
+  int T_ = 0;
+  int nsplit_ = 1;
+  bool capture_ = false, replay_ = false, greedy_ = false;
+  int bucket_key_ = 0;
+  float* host_logits_ = nullptr;
+  int64_t host_rows_ = 0;
+  // describe(): node counts at block boundaries while capturing
+  bool recording_ = false;
+  std::vector<std::pair<size_t, std::pair<int, std::string>>> marks_;
+
+  void mark(int layer, const char* blk);
+  void ensure_scratch(int T);
+  uint16_t* upload_linear(const Linear& l, uint16_t* dst = nullptr);
+  uint16_t* alloc_bf16(size_t n) {
+    auto* p = static_cast<uint16_t*>(mem_.alloc(n * 2));
+    weight_allocs_.push_back({p, n * 2});
+    return p;
+  }
+  float* upload_f32(const std::vector<float>& v) {
+    if (v.empty()) return nullptr;
+    auto* p = static_cast<float*>(mem_.alloc(v.size() * 4));
+    weight_allocs_.push_back({p, v.size() * 4});
+    LILY_CU(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return p;
+  }
+  int bucket_for(int64_t ctx) const {
+    int b = 0;
+    while ((int64_t(256) << b) < ctx) ++b;
+    return b;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOptions& opt) : w_(std::move(w)), opt_(opt) {
+  LILY_CU(cudaSetDevice(opt_.device));
+  LILY_CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  init_kernels();
+  const ModelConfig& c = w_->cfg;
+  const int H = int(c.hidden);
+  embed_ = upload_linear(w_->embed);
+  lm_head_ = (w_->lm_head.dense.data == w_->embed.dense.data && w_->lm_head.format == w_->embed.format)
+                 ? embed_ : upload_linear(w_->lm_head);
+  final_norm_ = upload_f32(w_->final_norm);
+  layers_.resize(size_t(c.layers));
+  for (int l = 0; l < int(c.layers); ++l) {
+    const LayerWeights& L = w_->layers[size_t(l)];
+    DevLayer& D = layers_[size_t(l)];
+    D.kind = L.kind;
+    D.in_norm = upload_f32(L.input_norm);
+    D.post_norm = upload_f32(L.post_norm);
+    if (L.kind == LayerKind::LinearAttention) {
+      GdnDev& g = D.gdn;
+      g.Hk = int(c.lin_k_heads); g.Hv = int(c.lin_v_heads); g.dk = int(c.lin_k_dim); g.dv = int(c.lin_v_dim);
+      g.K = int(c.conv_kernel); g.eps = float(c.rms_eps);
+      if (g.K < 1 || g.K > 8) fail("CUDA backend: linear_conv_kernel_dim {} is outside 1..8", g.K);
+      const int PW = g.proj_width();
+      D.gdn_in = alloc_bf16(size_t(PW) * H);
+      uint16_t* p = D.gdn_in;
+      for (const Linear* li : {&L.gdn.in_qkv, &L.gdn.in_z, &L.gdn.in_b, &L.gdn.in_a}) {
+        upload_linear(*li, p);
+        p += size_t(li->out) * H;
+      }
+      D.gdn_out = upload_linear(L.gdn.out);
+      g.conv = upload_f32(L.gdn.conv); g.dt_bias = upload_f32(L.gdn.dt_bias);
+      g.A_neg = upload_f32(L.gdn.A_neg); g.norm = upload_f32(L.gdn.norm);
+      max_proj_ = std::max(max_proj_, PW);
+      max_core_ = std::max(max_core_, g.Hv * g.dv);
+    } else {
+      AttnDev& a = D.attn;
+      a.Hq = int(c.n_heads); a.Hkv = int(c.n_kv_heads); a.hd = int(c.head_dim); a.rot = int(c.rotary_dim);
+      a.theta = float(c.rope_theta); a.eps = float(c.rms_eps);
+      const int PW = a.proj_width();
+      D.attn_in = alloc_bf16(size_t(PW) * H);
+      uint16_t* p = D.attn_in;
+      for (const Linear* li : {&L.attn.q, &L.attn.k, &L.attn.v}) {
+        upload_linear(*li, p);
+        p += size_t(li->out) * H;
+      }
+      D.attn_o = upload_linear(L.attn.o);
+      a.q_norm = upload_f32(L.attn.q_norm); a.k_norm = upload_f32(L.attn.k_norm);
+      max_proj_ = std::max(max_proj_, PW);
+      max_core_ = std::max(max_core_, a.Hq * a.hd);
+    }
+    const FfnWeights& F = L.ffn;
+    MoeDev& m = D.moe;
+    m.H = H;
+    m.moe = F.moe;
+    if (F.moe) {
+      m.E = int(F.experts.size()); m.k = int(c.top_k); m.norm_topk = c.norm_topk;
+      if (m.k > 64 || m.k > m.E) fail("CUDA backend: num_experts_per_tok {} must be <= 64 and <= num_experts", m.k);
+      m.I = int(F.experts.at(0).gate.out);
+      m.router = upload_linear(F.router);
+      uint16_t* gu = alloc_bf16(size_t(m.E) * 2 * m.I * H);
+      uint16_t* dn = alloc_bf16(size_t(m.E) * H * m.I);
+      for (int e = 0; e < m.E; ++e) {
+        const Expert& ex = F.experts[size_t(e)];
+        upload_linear(ex.gate, gu + size_t(e) * 2 * m.I * H);
+        upload_linear(ex.up, gu + size_t(e) * 2 * m.I * H + size_t(m.I) * H);
+        upload_linear(ex.down, dn + size_t(e) * H * m.I);
+      }
+      m.gate_up = gu; m.down = dn;
+      if (!F.shared_gate.empty()) m.sh_gate = upload_linear(F.shared_gate);
+    }
+    if (!F.shared.gate.empty()) {
+      m.Is = int(F.shared.gate.out);
+      uint16_t* sgu = alloc_bf16(size_t(2) * m.Is * H);
+      upload_linear(F.shared.gate, sgu);
+      upload_linear(F.shared.up, sgu + size_t(m.Is) * H);
+      m.sh_gate_up = sgu;
+      m.sh_down = upload_linear(F.shared.down);
+    }
+  }
+  LILY_CU(cudaDeviceSynchronize());
+}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(stream_);
+  for (auto& [p, n] : weight_allocs_) mem_.free(p, n);
+  mem_.free(work_, scratch_bytes_);
+  cudaStreamDestroy(stream_);
+}
+
+// Copies W [out, in] into a contiguous bf16 device block (rows `in` apart); allocates when dst is null.
+uint16_t* CudaBackend::upload_linear(const Linear& l, uint16_t* dst) {
+  if (l.format != WeightFormat::Dense)
+    fail("CUDA backend: weight '{}' is in format {}, which the CUDA backend does not run yet (bf16/f16/f32 only)",
+         l.name, format_name(l.format));
+  const size_t out = size_t(l.out), in = size_t(l.in);
+  if (!dst) dst = alloc_bf16(out * in);
+  const DenseWeight& d = l.dense;
+  if (d.dtype == DType::BF16) {
+    LILY_CU(cudaMemcpy2D(dst, in * 2, d.data, size_t(d.row_stride) * 2, in * 2, out, cudaMemcpyHostToDevice));
+    return dst;
+  }
+  std::vector<uint16_t> tmp(out * in);
+  for (size_t r = 0; r < out; ++r)
+    for (size_t i = 0; i < in; ++i) {
+      float f;
+      if (d.dtype == DType::F32) f = static_cast<const float*>(d.data)[r * size_t(d.row_stride) + i];
+      else if (d.dtype == DType::F16) f = f16_to_f32(static_cast<const uint16_t*>(d.data)[r * size_t(d.row_stride) + i]);
+      else fail("CUDA backend: weight '{}' has dtype {}, expected a float type", l.name, dtype_name(d.dtype));
+      tmp[r * in + i] = f32_to_bf16(f);
+    }
+  LILY_CU(cudaMemcpy(dst, tmp.data(), tmp.size() * 2, cudaMemcpyHostToDevice));
+  return dst;
+}
+
+void CudaBackend::ensure_scratch(int T) {
+  if (T <= cap_T_) return;
+  const int newT = std::max(T, 1);
+  const ModelConfig& c = w_->cfg;
+  const int H = int(c.hidden);
+  size_t work = 0;
+  for (const DevLayer& D : layers_) {
+    if (D.kind == LayerKind::LinearAttention) work = std::max(work, gdn_scratch_bytes(D.gdn, newT));
+    else work = std::max(work, attn_scratch_bytes(D.attn, newT, 128));
+    work = std::max(work, moe_scratch_bytes(D.moe, newT));
+  }
+  auto al = [](size_t b) { return (b + 255) & ~size_t(255); };
+  const size_t bx = al(4 * size_t(newT) * H), bp = al(4 * size_t(newT) * max_proj_), bc = al(4 * size_t(newT) * max_core_);
+  const size_t bl = al(4 * size_t(newT) * size_t(c.vocab)), bt = al(4 * size_t(newT));
+  const size_t total = 2 * bx + bp + bc + bl + bt + al(work);
+  cudaStreamSynchronize(stream_);
+  mem_.free(work_, scratch_bytes_);
+  char* base = static_cast<char*>(mem_.alloc(total));
+  work_ = base;
+  scratch_bytes_ = total;
+  x_ = reinterpret_cast<float*>(base); base += bx;
+  u_ = reinterpret_cast<float*>(base); base += bx;
+  proj_ = reinterpret_cast<float*>(base); base += bp;
+  core_ = reinterpret_cast<float*>(base); base += bc;
+  logits_ = reinterpret_cast<float*>(base); base += bl;
+  d_tokens_ = reinterpret_cast<int32_t*>(base); base += bt;
+  cap_T_ = newT;
+  work_bytes_ = work;
+  ++scratch_gen_;
+}
+
+std::unique_ptr<SequenceState> CudaBackend::new_state(int64_t max_tokens) {
+  if (max_tokens <= 0) fail("context size must be positive, got {}", max_tokens);
+  return std::make_unique<CudaState>(*this, max_tokens);
+}
+
+void CudaBackend::mark(int layer, const char* blk) {
+  if (!recording_) return;
+  cudaStreamCaptureStatus status;
+  cudaGraph_t g = nullptr;
+  LILY_CU(cudaStreamGetCaptureInfo(stream_, &status, nullptr, &g, nullptr, nullptr, nullptr));
+  size_t n = 0;
+  if (g) LILY_CU(cudaGraphGetNodes(g, nullptr, &n));
+  marks_.push_back({n, {layer, blk}});
+}
+
+void CudaBackend::begin(SequenceState& st, int64_t T) {
+  auto* cs = dynamic_cast<CudaState*>(&st);
+  if (!cs || &cs->be_ != this) throw InternalError("CudaBackend::begin: state from another backend");
+  LILY_ASSERT(T > 0 && cs->n_ + T <= cs->cap_);
+  st_ = cs;
+  T_ = int(T);
+  ensure_scratch(T_);
+  if (cs->graph_gen != scratch_gen_) { cs->drop_graphs(); cs->graph_gen = scratch_gen_; }
+  host_logits_ = nullptr;
+  host_rows_ = 0;
+  capture_ = replay_ = false;
+  const int bucket = bucket_for(cs->n_ + T);
+  const int64_t ctx_max = T == 1 ? (int64_t(256) << bucket) : cs->n_ + T;
+  // split factor for this step: a function of the bucket for graphed steps
+  nsplit_ = 1;
+  for (const DevLayer& D : layers_)
+    if (D.kind == LayerKind::FullAttention) { nsplit_ = attn_splits(D.attn, T_, ctx_max); break; }
+  if ((opt_.graphs && T == 1) || recording_) {
+    bucket_key_ = bucket + (greedy_ ? 1000 : 0);
+    auto it = cs->graphs.find(bucket_key_);
+    if (it != cs->graphs.end() && !recording_) replay_ = true;
+    else capture_ = true;
+  }
+}
+
+void CudaBackend::embed(const int32_t* tokens) {
+  const int H = int(w_->cfg.hidden);
+  if (!greedy_) LILY_CU(cudaMemcpyAsync(d_tokens_, tokens, sizeof(int32_t) * size_t(T_), cudaMemcpyHostToDevice, stream_));
+  if (capture_) {
+    LILY_CU(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    mark(-1, "embed");
+  }
+  if (replay_) return;
+  cuda::embed(embed_, H, H, d_tokens_, T_, x_, stream_);
+}
+
+void CudaBackend::gdn_mixer(int layer) {
+  if (replay_) return;
+  mark(layer, "gdn");
+  const DevLayer& D = layers_[size_t(layer)];
+  const int H = int(w_->cfg.hidden);
+  const GdnDev& g = D.gdn;
+  const int PW = g.proj_width();
+  rmsnorm(x_, H, D.in_norm, T_, H, float(w_->cfg.rms_eps), u_, H, stream_);
+  linear(D.gdn_in, H, PW, H, u_, H, T_, proj_, PW, false, stream_);
+  gdn_core(g, proj_, T_, st_->conv[size_t(layer)], st_->S[size_t(layer)], core_, work_ ? static_cast<char*>(work_) + (scratch_bytes_ - work_bytes_) : nullptr,
+           stream_, opt_.chunk_min);
+  linear(D.gdn_out, g.Hv * g.dv, H, g.Hv * g.dv, core_, g.Hv * g.dv, T_, x_, H, true, stream_);
+}
+
+void CudaBackend::attn_mixer(int layer) {
+  if (replay_) return;
+  mark(layer, "attn");
+  const DevLayer& D = layers_[size_t(layer)];
+  const int H = int(w_->cfg.hidden);
+  const AttnDev& a = D.attn;
+  const int PW = a.proj_width();
+  rmsnorm(x_, H, D.in_norm, T_, H, float(w_->cfg.rms_eps), u_, H, stream_);
+  linear(D.attn_in, H, PW, H, u_, H, T_, proj_, PW, false, stream_);
+  attn_core(a, proj_, T_, st_->d_pos, st_->kc[size_t(layer)], st_->vc[size_t(layer)], st_->cap_, nsplit_, core_,
+            static_cast<char*>(work_) + (scratch_bytes_ - work_bytes_), stream_);
+  linear(D.attn_o, a.Hq * a.hd, H, a.Hq * a.hd, core_, a.Hq * a.hd, T_, x_, H, true, stream_);
+}
+
+void CudaBackend::ffn(int layer) {
+  if (replay_) return;
+  mark(layer, "ffn");
+  const DevLayer& D = layers_[size_t(layer)];
+  const int H = int(w_->cfg.hidden);
+  rmsnorm(x_, H, D.post_norm, T_, H, float(w_->cfg.rms_eps), u_, H, stream_);
+  moe(D.moe, u_, T_, x_, static_cast<char*>(work_) + (scratch_bytes_ - work_bytes_), stream_);
+}
+
+void CudaBackend::head(int64_t rows, float* logits) {
+  LILY_ASSERT(rows >= 0 && rows <= T_);
+  host_logits_ = logits;
+  host_rows_ = rows;
+  if (replay_ || rows == 0) return;
+  mark(-1, "head");
+  const int H = int(w_->cfg.hidden), V = int(w_->cfg.vocab);
+  const float* xr = x_ + size_t(T_ - rows) * H;
+  rmsnorm(xr, H, final_norm_, int(rows), H, float(w_->cfg.rms_eps), u_, H, stream_);
+  linear(lm_head_, H, V, H, u_, H, int(rows), logits_, V, false, stream_);
+  if (greedy_) argmax(logits_ + size_t(rows - 1) * V, 1, V, d_tokens_, stream_);  // next step's input slot
+}
+
+void CudaBackend::end() {
+  if (!replay_) {
+    mark(-1, "step");
+    advance_pos(st_->d_pos, T_, stream_);
+  }
+  if (capture_) {
+    cudaGraph_t g = nullptr;
+    LILY_CU(cudaStreamEndCapture(stream_, &g));
+    if (recording_) {
+      size_t n = 0;
+      LILY_CU(cudaGraphGetNodes(g, nullptr, &n));
+      std::vector<cudaGraphNode_t> nodes(n);
+      LILY_CU(cudaGraphGetNodes(g, nodes.data(), &n));
+      // Nodes come back in creation order for a linear stream capture.
+      std::vector<KernelLaunch>* out = reinterpret_cast<std::vector<KernelLaunch>*>(host_logits_);
+      size_t mi = 0;
+      for (size_t i = 0; i < n; ++i) {
+        while (mi + 1 < marks_.size() && marks_[mi + 1].first <= i) ++mi;
+        cudaGraphNodeType ty;
+        LILY_CU(cudaGraphNodeGetType(nodes[i], &ty));
+        KernelLaunch k;
+        k.layer = marks_.empty() ? -1 : marks_[mi].second.first;
+        k.block = marks_.empty() ? "" : marks_[mi].second.second;
+        if (ty == cudaGraphNodeTypeKernel) {
+          cudaKernelNodeParams p{};
+          LILY_CU(cudaGraphKernelNodeGetParams(nodes[i], &p));
+          const char* nm = nullptr;
+          if (cudaFuncGetName(&nm, p.func) == cudaSuccess && nm) k.name = nm;
+          else k.name = "kernel";
+          k.grid[0] = p.gridDim.x; k.grid[1] = p.gridDim.y; k.grid[2] = p.gridDim.z;
+          k.threads[0] = p.blockDim.x; k.threads[1] = p.blockDim.y; k.threads[2] = p.blockDim.z;
+          k.smem = p.sharedMemBytes;
+        } else if (ty == cudaGraphNodeTypeMemcpy) {
+          k.name = "memcpy";
+        } else {
+          k.name = fmt::format("node type {}", int(ty));
+        }
+        out->push_back(k);
+      }
+      st_->graphs.erase(-1);
+      LILY_CU(cudaGraphDestroy(g));
+      return;  // nothing ran
+    }
+    cudaGraphExec_t ex = nullptr;
+    LILY_CU(cudaGraphInstantiate(&ex, g, 0));
+    LILY_CU(cudaGraphDestroy(g));
+    st_->graphs[bucket_key_] = ex;
+    replay_ = true;
+  }
+  if (replay_) LILY_CU(cudaGraphLaunch(st_->graphs[bucket_key_], stream_));
+  st_->n_ += T_;
+  if (host_rows_ > 0 && host_logits_) {
+    const int64_t V = w_->cfg.vocab;
+    LILY_CU(cudaMemcpyAsync(host_logits_, logits_, sizeof(float) * size_t(host_rows_ * V), cudaMemcpyDeviceToHost, stream_));
+    LILY_CU(cudaStreamSynchronize(stream_));
+  }
+  st_ = nullptr;
+}
+
+std::vector<KernelLaunch> CudaBackend::describe(int64_t ctx) {
+  auto st = new_state(ctx + 1);
+  auto* cs = static_cast<CudaState*>(st.get());
+  cs->n_ = ctx;  // only the launch shapes matter: nothing runs
+  std::vector<KernelLaunch> out;
+  recording_ = true;
+  marks_.clear();
+  try {
+    begin(*st, 1);
+    int32_t tok = 0;
+    embed(&tok);
+    const ModelConfig& c = w_->cfg;
+    for (int l = 0; l < int(c.layers); ++l) {
+      if (c.layer_kinds[size_t(l)] == LayerKind::LinearAttention) gdn_mixer(l);
+      else attn_mixer(l);
+      ffn(l);
+    }
+    head(1, nullptr);
+    host_logits_ = reinterpret_cast<float*>(&out);
+    host_rows_ = 0;
+    end();
+  } catch (...) {
+    recording_ = false;
+    cudaGraph_t g;
+    cudaStreamEndCapture(stream_, &g);
+    throw;
+  }
+  recording_ = false;
+  st_ = nullptr;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+CudaState::CudaState(CudaBackend& be, int64_t cap) : be_(be), cap_(cap) {
+  const ModelConfig& c = be.w_->cfg;
+  const size_t L = size_t(c.layers);
+  kc.assign(L, nullptr); vc.assign(L, nullptr); conv.assign(L, nullptr); S.assign(L, nullptr);
+  auto al = [](size_t b) { return (b + 255) & ~size_t(255); };
+  size_t total = al(8);
+  for (size_t l = 0; l < L; ++l) {
+    if (c.layer_kinds[l] == LayerKind::FullAttention) {
+      const size_t per = size_t(c.n_kv_heads) * size_t(c.head_dim) * 2;
+      total += 2 * al(per * size_t(cap));
+      kv_bytes_per_token_ += 2 * per;
+    } else {
+      const size_t cb = 4 * size_t(c.conv_kernel - 1) * size_t(c.conv_channels());
+      const size_t sb = 4 * size_t(c.lin_v_heads) * size_t(c.lin_v_dim) * size_t(c.lin_k_dim);
+      total += al(cb) + al(sb);
+      fixed_bytes_ += cb + sb;
+    }
+  }
+  region_bytes = total;
+  char* p = static_cast<char*>(be.mem_.alloc(total));
+  region = p;
+  d_pos = reinterpret_cast<int64_t*>(p); p += al(8);
+  for (size_t l = 0; l < L; ++l) {
+    if (c.layer_kinds[l] == LayerKind::FullAttention) {
+      const size_t per = size_t(c.n_kv_heads) * size_t(c.head_dim) * 2;
+      kc[l] = reinterpret_cast<uint16_t*>(p); p += al(per * size_t(cap));
+      vc[l] = reinterpret_cast<uint16_t*>(p); p += al(per * size_t(cap));
+    } else {
+      const size_t cb = 4 * size_t(c.conv_kernel - 1) * size_t(c.conv_channels());
+      const size_t sb = 4 * size_t(c.lin_v_heads) * size_t(c.lin_v_dim) * size_t(c.lin_k_dim);
+      conv[l] = reinterpret_cast<float*>(p); p += al(cb);
+      S[l] = reinterpret_cast<float*>(p); p += al(sb);
+    }
+  }
+  reset();
+}
+
+CudaState::~CudaState() {
+  cudaStreamSynchronize(be_.stream_);
+  drop_graphs();
+  be_.mem_.free(region, region_bytes);
+}
+
+void CudaState::drop_graphs() {
+  for (auto& [k, g] : graphs)
+    if (g) cudaGraphExecDestroy(g);
+  graphs.clear();
+}
+
+void CudaState::reset() {
+  LILY_CU(cudaMemsetAsync(region, 0, region_bytes, be_.stream_));  // KV rows beyond n are never read
+  LILY_CU(cudaStreamSynchronize(be_.stream_));
+  n_ = 0;
+}
+
+static void copy_state(const CudaState& src, CudaState& dst, cudaStream_t s) {
+  const ModelConfig& c = src.be_.w_->cfg;
+  LILY_CU(cudaMemcpyAsync(dst.d_pos, src.d_pos, 8, cudaMemcpyDeviceToDevice, s));
+  for (size_t l = 0; l < size_t(c.layers); ++l) {
+    if (c.layer_kinds[l] == LayerKind::FullAttention) {
+      const size_t row = size_t(c.head_dim) * 2;
+      const size_t w = row * size_t(src.n_);
+      if (w == 0) continue;
+      LILY_CU(cudaMemcpy2DAsync(dst.kc[l], row * size_t(dst.cap_), src.kc[l], row * size_t(src.cap_), w, size_t(c.n_kv_heads),
+                                cudaMemcpyDeviceToDevice, s));
+      LILY_CU(cudaMemcpy2DAsync(dst.vc[l], row * size_t(dst.cap_), src.vc[l], row * size_t(src.cap_), w, size_t(c.n_kv_heads),
+                                cudaMemcpyDeviceToDevice, s));
+    } else {
+      const size_t cb = 4 * size_t(c.conv_kernel - 1) * size_t(c.conv_channels());
+      const size_t sb = 4 * size_t(c.lin_v_heads) * size_t(c.lin_v_dim) * size_t(c.lin_k_dim);
+      LILY_CU(cudaMemcpyAsync(dst.conv[l], src.conv[l], cb, cudaMemcpyDeviceToDevice, s));
+      LILY_CU(cudaMemcpyAsync(dst.S[l], src.S[l], sb, cudaMemcpyDeviceToDevice, s));
+    }
+  }
+  dst.n_ = src.n_;
+}
+
+std::unique_ptr<SequenceState> CudaState::clone() const {
+  auto c = std::make_unique<CudaState>(be_, cap_);
+  copy_state(*this, *c, be_.stream_);
+  LILY_CU(cudaStreamSynchronize(be_.stream_));
+  return c;
+}
+
+void CudaState::restore(const SequenceState& snapshot) {
+  auto* s = dynamic_cast<const CudaState*>(&snapshot);
+  if (!s || &s->be_ != &be_) throw InternalError("CudaState::restore: snapshot from another backend");
+  if (s->n_ > cap_) fail("cannot restore a snapshot of {} tokens into a context of {}", s->n_, cap_);
+  copy_state(*s, *this, be_.stream_);
+  LILY_CU(cudaStreamSynchronize(be_.stream_));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+bool cuda_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string cuda_device_info(int device) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return fmt::format("no usable CUDA device ({})", cudaGetErrorString(e));
+  if (device < 0 || device >= n) return fmt::format("no CUDA device {} ({} present)", device, n);
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return "CUDA device properties unavailable";
+  return fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GiB)", p.name, p.major, p.minor, p.multiProcessorCount,
+                     double(p.totalGlobalMem) / (1024.0 * 1024 * 1024));
+}
+
+std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const ModelWeights> weights, const CudaOptions& opt) {
+  if (!cuda_available()) fail("CUDA backend: {}", cuda_device_info(opt.device));
+  return std::make_unique<CudaBackend>(std::move(weights), opt);
+}
+
+int64_t cuda_generate_greedy(Backend& be, SequenceState& st, int32_t first, int64_t n,
+                             const std::function<bool(int32_t)>& on_token) {
+  auto* cb = dynamic_cast<CudaBackend*>(&be);
+  if (!cb) fail("cuda_generate_greedy needs the CUDA backend, got '{}'", be.name());
+  if (n <= 0) return 0;
+  if (st.n_tokens() + n > st.capacity())
+    fail("context overflow: {} tokens in the cache + {} new exceed the context size {}", st.n_tokens(), n, st.capacity());
+  cb->ensure_scratch(1);
+  LILY_CU(cudaMemcpyAsync(cb->d_tokens_, &first, 4, cudaMemcpyHostToDevice, cb->stream_));
+  int32_t* pinned = nullptr;
+  LILY_CU(cudaMallocHost(&pinned, size_t(n) * 4));
+  std::vector<cudaEvent_t> ev(static_cast<size_t>(n), nullptr);
+  for (auto& e : ev) LILY_CU(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const ModelConfig& c = cb->w_->cfg;
+  int64_t produced = 0;
+  bool stop = false;
+  auto drain = [&](int64_t upto, bool wait) {
+    while (produced < upto && !stop) {
+      if (!wait && cudaEventQuery(ev[size_t(produced)]) != cudaSuccess) break;
+      LILY_CU(cudaEventSynchronize(ev[size_t(produced)]));
+      if (!on_token(pinned[produced])) stop = true;
+      ++produced;
+    }
+  };
+  try {
+    for (int64_t i = 0; i < n && !stop; ++i) {
+      cb->set_greedy(true);
+      cb->begin(st, 1);
+      cb->embed(nullptr);
+      for (int l = 0; l < int(c.layers); ++l) {
+        if (c.layer_kinds[size_t(l)] == LayerKind::LinearAttention) cb->gdn_mixer(l);
+        else cb->attn_mixer(l);
+        cb->ffn(l);
+      }
+      cb->head(1, nullptr);
+      cb->end();
+      LILY_CU(cudaMemcpyAsync(pinned + i, cb->d_tokens_, 4, cudaMemcpyDeviceToHost, cb->stream_));
+      LILY_CU(cudaEventRecord(ev[size_t(i)], cb->stream_));
+      drain(i, false);  // everything up to the previous step that is already there
+    }
+    drain(n, true);
+  } catch (...) {
+    cb->set_greedy(false);
+    throw;
+  }
+  cb->set_greedy(false);
+  cb->synchronize();
+  for (auto& e : ev) cudaEventDestroy(e);
+  cudaFreeHost(pinned);
+  return produced;
+}
+
+std::vector<KernelLaunch> cuda_describe_decode_step(Backend& be, int64_t ctx) {
+  auto* cb = dynamic_cast<CudaBackend*>(&be);
+  if (!cb) fail("cuda_describe_decode_step needs the CUDA backend, got '{}'", be.name());
+  return cb->describe(ctx);
+}
+
+}  // namespace lily

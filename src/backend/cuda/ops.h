@@ -1,0 +1,88 @@
+// Device-level operations of the CUDA backend, callable from plain C++ (tests, cuda_backend.cu).
+// All pointers are device pointers unless named host_*; every call is asynchronous on `s`.
+// Activations and the residual stream are float32; dense weights are bf16 row-major [out, in].
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace lily::cuda {
+
+// Throws lily::InternalError naming the CUDA error and the call site when e != cudaSuccess.
+void check(cudaError_t e, const char* file, int line);
+#define LILY_CU(x) ::lily::cuda::check((x), __FILE__, __LINE__)
+// Throws lily::InternalError(what) (kernels' host code is compiled without fmt).
+[[noreturn]] void fail_internal(const char* what);
+
+// Raises the shared-memory limits of the kernels that need more than 48 KiB (once per device, before
+// any capture).
+void init_kernels();
+
+// ---- linear algebra -------------------------------------------------------------------------
+// y[t, 0:out] (= or +=) x[t, 0:in] · Wᵀ for t < T. W rows are ldw elements apart.
+// T <= 2 runs the row-parallel GEMV (16-byte weight loads), larger T the tiled GEMM.
+void linear(const uint16_t* W, int64_t ldw, int out, int in, const float* x, int64_t ldx, int T, float* y,
+            int64_t ldy, bool accumulate, cudaStream_t s);
+
+// x[t, :] = RMSNorm(x_in[t, :]) · w  (w already folded to (1 + w) where the model says so).
+void rmsnorm(const float* x, int64_t ldx, const float* w, int T, int H, float eps, float* y, int64_t ldy,
+             cudaStream_t s);
+// x[t, :] = float(table[tokens[t], :]) (bf16 table, rows ld apart).
+void embed(const uint16_t* table, int64_t ld, int H, const int32_t* tokens, int T, float* x, cudaStream_t s);
+// out[r] = argmax_v logits[r, v] (lowest index on ties).
+void argmax(const float* logits, int rows, int V, int32_t* out, cudaStream_t s);
+// *pos += T.
+void advance_pos(int64_t* pos, int T, cudaStream_t s);
+
+// ---- MoE (or the dense MLP when moe == false) ----------------------------------------------
+struct MoeDev {
+  bool moe = true;
+  int E = 0, k = 0, I = 0, Is = 0, H = 0;
+  bool norm_topk = true;
+  const uint16_t* router = nullptr;      // [E, H]
+  const uint16_t* gate_up = nullptr;     // [E, 2I, H]: rows [0, I) gate, [I, 2I) up, per expert
+  const uint16_t* down = nullptr;        // [E, H, I]
+  const uint16_t* sh_gate_up = nullptr;  // [2Is, H] shared expert (or the dense MLP)
+  const uint16_t* sh_down = nullptr;     // [H, Is]
+  const uint16_t* sh_gate = nullptr;     // [1, H] sigmoid gate of the shared expert; null: weight 1
+};
+size_t moe_scratch_bytes(const MoeDev& m, int T);
+// x[t] += MoE(u[t]) for t < T. Routing stays on the device (no host synchronisation).
+void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaStream_t s);
+
+// ---- Gated DeltaNet core ------------------------------------------------------------------
+struct GdnDev {
+  int Hk = 0, Hv = 0, dk = 0, dv = 0, K = 0;
+  const float* conv = nullptr;     // [C, K]; conv[c*K + j] multiplies the input K-1-j steps back
+  const float* dt_bias = nullptr;  // [Hv]
+  const float* A_neg = nullptr;    // [Hv]
+  const float* norm = nullptr;     // [dv] plain weight
+  float eps = 1e-6f;
+  int C() const { return 2 * Hk * dk + Hv * dv; }
+  int proj_width() const { return C() + Hv * dv + 2 * Hv; }  // qkv | z | b | a
+};
+size_t gdn_scratch_bytes(const GdnDev& g, int T);
+// From the input projections proj [T, proj_width()] to the gated-normed output out [T, Hv·dv].
+// conv_state [K-1, C] fp32 (row 0 oldest) and S [Hv, dv, dk] fp32 are read and updated.
+// T >= chunk_min uses the chunked rule (C = 64), shorter steps the recurrent form.
+void gdn_core(const GdnDev& g, const float* proj, int T, float* conv_state, float* S, float* out, void* scratch,
+              cudaStream_t s, int chunk_min = 64);
+
+// ---- gated attention core -----------------------------------------------------------------
+struct AttnDev {
+  int Hq = 0, Hkv = 0, hd = 0, rot = 0;
+  float theta = 1e4f, eps = 1e-6f;
+  const float* q_norm = nullptr;  // [hd] folded
+  const float* k_norm = nullptr;  // [hd] folded
+  int proj_width() const { return Hq * 2 * hd + 2 * Hkv * hd; }  // q|gate per head, k, v
+};
+// Split-KV factor for T new rows after ctx cached tokens (a launch shape; any value >= 1 is correct).
+int attn_splits(const AttnDev& a, int T, int64_t ctx_max);
+size_t attn_scratch_bytes(const AttnDev& a, int T, int nsplit);
+// q/k norm + partial RoPE + KV append (bf16 cache [Hkv, cap, hd]) + causal GQA attention + sigmoid gate.
+// *pos (device) = tokens already cached; the T rows sit at positions *pos .. *pos + T - 1.
+void attn_core(const AttnDev& a, const float* proj, int T, const int64_t* pos, uint16_t* k_cache,
+               uint16_t* v_cache, int64_t cap, int nsplit, float* out, void* scratch, cudaStream_t s);
+
+}  // namespace lily::cuda
