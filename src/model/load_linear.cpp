@@ -270,7 +270,8 @@ bool load_stacked_experts(const Checkpoint& ck, const ModelConfig& cfg, const st
     }
     return true;
   }
-  experts.clear();
+  // Not stacked: leave E default experts for the per-expert loader to fill.
+  experts.assign(static_cast<size_t>(E), Expert{});
   return false;
 }
 
