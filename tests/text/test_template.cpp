@@ -1,0 +1,151 @@
+#include <random>
+
+#include "common.h"
+#include "core/error.h"
+#include "text/chat_template.h"
+#include "text/jinja.h"
+
+using namespace lily::text;
+using namespace lily::text::testing;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+std::string render_str(const std::string& tpl, const ojson& ctx = ojson::object()) {
+  return jinja::Template(tpl, "t").render(ctx);
+}
+
+std::string error_of(const std::string& tpl, const ojson& ctx = ojson::object()) {
+  try {
+    jinja::Template t(tpl, "t");
+    t.render(ctx);
+  } catch (const lily::InputError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST(Jinja, FeaturesMatchReference) {
+  ojson cases = load_ojson(data_dir() / "template_cases.json");
+  ASSERT_GT(cases["features"].size(), 30u);
+  for (auto& c : cases["features"]) {
+    std::string got;
+    ASSERT_NO_THROW(got = render_str(c["template"], c["context"])) << c["name"];
+    EXPECT_EQ(got, c["expected"].get<std::string>()) << c["name"];
+  }
+}
+
+TEST(Jinja, ChatTemplatesMatchReference) {
+  LILY_REQUIRE_QWEN3();
+  ojson cases = load_ojson(data_dir() / "template_cases.json");
+  auto qwen3 = ChatTemplate::load(qwen3_dir());
+  auto qwen35 = ChatTemplate::load(qwen3_dir(), data_dir() / "qwen3.5-style.jinja");
+  EXPECT_FALSE(qwen3.uses_xml_tool_calls());
+  EXPECT_TRUE(qwen35.uses_xml_tool_calls());
+  ASSERT_GT(cases["chat"].size(), 20u);
+  for (auto& c : cases["chat"]) {
+    const auto& t = c["template"] == "qwen3" ? qwen3 : qwen35;
+    std::string got;
+    ASSERT_NO_THROW(got = t.render(c["messages"], c["tools"], c["add_generation_prompt"], c["kwargs"])) << c["name"];
+    EXPECT_EQ(got, c["expected"].get<std::string>()) << c["name"];
+  }
+}
+
+TEST(Jinja, Qwen35StyleThinkingSwitch) {
+  auto t = ChatTemplate::load(data_dir(), data_dir() / "qwen3.5-style.jinja");
+  ojson msgs = ojson::parse(R"([{"role": "user", "content": "hi"}])");
+  auto on = t.render(msgs, nullptr, true);
+  auto off = t.render(msgs, nullptr, true, ojson{{"enable_thinking", false}});
+  EXPECT_TRUE(on.ends_with("<|im_start|>assistant\n<think>\n"));
+  EXPECT_TRUE(off.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+}
+
+// Python jinja2 semantics that @huggingface/jinja does not share (it prints JavaScript spellings); the
+// expected strings are Python's str() / json.dumps outputs, which transformers produces.
+TEST(Jinja, PythonValueSpelling) {
+  EXPECT_EQ(render_str("{{ true }} {{ false }} {{ none }} {{ 1.0 }} {{ 0.1 }} {{ 1e-05 }} {{ [1, 'a', none] }}"),
+            "True False None 1.0 0.1 1e-05 [1, 'a', None]");
+  EXPECT_EQ(render_str("{{ {'a': true, 'b': \"it's\"} }}"), "{'a': True, 'b': \"it's\"}");
+  EXPECT_EQ(render_str("{{ x | tojson }}", ojson{{"x", {{"f", 1.5}, {"g", 2.0}, {"h", nullptr}}}}),
+            R"({"f": 1.5, "g": 2.0, "h": null})");
+  EXPECT_EQ(render_str("{{ x | tojson(separators=(',', ':')) }}", ojson{{"x", {{"a", {1, 2}}}}}), R"({"a":[1,2]})");
+  EXPECT_EQ(render_str("{{ '\x01' | tojson }}"), "\"\\u0001\"");
+}
+
+TEST(Jinja, MacrosCallerAndGlobals) {
+  EXPECT_EQ(render_str("{% macro box(t) %}[{{ t }}|{{ caller() }}]{% endmacro %}{% call box('x') %}in{% endcall %}"),
+            "[x|in]");
+  EXPECT_EQ(render_str("{% filter upper %}abc{% endfilter %}"), "ABC");
+  EXPECT_EQ(render_str("{% raw %}{{ not parsed }}{% endraw %}"), "{{ not parsed }}");
+  EXPECT_EQ(render_str("{{ strftime_now('%Y') | length }}"), "4");
+  EXPECT_EQ(render_str("{% set a, b = [1, 2] %}{{ b }}{{ a }}"), "21");
+  EXPECT_EQ(render_str("{{ '{}-{}'.format(1, 'x') }}"), "1-x");
+}
+
+TEST(Jinja, ErrorsCarryLineAndColumn) {
+  EXPECT_NE(error_of("line1\n{% if x %}\nno end").find("t line"), std::string::npos);
+  EXPECT_NE(error_of("line1\n{% if x %}\nno end").find("missing {% endif %}"), std::string::npos);
+  EXPECT_NE(error_of("a\n  {{ 1 + }}").find("line 2, column 10"), std::string::npos);
+  EXPECT_NE(error_of("{% frobnicate %}").find("unknown statement 'frobnicate'"), std::string::npos);
+  EXPECT_NE(error_of("{{ x | nosuchfilter }}").find("unknown filter 'nosuchfilter'"), std::string::npos);
+  EXPECT_NE(error_of("\n\n{{ raise_exception('bad role') }}").find("bad role"), std::string::npos);
+  EXPECT_NE(error_of("{{ missing.attr }}").find("line 1, column"), std::string::npos);
+  EXPECT_NE(error_of("{{ 'unterminated }}").find("unterminated string"), std::string::npos);
+  EXPECT_NE(error_of("{{ 1 / 0 }}").find("division by zero"), std::string::npos);
+}
+
+TEST(Jinja, LoadErrorsNameTheFile) {
+  auto dir = std::filesystem::temp_directory_path() / "lily_text_tpl_test";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"chat_template": "{% if %}"})";
+  try {
+    ChatTemplate::load(dir);
+    FAIL() << "expected an error";
+  } catch (const lily::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("line 1"), std::string::npos) << e.what();
+  }
+  std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "<e>"})";
+  EXPECT_THROW(ChatTemplate::load(dir), lily::InputError);
+  std::ofstream(dir / "chat_template.jinja") << "{{ eos_token }}{{ messages | length }}";
+  EXPECT_EQ(ChatTemplate::load(dir).render(ojson::array({{{"role", "user"}, {"content", "x"}}}), nullptr, false), "<e>1");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Jinja, FuzzParserNeverCrashes) {
+  std::mt19937 rng(42);
+  const char* frags[] = {"{{", "}}", "{%", "%}", "{#", "#}", "-", "if", "for", "x", "in", "endif", "endfor", "(", ")",
+                         "[", "]", "'", "\"", "|", "tojson", ".", ",", "=", "set", "macro", "endmacro", " ", "\n",
+                         "1", "+", "not", "is", "defined", "loop", "ns", "namespace", "{", "}", ":", "~", "else"};
+  ojson ctx = {{"x", {1, 2, 3}}, {"messages", ojson::array({{{"role", "user"}, {"content", "hi"}}})}};
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string src;
+    int n = 1 + int(rng() % 16);
+    for (int k = 0; k < n; ++k) {
+      if (rng() % 5 == 0) src += char(rng() % 256);
+      else src += frags[rng() % std::size(frags)];
+    }
+    try {
+      jinja::Template t(src, "fuzz");
+      t.render(ctx);
+    } catch (const lily::InputError&) {
+    }
+  }
+  // Mutations of the real Qwen3.5-style template.
+  std::string base = slurp(data_dir() / "qwen3.5-style.jinja");
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string src = base;
+    for (int k = 0; k < 3; ++k) {
+      size_t p = rng() % src.size();
+      if (rng() % 2) src.erase(p, 1 + rng() % 8);
+      else src.insert(p, frags[rng() % std::size(frags)]);
+    }
+    try {
+      jinja::Template t(src, "fuzz");
+      t.render(ctx);
+    } catch (const lily::InputError&) {
+    }
+  }
+}
