@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "core/error.h"
 #include "core/half.h"
@@ -30,58 +33,164 @@ constexpr float kInf = 1e30f;
 
 // One Viterbi run over the positions order[0..255]. start_edge >= 0 forces (s_first >> K) == start_edge,
 // end_edge >= 0 forces (s_last & (2^(16−K) − 1)) == end_edge. Writes states[order[i]]; returns the cost.
-float viterbi(const float* v, const int* order, int K, const float* lut, int start_edge, int end_edge,
-              uint16_t* states, ViterbiScratch& S) {
-  const int E = 16 - K;
-  const uint32_t NE = 1u << E, NK = 1u << K;
-  float* cost = S.cost.data();
-  float* m = S.edge_min.data();
-  {
-    const float x = v[order[0]];
-    for (uint32_t s = 0; s < 65536; ++s) {
-      const float d = lut[s] - x;
-      cost[s] = d * d;
-    }
-    if (start_edge >= 0)
-      for (uint32_t s = 0; s < 65536; ++s)
-        if ((s >> K) != uint32_t(start_edge)) cost[s] = kInf;
-  }
-  for (int i = 1; i < 256; ++i) {
-    uint8_t* b = S.back.data() + size_t(i) * NE;
-    std::memcpy(m, cost, NE * sizeof(float));
-    std::memset(b, 0, NE);
-    for (uint32_t hi = 1; hi < NK; ++hi) {
-      const float* c = cost + hi * NE;
+// Costs live per 16-bit state; "edge" e = the low 16−K bits of s_{t−1} = the high 16−K bits of s_t, so
+// the best predecessor of every state with edge e is one min over the 2^K states (hi << (16−K)) | e.
+// Only those per-edge minima are kept per step (no backpointers: the hot loop is a plain vector min);
+// the backtrack re-evaluates the 2^K predecessor costs of the one state it follows.
+// K is a template parameter so that the inner loops have constant trip counts and vectorise.
+template <int K>
+float viterbi(const float* v, const int* order, const float* lut, int start_edge, int end_edge, uint16_t* states,
+              ViterbiScratch& S) {
+  constexpr int E = 16 - K;
+  constexpr uint32_t NE = 1u << E, NK = 1u << K;
+  // m_i[e] = best cost of a path over positions 0..i−1 ending in a state with low bits e (i = 1..255).
+  // K >= 3 keeps every m_i (256 · NE floats, ≤ 8 MiB). K <= 2 keeps m_1 and every 16th m_i and recomputes
+  // a 16-step segment at a time during the backtrack (NE is 16-32 K edges there).
+  constexpr bool kAll = K >= 3;
+  constexpr size_t kRows = kAll ? 256 : 16 + 16 + 2;
+  S.edge_min.resize(kRows * NE);
+  float* store = S.edge_min.data();
+  auto cost0 = [&](uint32_t s) {
+    const float d = lut[s] - v[order[0]];
+    return start_edge >= 0 && (s >> K) != uint32_t(start_edge) ? kInf : d * d;
+  };
+  typedef float v8 __attribute__((vector_size(32)));  // GCC vector extension: any x86 width
+  // m_{i+1}[e'] = min over states s with low bits e' of (err_i(s) + m_i[s >> K]); costs are never stored.
+  auto step = [&](const float* __restrict m, float* __restrict mn, float x) {
+    for (uint32_t e = 0; e < NE; ++e) mn[e] = kInf * 2;
+    const v8 xv = {x, x, x, x, x, x, x, x};
+    if constexpr (K >= 4) {
+      typedef float v16 __attribute__((vector_size(64)));
+      const v16 xw = {x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
       for (uint32_t e = 0; e < NE; ++e) {
-        const bool lt = c[e] < m[e];
-        m[e] = lt ? c[e] : m[e];
-        b[e] = lt ? uint8_t(hi) : b[e];
+        const float mv = m[e];
+        const v16 mvv = {mv, mv, mv, mv, mv, mv, mv, mv, mv, mv, mv, mv, mv, mv, mv, mv};
+        const float* l = lut + (e << K);
+        float* t = mn + ((e << K) & (NE - 1));
+        for (uint32_t c = 0; c < NK; c += 16) {
+          v16 lv, tv;
+          std::memcpy(&lv, l + c, sizeof lv);
+          std::memcpy(&tv, t + c, sizeof tv);
+          const v16 d = lv - xw;
+          const v16 val = d * d + mvv;
+          tv = val < tv ? val : tv;
+          std::memcpy(t + c, &tv, sizeof tv);
+        }
+      }
+    } else if constexpr (K == 3) {
+      for (uint32_t e = 0; e < NE; ++e) {
+        const float mv = m[e];
+        const v8 mvv = {mv, mv, mv, mv, mv, mv, mv, mv};
+        const float* l = lut + (e << K);
+        float* t = mn + ((e << K) & (NE - 1));
+        for (uint32_t c = 0; c < NK; c += 8) {
+          v8 lv, tv;
+          std::memcpy(&lv, l + c, sizeof lv);
+          std::memcpy(&tv, t + c, sizeof tv);
+          const v8 d = lv - xv;
+          const v8 val = d * d + mvv;
+          tv = val < tv ? val : tv;
+          std::memcpy(t + c, &tv, sizeof tv);
+        }
+      }
+    } else {
+      // 8 / 2^K consecutive edges at once: their 8 successor states and targets are contiguous.
+      constexpr uint32_t G = 8 / NK;
+      for (uint32_t e = 0; e < NE; e += G) {
+        v8 lv, tv;
+#if defined(__AVX2__)
+        // in-register broadcast of the G minima (a lane-by-lane build goes through the stack and stalls)
+        const __m128 raw = G == 4 ? _mm_loadu_ps(m + e) : _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(m + e)));
+        const __m256i idx = _mm256_setr_epi32(0 / NK, 1 / NK, 2 / NK, 3 / NK, 4 / NK, 5 / NK, 6 / NK, 7 / NK);
+        const v8 mvv = (v8)_mm256_permutevar8x32_ps(_mm256_castps128_ps256(raw), idx);
+#else
+        v8 mvv;
+        for (int c = 0; c < 8; ++c) mvv[c] = m[e + uint32_t(c) / NK];
+#endif
+        const float* l = lut + (e << K);
+        float* t = mn + ((e << K) & (NE - 1));
+        std::memcpy(&lv, l, sizeof lv);
+        std::memcpy(&tv, t, sizeof tv);
+        const v8 d = lv - xv;
+        const v8 val = d * d + mvv;
+        tv = val < tv ? val : tv;
+        std::memcpy(t, &tv, sizeof tv);
       }
     }
-    const float x = v[order[i]];
-    for (uint32_t s = 0; s < 65536; ++s) {
-      const float d = lut[s] - x;
-      cost[s] = d * d + m[s >> K];
-    }
+  };
+  // Row of the store holding m_i in the forward pass (kAll: row i; else checkpoints 0..15 = m_1, m_16,
+  // m_32, ..., m_240; rows 32, 33 roll).
+  auto ckpt_row = [](int i) { return i == 1 ? 0 : i / 16; };
+  auto fwd_row = [&](int i) -> float* {
+    if constexpr (kAll) return store + size_t(i) * NE;
+    if (i == 1 || i % 16 == 0) return store + size_t(ckpt_row(i)) * NE;
+    return store + size_t(32 + (i & 1)) * NE;
+  };
+  {
+    float* m1 = fwd_row(1);
+    std::fill(m1, m1 + NE, kInf * 2);
+    for (uint32_t s = 0; s < 65536; ++s) m1[s & (NE - 1)] = std::min(m1[s & (NE - 1)], cost0(s));
   }
+  for (int i = 1; i < 255; ++i) step(fwd_row(i), fwd_row(i + 1), v[order[i]]);
   uint32_t best = 0;
   float bc = kInf * 2;
-  for (uint32_t s = 0; s < 65536; ++s) {
-    if (end_edge >= 0 && (s & (NE - 1)) != uint32_t(end_edge)) continue;
-    if (cost[s] < bc) {
-      bc = cost[s];
-      best = s;
+  {
+    const float* m = fwd_row(255);
+    const float x = v[order[255]];
+    for (uint32_t s = 0; s < 65536; ++s) {
+      if (end_edge >= 0 && (s & (NE - 1)) != uint32_t(end_edge)) continue;
+      const float d = lut[s] - x;
+      const float c = d * d + m[s >> K];
+      if (c < bc) {
+        bc = c;
+        best = s;
+      }
     }
   }
+  // Backtrack; for K <= 2, m_j comes from a recomputed segment (rows 16..31 = m_b .. m_{b+15}).
+  int seg_base = -1;
+  auto m_at = [&](int j) -> const float* {
+    if constexpr (kAll) return store + size_t(j) * NE;
+    const int b = j < 16 ? 1 : j / 16 * 16;
+    if (b != seg_base) {
+      float* seg = store + size_t(16) * NE;
+      std::memcpy(seg, store + size_t(ckpt_row(b)) * NE, NE * sizeof(float));
+      const int last = std::min(b + 15, 255);
+      for (int u = 1; b + u <= last; ++u) step(seg + size_t(u - 1) * NE, seg + size_t(u) * NE, v[order[b + u - 1]]);
+      seg_base = b;
+    }
+    return store + size_t(16 + (j - b)) * NE;
+  };
   uint32_t s = best;
-  for (int i = 255; i >= 0; --i) {
+  for (int i = 255; i >= 1; --i) {
     states[order[i]] = uint16_t(s);
-    if (i == 0) break;
     const uint32_t e = s >> K;
-    s = (uint32_t(S.back[size_t(i) * NE + e]) << E) | e;
+    const float* mp = i - 1 >= 1 ? m_at(i - 1) : nullptr;
+    uint32_t arg = e;
+    float bcost = kInf * 4;
+    for (uint32_t hi = 0; hi < NK; ++hi) {
+      const uint32_t p = (hi << E) | e;
+      float c;
+      if (!mp) {
+        c = cost0(p);
+      } else {
+        const float d = lut[p] - v[order[i - 1]];
+        c = d * d + mp[p >> K];
+      }
+      if (c < bcost) {
+        bcost = c;
+        arg = p;
+      }
+    }
+    s = arg;
   }
+  states[order[0]] = uint16_t(s);
   return bc;
 }
+
+using ViterbiFn = float (*)(const float*, const int*, const float*, int, int, uint16_t*, ViterbiScratch&);
+const ViterbiFn kViterbi[9] = {nullptr,    viterbi<1>, viterbi<2>, viterbi<3>, viterbi<4>,
+                               viterbi<5>, viterbi<6>, viterbi<7>, viterbi<8>};
 
 struct Orders {
   int plain[256], rotated[256];
@@ -154,15 +263,11 @@ bool cholesky(std::vector<double>& H, int64_t n) {
 double exl3_encode_tile(const float* v, int K, Exl3Codebook cb, uint16_t* states, ViterbiScratch& S) {
   if (K < 1 || K > 8) fail("EXL3 K = {} unsupported (1..8)", K);
   static const Orders O;
-  const uint32_t NE = 1u << (16 - K);
-  S.cost.resize(65536);
-  S.edge_min.resize(NE);
-  S.back.resize(256 * size_t(NE));
   const float* lut = exl3_lut(cb);
   uint16_t tmp[256];
-  viterbi(v, O.rotated, K, lut, -1, -1, tmp, S);
+  kViterbi[K](v, O.rotated, lut, -1, -1, tmp, S);
   const int edge = int(tmp[0] >> K);
-  viterbi(v, O.plain, K, lut, edge, edge, states, S);
+  kViterbi[K](v, O.plain, lut, edge, edge, states, S);
   double err = 0;
   for (int t = 0; t < 256; ++t) {
     const double d = double(lut[states[t]]) - v[t];

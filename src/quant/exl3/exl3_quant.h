@@ -11,10 +11,9 @@ namespace lily::quant {
 // Standard deviation of a codebook's 65536 values (the target spread of the regularised weights).
 double exl3_codebook_std(Exl3Codebook cb);
 
-// Scratch for one thread's tile encodes (backpointers: 256 · 2^(16−K) bytes, costs: 2 · 256 KiB).
+// Scratch for one thread's tile encodes (per-step edge minima: 256 · 2^(16−K) floats).
 struct ViterbiScratch {
-  std::vector<float> cost, next, edge_min;
-  std::vector<uint8_t> back;
+  std::vector<float> edge_min;
 };
 
 // Best tail-biting state sequence for one tile given in stream order: minimises Σ_t (cb(s_t) − v_t)²
