@@ -7,6 +7,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/simd.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -191,10 +192,7 @@ void CpuBackend::attn_mixer(int layer) {
       sc.resize(static_cast<size_t>(n));
       float mx = -INFINITY;
       for (int64_t s = 0; s < n; ++s) {
-        const float* k = S.k.data() + s * kvw + kh * hd;
-        float dot = 0;
-        for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
-        sc[size_t(s)] = dot * scale;
+        sc[size_t(s)] = dot(q, S.k.data() + s * kvw + kh * hd, hd) * scale;
         mx = std::max(mx, sc[size_t(s)]);
       }
       float sum = 0;
@@ -202,9 +200,7 @@ void CpuBackend::attn_mixer(int layer) {
       float* o = d_.data() + (t * Hq + h) * hd;
       std::fill(o, o + hd, 0.0f);
       for (int64_t s = 0; s < n; ++s) {
-        const float p = sc[size_t(s)] / sum;
-        const float* v = S.v.data() + s * kvw + kh * hd;
-        for (int64_t d = 0; d < hd; ++d) o[d] += p * v[d];
+        axpy(sc[size_t(s)] / sum, S.v.data() + s * kvw + kh * hd, o, hd);
       }
       const float* gate = a_.data() + t * Hq * 2 * hd + h * 2 * hd + hd;
       for (int64_t d = 0; d < hd; ++d) o[d] *= sigmoid(gate[d]);

@@ -7,24 +7,11 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
+#include "backend/cpu/simd.h"
 
 namespace lily::cpu {
 
 namespace {
-
-typedef float v8f __attribute__((vector_size(32)));
-
-inline v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline float hsum(v8f v) {
-  float s = 0;
-  for (int i = 0; i < 8; ++i) s += v[i];
-  return s;
-}
 
 // Converts `n` elements of a dense row to float32.
 void row_to_f32(const DenseWeight& w, int64_t row, int64_t n, float* out) {
@@ -35,10 +22,9 @@ void row_to_f32(const DenseWeight& w, int64_t row, int64_t n, float* out) {
       break;
     case DType::BF16: {
       const uint16_t* p = reinterpret_cast<const uint16_t*>(base);
-      for (int64_t i = 0; i < n; ++i) {
-        uint32_t u = uint32_t(p[i]) << 16;
-        std::memcpy(&out[i], &u, 4);
-      }
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8) store8(out + i, load8_bf16(p + i));
+      for (; i < n; ++i) out[i] = bf16_to_f32(p[i]);
       break;
     }
     case DType::F16: {
@@ -70,23 +56,35 @@ inline void kernel_2x4(const float* x0, const float* x1, const float* w0, const 
   std::memcpy(out, s, sizeof s);
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  v8f acc0 = {}, acc1 = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    acc0 += load8(a + i) * load8(b + i);
-    acc1 += load8(a + i + 8) * load8(b + i + 8);
-  }
-  for (; i + 8 <= n; i += 8) acc0 += load8(a + i) * load8(b + i);
-  float s = hsum(acc0 + acc1);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 constexpr int64_t kRowBlock = 16;  // weight rows converted to fp32 per block (16 x in floats, L1/L2 resident)
+
+// One activation row against bf16 weights: convert in registers, no staging buffer.
+void gemv_bf16(const Linear& W, const float* x, float* y) {
+  const int64_t N = W.out, K = W.in;
+  auto work = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint16_t* w = static_cast<const uint16_t*>(W.dense.data) + r * W.dense.row_stride;
+      v8f a0 = {}, a1 = {};
+      int64_t i = 0;
+      for (; i + 16 <= K; i += 16) {
+        a0 += load8(x + i) * load8_bf16(w + i);
+        a1 += load8(x + i + 8) * load8_bf16(w + i + 8);
+      }
+      for (; i + 8 <= K; i += 8) a0 += load8(x + i) * load8_bf16(w + i);
+      float s = hsum(a0 + a1);
+      for (; i < K; ++i) s += x[i] * bf16_to_f32(w[i]);
+      y[r] = s;
+    }
+  };
+  if (N * K < (int64_t(1) << 16))
+    work(0, N);
+  else
+    ThreadPool::global().parallel_for(N, std::max<int64_t>(8, (int64_t(1) << 14) / K), work);
+}
 
 void matmul_dense(const Linear& W, const float* x, int64_t T, float* y) {
   const int64_t N = W.out, K = W.in;
+  if (T == 1 && W.dense.dtype == DType::BF16) return gemv_bf16(W, x, y);
   const int64_t blocks = (N + kRowBlock - 1) / kRowBlock;
   // Small products run on the calling thread: the pool's hand-off costs more than they do.
   int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, K * T * kRowBlock) );

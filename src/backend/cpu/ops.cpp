@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/simd.h"
+
 namespace lily::cpu {
 
 void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) {
@@ -45,15 +47,21 @@ void delta_rule_recurrent(const DeltaArgs& a) {
     float* o = a.o + t * a.os;
     for (int64_t d = 0; d < dv; ++d) {
       float* s = a.S + d * dk;
-      float m = 0;
-      for (int64_t i = 0; i < dk; ++i) {
-        s[i] *= decay;
-        m += s[i] * k[i];
-      }
+      // S ← αS ; m = Sᵀk ; δ = β(v − m) ; S ← S + kδᵀ ; o = Sᵀq   (row d of S, dk contiguous)
+      float m = decay * dot(s, k, dk);
       const float delta = beta * (v[d] - m);
-      float out = 0;
-      for (int64_t i = 0; i < dk; ++i) {
-        s[i] += k[i] * delta;
+      const v8f dv8 = {decay, decay, decay, decay, decay, decay, decay, decay};
+      const v8f de8 = {delta, delta, delta, delta, delta, delta, delta, delta};
+      v8f acc = {};
+      int64_t i = 0;
+      for (; i + 8 <= dk; i += 8) {
+        v8f sv = load8(s + i) * dv8 + load8(k + i) * de8;
+        store8(s + i, sv);
+        acc += sv * load8(q + i);
+      }
+      float out = hsum(acc);
+      for (; i < dk; ++i) {
+        s[i] = s[i] * decay + k[i] * delta;
         out += s[i] * q[i];
       }
       o[d] = out;
