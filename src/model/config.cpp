@@ -192,6 +192,17 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& top, const std::string&
     }
   }
 
+  for (const nlohmann::json* d : {r.find("dtype"), r.find("torch_dtype"), Reader{top, where}.find("dtype"),
+                                  Reader{top, where}.find("torch_dtype")}) {
+    if (!d || !d->is_string()) continue;
+    const auto s = d->get<std::string>();
+    if (s == "bfloat16") c.rope_freq_dtype = DType::BF16;
+    else if (s == "float16") c.rope_freq_dtype = DType::F16;
+    else if (s == "float32") c.rope_freq_dtype = DType::F32;
+    else fail("{}: dtype '{}' is not one of bfloat16, float16, float32", twhere, s);
+    break;
+  }
+
   c.eos_ids = ids_of(r.find("eos_token_id"));
   if (c.eos_ids.empty()) c.eos_ids = ids_of(top.contains("eos_token_id") ? &top["eos_token_id"] : nullptr);
 

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
+
 namespace lily {
 
 enum class Arch { Qwen3Next, Qwen35Moe };
@@ -22,6 +24,9 @@ struct ModelConfig {
   // full attention
   int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0, rotary_dim = 0;
   double rope_theta = 10000.0;
+  // Precision of the RoPE inverse frequencies: the checkpoint's `dtype` (HF holds the inv_freq buffer
+  // in the model's dtype once the model is cast to it; F32 when the config names none).
+  DType rope_freq_dtype = DType::F32;
   // gated deltanet
   int64_t lin_k_heads = 0, lin_v_heads = 0, lin_k_dim = 0, lin_v_dim = 0, conv_kernel = 0;
   // moe

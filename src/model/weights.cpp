@@ -221,6 +221,12 @@ std::shared_ptr<ModelWeights> ModelWeights::load(const ModelConfig& cfg, std::sh
   else
     fail("{}: missing tensor 'lm_head.weight' (and tie_word_embeddings is false)", ckpt->dir());
   w->final_norm = ld.vec(P + "norm.weight", H, true);
+  for (int64_t i = 0; i < cfg.rotary_dim / 2; ++i) {
+    float f = float(1.0 / std::pow(cfg.rope_theta, double(2 * i) / double(cfg.rotary_dim)));
+    if (cfg.rope_freq_dtype == DType::BF16) f = bf16_to_f32(f32_to_bf16(f));
+    if (cfg.rope_freq_dtype == DType::F16) f = f16_to_f32(f32_to_f16(f));
+    w->rope_inv_freq.push_back(f);
+  }
   w->layers.resize(size_t(cfg.layers));
   for (int64_t i = 0; i < cfg.layers; ++i) {
     auto& L = w->layers[size_t(i)];

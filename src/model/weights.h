@@ -57,6 +57,7 @@ struct ModelWeights {
   Linear embed;                // [V, H] (gathered, never multiplied)
   Linear lm_head;              // [V, H]
   std::vector<float> final_norm;  // [H], folded
+  std::vector<float> rope_inv_freq;  // [rotary_dim / 2]: theta^(-2i/rotary_dim), rounded to cfg.rope_freq_dtype
   std::vector<LayerWeights> layers;
 
   std::shared_ptr<Checkpoint> ckpt;  // keeps the mappings alive

@@ -61,13 +61,7 @@ TEST_P(GoldenModel, LogitsMatchReference) {
     maxd = std::max(maxd, double(std::fabs(ours[i] - g.logits[i])));
   }
   const double rms = std::sqrt(ss / double(ours.size()));
-  // Row 0 involves no sequence mixing: every per-token operation must agree to fp32 rounding.
-  double row0 = 0;
-  for (int64_t i = 0; i < V; ++i) row0 = std::max(row0, double(std::fabs(ours[size_t(i)] - g.logits[size_t(i)])));
-  EXPECT_LE(row0, 2e-5 * rms) << "row 0 max |dlogit| " << row0;
-  // Later rows drift from the reference by up to ~4e-3 x RMS, the same gap llama.cpp's float32 run of
-  // these models shows (golden README); our own fp32 vs float64-accumulation runs agree to 3e-5.
-  EXPECT_LE(maxd, 6e-3 * rms) << "max |dlogit| " << maxd << " rms " << rms;
+  EXPECT_LE(maxd, 1e-3 * rms) << "max |dlogit| " << maxd << " rms " << rms;
   for (int64_t t = 0; t < T; ++t)
     EXPECT_EQ(test::argmax(ours.data() + t * V, V), test::argmax(g.logits.data() + t * V, V)) << "row " << t;
   RecordProperty("max_abs_diff_over_rms", std::to_string(maxd / rms));

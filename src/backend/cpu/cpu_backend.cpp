@@ -170,12 +170,12 @@ void CpuBackend::attn_mixer(int layer) {
     for (int64_t h = 0; h < Hq; ++h) {
       float* q = e_.data() + (t * Hq + h) * hd;
       rms_norm(a_.data() + t * Hq * 2 * hd + h * 2 * hd, A.q_norm.data(), 1, hd, eps, q);
-      rope(q, cfg.rotary_dim, cfg.rope_theta, pos);
+      rope(q, cfg.rotary_dim, w_->rope_inv_freq.data(), pos);
     }
     for (int64_t h = 0; h < Hkv; ++h) {
       float* k = b_.data() + t * kvw + h * hd;
       rms_norm(k, A.k_norm.data(), 1, hd, eps, k);
-      rope(k, cfg.rotary_dim, cfg.rope_theta, pos);
+      rope(k, cfg.rotary_dim, w_->rope_inv_freq.data(), pos);
     }
   }
   S.k.insert(S.k.end(), b_.begin(), b_.begin() + T * kvw);

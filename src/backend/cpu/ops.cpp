@@ -147,12 +147,10 @@ void delta_rule_chunked(const DeltaArgs& a, int64_t C) {
   }
 }
 
-void rope(float* x, int64_t rot, double theta, int64_t pos) {
+void rope(float* x, int64_t rot, const float* inv_freq, int64_t pos) {
   const int64_t half = rot / 2;
   for (int64_t i = 0; i < half; ++i) {
-    // HF: inv_freq in fp32, angle = pos · inv_freq in fp32, cos/sin in fp32.
-    const float inv_freq = float(1.0 / std::pow(theta, double(2 * i) / double(rot)));
-    const float ang = float(pos) * inv_freq;
+    const float ang = float(pos) * inv_freq[i];
     const float c = std::cos(ang), s = std::sin(ang);
     const float a = x[i], b = x[i + half];
     x[i] = a * c - b * s;

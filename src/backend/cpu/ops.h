@@ -30,7 +30,8 @@ struct DeltaArgs {
 void delta_rule_recurrent(const DeltaArgs& a);
 void delta_rule_chunked(const DeltaArgs& a, int64_t chunk = 64);
 
-// x' = partial NeoX RoPE over the first `rot` dims of a head of `hd` dims at position `pos`.
-void rope(float* x, int64_t rot, double theta, int64_t pos);
+// Partial NeoX RoPE in place over the first `rot` dims of one head at position `pos`: pairs (i, i+rot/2)
+// rotate by pos · inv_freq[i] (fp32 angle, as HF computes it).
+void rope(float* x, int64_t rot, const float* inv_freq, int64_t pos);
 
 }  // namespace lily::cpu
