@@ -36,7 +36,7 @@ AttnScratch layout(const AttnDev& a, int T, int nsplit, void* base) {
 // grid (T, Hq + 2 Hkv): q heads -> normed, roped, scaled q; k heads -> normed, roped, bf16 cache; v -> cache.
 __global__ void qk_prep_kernel(const float* __restrict__ proj, int64_t ldp, int Hq, int Hkv, int hd, int rot, float theta,
                                float eps, const float* __restrict__ qw, const float* __restrict__ kw,
-                               const int64_t* __restrict__ pos, uint16_t* __restrict__ kc, uint16_t* __restrict__ vc,
+                               const float* __restrict__ inv_freq_tab, const int64_t* __restrict__ pos, uint16_t* __restrict__ kc, uint16_t* __restrict__ vc,
                                int64_t cap, float* __restrict__ qout) {
   extern __shared__ float v[];
   __shared__ float red[32];
@@ -63,7 +63,7 @@ __global__ void qk_prep_kernel(const float* __restrict__ proj, int64_t ldp, int 
     float y = v[d] * inv * w[d];
     if (d < rot) {
       const int i = d < half ? d : d - half;
-      const float inv_freq = 1.f / powf(theta, float(2 * i) / float(rot));
+      const float inv_freq = inv_freq_tab ? inv_freq_tab[i] : 1.f / powf(theta, float(2 * i) / float(rot));
       float sn, cs;
       sincosf(float(p) * inv_freq, &sn, &cs);
       const int pd = d < half ? d + half : d - half;
@@ -234,7 +234,7 @@ void attn_core(const AttnDev& a, const float* proj, int T, const int64_t* pos, u
   AttnScratch sc = layout(a, T, nsplit, scratch);
   const int64_t ldp = a.proj_width();
   qk_prep_kernel<<<dim3(T, a.Hq + 2 * a.Hkv), 128, sizeof(float) * a.hd, s>>>(proj, ldp, a.Hq, a.Hkv, a.hd, a.rot, a.theta,
-      a.eps, a.q_norm, a.k_norm, pos, k_cache, v_cache, cap, sc.q);
+      a.eps, a.q_norm, a.k_norm, a.inv_freq, pos, k_cache, v_cache, cap, sc.q);
   LILY_CU_LAUNCH();
   const int R = (a.Hq / a.Hkv) * T;
   dim3 grid(a.Hkv, cdiv(R, BR), nsplit);

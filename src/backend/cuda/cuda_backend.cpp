@@ -103,6 +103,7 @@ class CudaBackend final : public Backend {
   std::vector<DevLayer> layers_;
   uint16_t *embed_ = nullptr, *lm_head_ = nullptr;
   float* final_norm_ = nullptr;
+  float* inv_freq_ = nullptr;
   std::vector<std::pair<void*, size_t>> weight_allocs_;
 
   // scratch (grown in begin(); growing drops captured graphs)
@@ -128,6 +129,8 @@ class CudaBackend final : public Backend {
 
   void mark(int layer, const char* blk);
   void ensure_scratch(int T);
+  void ensure_logits(int64_t rows);
+  int64_t logits_rows_ = 0;
   uint16_t* upload_linear(const Linear& l, uint16_t* dst = nullptr);
   uint16_t* alloc_bf16(size_t n) {
     auto* p = static_cast<uint16_t*>(mem_.alloc(n * 2));
@@ -196,6 +199,10 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
       }
       D.attn_o = upload_linear(L.attn.o);
       a.q_norm = upload_f32(L.attn.q_norm); a.k_norm = upload_f32(L.attn.k_norm);
+      if (!w_->rope_inv_freq.empty()) {
+        if (!inv_freq_) inv_freq_ = upload_f32(w_->rope_inv_freq);
+        a.inv_freq = inv_freq_;
+      }
       max_proj_ = std::max(max_proj_, PW);
       max_core_ = std::max(max_core_, a.Hq * a.hd);
     }
@@ -235,6 +242,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   for (auto& [p, n] : weight_allocs_) mem_.free(p, n);
   mem_.free(work_, scratch_bytes_);
+  mem_.free(logits_, size_t(logits_rows_) * size_t(w_->cfg.vocab) * 4);
   cudaStreamDestroy(stream_);
 }
 
@@ -271,13 +279,13 @@ void CudaBackend::ensure_scratch(int T) {
   size_t work = 0;
   for (const DevLayer& D : layers_) {
     if (D.kind == LayerKind::LinearAttention) work = std::max(work, gdn_scratch_bytes(D.gdn, newT));
-    else work = std::max(work, attn_scratch_bytes(D.attn, newT, 128));
+    else work = std::max(work, attn_scratch_bytes(D.attn, newT, attn_splits(D.attn, newT, int64_t(1) << 40)));
     work = std::max(work, moe_scratch_bytes(D.moe, newT));
   }
   auto al = [](size_t b) { return (b + 255) & ~size_t(255); };
   const size_t bx = al(4 * size_t(newT) * H), bp = al(4 * size_t(newT) * max_proj_), bc = al(4 * size_t(newT) * max_core_);
-  const size_t bl = al(4 * size_t(newT) * size_t(c.vocab)), bt = al(4 * size_t(newT));
-  const size_t total = 2 * bx + bp + bc + bl + bt + al(work);
+  const size_t bt = al(4 * size_t(newT));
+  const size_t total = 2 * bx + bp + bc + bt + al(work);
   cudaStreamSynchronize(stream_);
   mem_.free(work_, scratch_bytes_);
   char* base = static_cast<char*>(mem_.alloc(total));
@@ -287,10 +295,21 @@ void CudaBackend::ensure_scratch(int T) {
   u_ = reinterpret_cast<float*>(base); base += bx;
   proj_ = reinterpret_cast<float*>(base); base += bp;
   core_ = reinterpret_cast<float*>(base); base += bc;
-  logits_ = reinterpret_cast<float*>(base); base += bl;
   d_tokens_ = reinterpret_cast<int32_t*>(base); base += bt;
   cap_T_ = newT;
   work_bytes_ = work;
+  ++scratch_gen_;
+  ensure_logits(1);
+}
+
+// Logits rows [rows, V]: grown outside captures only (captured steps have one row).
+void CudaBackend::ensure_logits(int64_t rows) {
+  if (rows <= logits_rows_) return;
+  cudaStreamSynchronize(stream_);
+  const size_t V = size_t(w_->cfg.vocab);
+  mem_.free(logits_, size_t(logits_rows_) * V * 4);
+  logits_ = static_cast<float*>(mem_.alloc(size_t(rows) * V * 4));
+  logits_rows_ = rows;
   ++scratch_gen_;
 }
 
@@ -387,6 +406,7 @@ void CudaBackend::head(int64_t rows, float* logits) {
   host_logits_ = logits;
   host_rows_ = rows;
   if (replay_ || rows == 0) return;
+  if (!capture_) ensure_logits(rows);
   mark(-1, "head");
   const int H = int(w_->cfg.hidden), V = int(w_->cfg.vocab);
   const float* xr = x_ + size_t(T_ - rows) * H;

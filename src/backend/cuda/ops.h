@@ -75,6 +75,7 @@ struct AttnDev {
   float theta = 1e4f, eps = 1e-6f;
   const float* q_norm = nullptr;  // [hd] folded
   const float* k_norm = nullptr;  // [hd] folded
+  const float* inv_freq = nullptr;  // [rot/2] RoPE inverse frequencies; null: theta^(-2i/rot) in fp32
   int proj_width() const { return Hq * 2 * hd + 2 * Hkv * hd; }  // q|gate per head, k, v
 };
 // Split-KV factor for T new rows after ctx cached tokens (a launch shape; any value >= 1 is correct).

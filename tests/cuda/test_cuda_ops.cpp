@@ -1,0 +1,424 @@
+// Each CUDA operation against a plain double-precision CPU reference, at awkward sizes.
+#include <gtest/gtest.h>
+
+#ifndef LILY_HAVE_CUDA
+TEST(Cuda, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
+#else
+#include <algorithm>
+#include <memory>
+#include <numeric>
+
+#include "cuda_test_util.h"
+
+namespace {
+using lily::cudatest::Dev;
+using lily::cudatest::randn;
+using lily::cudatest::randn_bf16;
+using lily::cudatest::rel_err;
+
+const int kRows[] = {1, 2, 3, 16, 17, 33, 63, 64, 65, 129};
+
+std::vector<double> ref_linear(const std::vector<float>& W, int out, int in, const std::vector<float>& x, int T) {
+  std::vector<double> y(size_t(T) * out);
+  for (int t = 0; t < T; ++t)
+    for (int o = 0; o < out; ++o) {
+      double s = 0;
+      for (int i = 0; i < in; ++i) s += double(W[size_t(o) * in + i]) * x[size_t(t) * in + i];
+      y[size_t(t) * out + o] = s;
+    }
+  return y;
+}
+
+TEST(CudaOps, LinearMatchesReference) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(1);
+  const std::pair<int, int> shapes[] = {{65, 136}, {1, 24}, {130, 2048}, {7, 13}};
+  for (auto [out, in] : shapes)
+    for (int T : kRows) {
+      auto [Wb, Wf] = randn_bf16(size_t(out) * in, rng, 1.f / std::sqrt(float(in)));
+      auto x = randn(size_t(T) * in, rng);
+      Dev<uint16_t> dW(Wb);
+      Dev<float> dx(x), dy(size_t(T) * out);
+      dy.poison();
+      lily::cuda::linear(dW.p, in, out, in, dx.p, in, T, dy.p, out, false, nullptr);
+      auto ref = ref_linear(Wf, out, in, x, T);
+      EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << out << "x" << in << " T=" << T;
+      // accumulate: y += x Wᵀ on top of the previous result
+      lily::cuda::linear(dW.p, in, out, in, dx.p, in, T, dy.p, out, true, nullptr);
+      for (auto& v : ref) v *= 2;
+      EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << "accumulate " << out << "x" << in << " T=" << T;
+    }
+}
+
+TEST(CudaOps, RmsNormEmbedArgmax) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(2);
+  for (int T : {1, 3, 65}) {
+    const int H = 200;
+    auto x = randn(size_t(T) * H, rng, 3.f), w = randn(H, rng);
+    Dev<float> dx(x), dw(w), dy(size_t(T) * H);
+    dy.poison();
+    lily::cuda::rmsnorm(dx.p, H, dw.p, T, H, 1e-6f, dy.p, H, nullptr);
+    std::vector<double> ref(size_t(T) * H);
+    for (int t = 0; t < T; ++t) {
+      double ss = 0;
+      for (int i = 0; i < H; ++i) ss += double(x[size_t(t) * H + i]) * x[size_t(t) * H + i];
+      const double inv = 1.0 / std::sqrt(ss / H + 1e-6);
+      for (int i = 0; i < H; ++i) ref[size_t(t) * H + i] = x[size_t(t) * H + i] * inv * w[i];
+    }
+    EXPECT_LT(rel_err(dy.down(), ref), 1e-6);
+    // argmax with a planted tie: the lowest index wins
+    const int V = 3001;
+    auto l = randn(size_t(T) * V, rng);
+    std::vector<int32_t> want(T);
+    for (int t = 0; t < T; ++t) {
+      const int a = (t * 977) % V, b = std::min(V - 1, a + 5);
+      l[size_t(t) * V + a] = l[size_t(t) * V + b] = 100.f;
+      want[t] = a;
+    }
+    Dev<float> dl(l);
+    Dev<int32_t> di(T);
+    lily::cuda::argmax(dl.p, T, V, di.p, nullptr);
+    EXPECT_EQ(di.down(), want);
+    // embed gathers bf16 rows
+    auto [tb, tf] = randn_bf16(size_t(50) * H, rng, 1.f);
+    std::vector<int32_t> tok(T);
+    for (int t = 0; t < T; ++t) tok[t] = (t * 7 + 3) % 50;
+    Dev<uint16_t> dt(tb);
+    Dev<int32_t> dtok(tok);
+    Dev<float> de(size_t(T) * H);
+    lily::cuda::embed(dt.p, H, H, dtok.p, T, de.p, nullptr);
+    auto e = de.down();
+    for (int t = 0; t < T; ++t)
+      for (int i = 0; i < H; ++i) ASSERT_EQ(e[size_t(t) * H + i], tf[size_t(tok[t]) * H + i]);
+  }
+}
+
+// ---- MoE ----
+struct MoeHost {
+  int E, k, I, Is, H;
+  bool norm_topk, moe = true, gated = true;
+  std::vector<float> router, gu, down, sgu, sdown, sgate;
+};
+
+std::vector<double> ref_moe(const MoeHost& m, const std::vector<float>& u, int T) {
+  std::vector<double> y(size_t(T) * m.H, 0.0);
+  auto mlp = [&](const float* gu, const float* dn, int I, const float* x, double w, double* out) {
+    std::vector<double> h(I);
+    for (int r = 0; r < I; ++r) {
+      double g = 0, v = 0;
+      for (int i = 0; i < m.H; ++i) { g += double(gu[size_t(r) * m.H + i]) * x[i]; v += double(gu[size_t(r + I) * m.H + i]) * x[i]; }
+      h[r] = g / (1 + std::exp(-g)) * v;
+    }
+    for (int o = 0; o < m.H; ++o) {
+      double s = 0;
+      for (int r = 0; r < I; ++r) s += double(dn[size_t(o) * I + r]) * h[r];
+      out[o] += w * s;
+    }
+  };
+  for (int t = 0; t < T; ++t) {
+    const float* x = u.data() + size_t(t) * m.H;
+    double* out = y.data() + size_t(t) * m.H;
+    if (m.moe) {
+      std::vector<double> lg(m.E);
+      for (int e = 0; e < m.E; ++e) {
+        double s = 0;
+        for (int i = 0; i < m.H; ++i) s += double(m.router[size_t(e) * m.H + i]) * x[i];
+        lg[e] = s;
+      }
+      std::vector<int> order(m.E);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return lg[a] > lg[b]; });
+      const double mx = lg[order[0]];
+      double all = 0, sel = 0;
+      for (int e = 0; e < m.E; ++e) all += std::exp(lg[e] - mx);
+      for (int j = 0; j < m.k; ++j) sel += std::exp(lg[order[j]] - mx);
+      for (int j = 0; j < m.k; ++j) {
+        const int e = order[j];
+        const double w = std::exp(lg[e] - mx) / (m.norm_topk ? sel : all);
+        mlp(m.gu.data() + size_t(e) * 2 * m.I * m.H, m.down.data() + size_t(e) * m.H * m.I, m.I, x, w, out);
+      }
+    }
+    if (m.Is > 0) {
+      double g = 1;
+      if (m.gated) {
+        double s = 0;
+        for (int i = 0; i < m.H; ++i) s += double(m.sgate[i]) * x[i];
+        g = 1 / (1 + std::exp(-s));
+      }
+      mlp(m.sgu.data(), m.sdown.data(), m.Is, x, g, out);
+    }
+  }
+  return y;
+}
+
+void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, std::mt19937& rng) {
+  MoeHost m{E, k, 40, 24, 64, norm_topk};
+  m.moe = moe;
+  using DB = std::unique_ptr<Dev<uint16_t>>;
+  DB dr, dgu, ddn, dsgu, dsdn, dsg;
+  auto mk = [&](std::vector<float>& f, size_t n, float sc, DB& d) {
+    auto [b, v] = randn_bf16(n, rng, sc);
+    f = v;
+    d = std::make_unique<Dev<uint16_t>>(b);
+  };
+  mk(m.router, size_t(E) * m.H, 1.f, dr);
+  if (skewed) {  // experts 0 and 1 win for almost every token: several experts get no rows
+    std::vector<uint16_t> rb(m.router.size());
+    for (int e = 0; e < E; ++e)
+      for (int i = 0; i < m.H; ++i) {
+        float v = m.router[size_t(e) * m.H + i] * (e < 2 ? 1.f : 0.05f);
+        rb[size_t(e) * m.H + i] = lily::f32_to_bf16(v);
+        m.router[size_t(e) * m.H + i] = lily::bf16_to_f32(rb[size_t(e) * m.H + i]);
+      }
+    dr->up(rb);
+  }
+  mk(m.gu, size_t(E) * 2 * m.I * m.H, 0.125f, dgu);
+  mk(m.down, size_t(E) * m.H * m.I, 0.15f, ddn);
+  mk(m.sgu, size_t(2) * m.Is * m.H, 0.125f, dsgu);
+  mk(m.sdown, size_t(m.H) * m.Is, 0.2f, dsdn);
+  mk(m.sgate, size_t(m.H), 0.125f, dsg);
+  auto u = randn(size_t(T) * m.H, rng);
+  auto x0 = randn(size_t(T) * m.H, rng);
+  lily::cuda::MoeDev md;
+  md.moe = moe; md.E = E; md.k = k; md.I = m.I; md.Is = m.Is; md.H = m.H; md.norm_topk = norm_topk;
+  md.router = dr->p; md.gate_up = dgu->p; md.down = ddn->p; md.sh_gate_up = dsgu->p; md.sh_down = dsdn->p;
+  md.sh_gate = moe ? dsg->p : nullptr;
+  m.gated = moe;
+  Dev<float> du(u), dx(x0);
+  Dev<char> scratch(lily::cuda::moe_scratch_bytes(md, T));
+  scratch.poison();
+  lily::cuda::moe(md, du.p, T, dx.p, scratch.p, nullptr);
+  auto ref = ref_moe(m, u, T);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] += x0[i];
+  EXPECT_LT(rel_err(dx.down(), ref), 2e-5) << "T=" << T << " norm_topk=" << norm_topk << " skewed=" << skewed << " moe=" << moe;
+}
+
+TEST(CudaOps, MoeMatchesReference) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(3);
+  for (int T : {1, 2, 3, 4, 5, 16, 17, 33, 63, 64, 65, 129}) {
+    run_moe_case(T, true, false, true, 8, 2, rng);
+    run_moe_case(T, true, true, true, 8, 2, rng);
+  }
+  for (int T : {1, 17, 130}) {
+    run_moe_case(T, false, false, true, 8, 2, rng);
+    run_moe_case(T, true, false, false, 8, 2, rng);  // dense MLP
+    run_moe_case(T, true, false, true, 40, 5, rng);  // several tiles per expert at T=130
+  }
+  run_moe_case(2048, true, true, true, 8, 2, rng);  // ~2000 rows on two experts, none on six
+}
+
+// ---- Gated DeltaNet ----
+struct GdnRef {
+  int Hk, Hv, dk, dv, K;
+  std::vector<float> conv, dtb, Aneg, norm;
+  std::vector<double> conv_state, S;  // [K-1, C], [Hv, dv, dk]
+  int C() const { return 2 * Hk * dk + Hv * dv; }
+  int PW() const { return C() + Hv * dv + 2 * Hv; }
+  // proj [T, PW] -> out [T, Hv*dv]
+  std::vector<double> step(const std::vector<float>& proj, int T) {
+    const int c = C(), pw = PW();
+    std::vector<double> out(size_t(T) * Hv * dv);
+    std::vector<double> hist(size_t(K - 1 + T) * c);
+    for (int r = 0; r < K - 1; ++r)
+      for (int i = 0; i < c; ++i) hist[size_t(r) * c + i] = conv_state[size_t(r) * c + i];
+    for (int t = 0; t < T; ++t)
+      for (int i = 0; i < c; ++i) hist[size_t(K - 1 + t) * c + i] = proj[size_t(t) * pw + i];
+    for (int t = 0; t < T; ++t) {
+      std::vector<double> y(c);
+      for (int i = 0; i < c; ++i) {
+        double s = 0;
+        for (int j = 0; j < K; ++j) s += double(conv[size_t(i) * K + j]) * hist[size_t(t + j) * c + i];
+        y[i] = s / (1 + std::exp(-s));
+      }
+      const float* pr = proj.data() + size_t(t) * pw;
+      for (int j = 0; j < Hv; ++j) {
+        const int hk = j / (Hv / Hk);
+        std::vector<double> q(dk), k(dk);
+        double qq = 0, kk = 0;
+        for (int i = 0; i < dk; ++i) {
+          q[i] = y[hk * dk + i]; k[i] = y[Hk * dk + hk * dk + i];
+          qq += q[i] * q[i]; kk += k[i] * k[i];
+        }
+        for (int i = 0; i < dk; ++i) { q[i] /= std::sqrt(qq + 1e-6) * std::sqrt(double(dk)); k[i] /= std::sqrt(kk + 1e-6); }
+        const double beta = 1 / (1 + std::exp(-double(pr[c + Hv * dv + j])));
+        const double a = double(pr[c + Hv * dv + Hv + j]) + dtb[j];
+        const double g = Aneg[j] * (a > 20 ? a : std::log1p(std::exp(a)));
+        std::vector<double> o(dv);
+        for (int d = 0; d < dv; ++d) {
+          double* s = S.data() + (size_t(j) * dv + d) * dk;
+          double m = 0;
+          for (int i = 0; i < dk; ++i) { s[i] *= std::exp(g); m += s[i] * k[i]; }
+          const double delta = beta * (y[2 * Hk * dk + j * dv + d] - m);
+          double ov = 0;
+          for (int i = 0; i < dk; ++i) { s[i] += k[i] * delta; ov += s[i] * q[i]; }
+          o[d] = ov;
+        }
+        double ss = 0;
+        for (int d = 0; d < dv; ++d) ss += o[d] * o[d];
+        const double inv = 1 / std::sqrt(ss / dv + 1e-6);
+        for (int d = 0; d < dv; ++d) {
+          const double z = pr[c + j * dv + d];
+          out[size_t(t) * Hv * dv + size_t(j) * dv + d] = o[d] * inv * norm[d] * z / (1 + std::exp(-z));
+        }
+      }
+    }
+    for (int r = 0; r < K - 1; ++r)
+      for (int i = 0; i < c; ++i) conv_state[size_t(r) * c + i] = hist[size_t(T + r) * c + i];
+    return out;
+  }
+};
+
+void run_gdn_case(int Hk, int Hv, int dk, int dv, const std::vector<int>& steps, int chunk_min, std::mt19937& rng) {
+  GdnRef R{Hk, Hv, dk, dv, 4};
+  R.conv = randn(size_t(R.C()) * 4, rng, 0.5f);
+  R.dtb = randn(Hv, rng, 0.5f);
+  R.Aneg.resize(Hv);
+  for (int j = 0; j < Hv; ++j) R.Aneg[j] = -std::exp(std::uniform_real_distribution<float>(-1.f, 1.f)(rng));
+  R.norm = randn(dv, rng, 0.3f);
+  for (auto& v : R.norm) v += 1.f;
+  R.conv_state.assign(size_t(3) * R.C(), 0.0);
+  R.S.assign(size_t(Hv) * dv * dk, 0.0);
+  Dev<float> dconv(R.conv), ddtb(R.dtb), dA(R.Aneg), dnorm(R.norm);
+  Dev<float> dcs(size_t(3) * R.C()), dS(size_t(Hv) * dv * dk);
+  LILY_CU(cudaMemset(dcs.p, 0, dcs.n * 4));
+  LILY_CU(cudaMemset(dS.p, 0, dS.n * 4));
+  lily::cuda::GdnDev g;
+  g.Hk = Hk; g.Hv = Hv; g.dk = dk; g.dv = dv; g.K = 4;
+  g.conv = dconv.p; g.dt_bias = ddtb.p; g.A_neg = dA.p; g.norm = dnorm.p;
+  for (int T : steps) {
+    auto proj = randn(size_t(T) * R.PW(), rng);
+    Dev<float> dp(proj), dout(size_t(T) * Hv * dv);
+    Dev<char> scratch(lily::cuda::gdn_scratch_bytes(g, T));
+    dout.poison();
+    lily::cuda::gdn_core(g, dp.p, T, dcs.p, dS.p, dout.p, scratch.p, nullptr, chunk_min);
+    auto ref = R.step(proj, T);
+    EXPECT_LT(rel_err(dout.down(), ref), 2e-4) << "dk=" << dk << " T=" << T << " chunk_min=" << chunk_min;
+    EXPECT_LT(rel_err(dS.down(), R.S), 2e-4) << "state dk=" << dk << " T=" << T;
+    EXPECT_LT(rel_err(dcs.down(), R.conv_state), 1e-6) << "conv state T=" << T;
+  }
+}
+
+TEST(CudaOps, GdnRecurrentMatchesReference) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(4);
+  run_gdn_case(2, 4, 32, 32, {1, 2, 1, 3, 17, 1}, 1 << 30, rng);
+  run_gdn_case(2, 4, 128, 128, {1, 2, 33, 1}, 1 << 30, rng);
+  run_gdn_case(1, 2, 64, 48, {3, 1, 5}, 1 << 30, rng);
+}
+
+TEST(CudaOps, GdnChunkedMatchesReference) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  // chunked steps (>= 16 rows) interleaved with recurrent ones, carrying both states
+  run_gdn_case(2, 4, 32, 32, {17, 1, 63, 64, 65, 2, 129}, 16, rng);
+  run_gdn_case(2, 4, 128, 128, {150, 1, 65}, 16, rng);
+  run_gdn_case(1, 2, 64, 48, {16, 33}, 16, rng);
+}
+
+// ---- attention ----
+struct AttnRef {
+  int Hq, Hkv, hd, rot;
+  float theta;
+  std::vector<float> qn, kn;
+  std::vector<std::vector<double>> K, V;  // per kv head: rows of hd (bf16-rounded, as cached)
+  int PW() const { return Hq * 2 * hd + 2 * Hkv * hd; }
+  std::vector<double> normrope(const float* src, const std::vector<float>& w, int64_t p, bool round) {
+    std::vector<double> v(hd);
+    double ss = 0;
+    for (int d = 0; d < hd; ++d) ss += double(src[d]) * src[d];
+    const double inv = 1 / std::sqrt(ss / hd + 1e-6);
+    for (int d = 0; d < hd; ++d) v[d] = src[d] * inv * w[d];
+    std::vector<double> r = v;
+    const int half = rot / 2;
+    for (int i = 0; i < half; ++i) {
+      const double f = double(float(p) * (1.f / std::pow(theta, float(2 * i) / float(rot))));
+      r[i] = v[i] * std::cos(f) - v[i + half] * std::sin(f);
+      r[i + half] = v[i + half] * std::cos(f) + v[i] * std::sin(f);
+    }
+    if (round)
+      for (auto& x : r) x = lily::cudatest::bf16_round(float(x));
+    return r;
+  }
+  std::vector<double> step(const std::vector<float>& proj, int T) {
+    const int64_t p0 = int64_t(K[0].size()) / hd;
+    std::vector<double> out(size_t(T) * Hq * hd);
+    for (int t = 0; t < T; ++t) {
+      const float* pr = proj.data() + size_t(t) * PW();
+      for (int h = 0; h < Hkv; ++h) {
+        auto k = normrope(pr + Hq * 2 * hd + h * hd, kn, p0 + t, true);
+        K[h].insert(K[h].end(), k.begin(), k.end());
+        for (int d = 0; d < hd; ++d) V[h].push_back(lily::cudatest::bf16_round(pr[Hq * 2 * hd + Hkv * hd + h * hd + d]));
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      const float* pr = proj.data() + size_t(t) * PW();
+      const int64_t n = p0 + t + 1;
+      for (int h = 0; h < Hq; ++h) {
+        const int kh = h / (Hq / Hkv);
+        auto q = normrope(pr + h * 2 * hd, qn, p0 + t, false);
+        std::vector<double> s(n);
+        double mx = -1e300;
+        for (int64_t j = 0; j < n; ++j) {
+          double dot = 0;
+          for (int d = 0; d < hd; ++d) dot += q[d] * K[kh][size_t(j) * hd + d];
+          s[j] = dot / std::sqrt(double(hd));
+          mx = std::max(mx, s[j]);
+        }
+        double l = 0;
+        for (auto& x : s) { x = std::exp(x - mx); l += x; }
+        for (int d = 0; d < hd; ++d) {
+          double o = 0;
+          for (int64_t j = 0; j < n; ++j) o += s[j] * V[kh][size_t(j) * hd + d];
+          const double gt = pr[h * 2 * hd + hd + d];
+          out[size_t(t) * Hq * hd + size_t(h) * hd + d] = o / l / (1 + std::exp(-gt));
+        }
+      }
+    }
+    return out;
+  }
+};
+
+void run_attn_case(int Hq, int Hkv, int hd, int rot, const std::vector<int>& steps, int forced_split, std::mt19937& rng) {
+  AttnRef R{Hq, Hkv, hd, rot, 1e6f};
+  R.qn = randn(hd, rng, 0.2f);
+  R.kn = randn(hd, rng, 0.2f);
+  for (auto& v : R.qn) v += 1.f;
+  for (auto& v : R.kn) v += 1.f;
+  R.K.assign(Hkv, {});
+  R.V.assign(Hkv, {});
+  int64_t cap = 0;
+  for (int T : steps) cap += T;
+  Dev<float> dqn(R.qn), dkn(R.kn);
+  Dev<uint16_t> kc(size_t(Hkv) * cap * hd), vc(size_t(Hkv) * cap * hd);
+  Dev<int64_t> pos(std::vector<int64_t>{0});
+  lily::cuda::AttnDev a;
+  a.Hq = Hq; a.Hkv = Hkv; a.hd = hd; a.rot = rot; a.theta = 1e6f; a.q_norm = dqn.p; a.k_norm = dkn.p;
+  int64_t n = 0;
+  for (int T : steps) {
+    auto proj = randn(size_t(T) * R.PW(), rng, 2.f);
+    const int ns = forced_split > 0 ? forced_split : lily::cuda::attn_splits(a, T, n + T);
+    Dev<float> dp(proj), dout(size_t(T) * Hq * hd);
+    Dev<char> scratch(lily::cuda::attn_scratch_bytes(a, T, ns));
+    dout.poison();
+    lily::cuda::attn_core(a, dp.p, T, pos.p, kc.p, vc.p, cap, ns, dout.p, scratch.p, nullptr);
+    lily::cuda::advance_pos(pos.p, T, nullptr);
+    auto ref = R.step(proj, T);
+    EXPECT_LT(rel_err(dout.down(), ref), 1e-4) << "hd=" << hd << " T=" << T << " ctx=" << n << " splits=" << ns;
+    n += T;
+  }
+}
+
+TEST(CudaOps, AttentionMatchesReference) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(6);
+  for (int split : {0, 1, 7}) {
+    run_attn_case(4, 2, 64, 16, {17, 1, 1, 65, 3, 2, 129, 1}, split, rng);
+    run_attn_case(8, 1, 256, 64, {33, 1, 63, 1}, split, rng);
+    run_attn_case(16, 2, 128, 32, {1, 16, 1}, split, rng);
+  }
+}
+
+}  // namespace
+#endif
