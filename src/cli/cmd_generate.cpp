@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -7,13 +8,16 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "runtime/generate.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace lily::cli {
 namespace {
 
 Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
   struct Opts {
-    std::string model, tokens, backend = "cpu";
+    std::string model, tokens, backend = "cpu", prompt, tokenizer, chat_template, system, template_kwargs;
+    bool raw = false;
     int64_t max_tokens = 64, chunk = 2048, ctx = 0;
     float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f, rep = 1.0f;
     int top_k = 0;
@@ -22,7 +26,14 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--model", o->model, "Model directory")->required();
-  app.add_option("--tokens", o->tokens, "Prompt token ids, comma separated")->required();
+  auto* tok_opt = app.add_option("--tokens", o->tokens, "Prompt token ids, comma separated");
+  auto* prompt_opt = app.add_option("--prompt", o->prompt, "Prompt text (chat-formatted with the model's template unless --raw)");
+  tok_opt->excludes(prompt_opt);
+  app.add_flag("--raw", o->raw, "Tokenize --prompt as is, without the chat template");
+  app.add_option("--tokenizer", o->tokenizer, "Directory with tokenizer.json (default: the model directory)");
+  app.add_option("--chat-template", o->chat_template, "Jinja chat template file overriding the model's");
+  app.add_option("--system", o->system, "System message for the chat template");
+  app.add_option("--template-kwargs", o->template_kwargs, "JSON object of extra template variables, e.g. '{\"enable_thinking\": false}'");
   app.add_option("--max-tokens", o->max_tokens, "Tokens to generate")->capture_default_str();
   app.add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
   app.add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
@@ -36,7 +47,32 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the model's end-of-sequence ids");
   app.add_flag("--json", o->json, "Print one JSON object");
   return [o]() -> int {
-    auto ids = parse_ids(o->tokens, "--tokens");
+    std::shared_ptr<const text::Tokenizer> tok;
+    std::vector<int32_t> ids;
+    if (!o->prompt.empty()) {
+      tok = text::Tokenizer::load(o->tokenizer.empty() ? o->model : o->tokenizer);
+      std::string rendered = o->prompt;
+      if (!o->raw) {
+        auto tpl = text::ChatTemplate::load(o->tokenizer.empty() ? o->model : o->tokenizer, o->chat_template);
+        nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+        if (!o->system.empty()) msgs.push_back({{"role", "system"}, {"content", o->system}});
+        msgs.push_back({{"role", "user"}, {"content", o->prompt}});
+        nlohmann::ordered_json kw = nlohmann::ordered_json::object();
+        if (!o->template_kwargs.empty()) {
+          try {
+            kw = nlohmann::ordered_json::parse(o->template_kwargs);
+          } catch (const nlohmann::json::exception& e) {
+            fail("--template-kwargs: not valid JSON: {}", e.what());
+          }
+          if (!kw.is_object()) fail("--template-kwargs: must be a JSON object");
+        }
+        rendered = tpl.render(msgs, nullptr, true, kw);
+      }
+      ids = tok->encode(rendered);
+    } else {
+      if (o->tokens.empty()) fail("give --tokens or --prompt");
+      ids = parse_ids(o->tokens, "--tokens");
+    }
     if (ids.empty()) fail("--tokens: no token ids given");
     if (o->max_tokens < 0) fail("--max-tokens must be >= 0 (got {})", o->max_tokens);
     EngineOptions eo;
@@ -53,29 +89,47 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
     if (o->seed >= 0) go.sampling.seed = uint64_t(o->seed);
     validate(go.sampling);
     auto engine = Engine::open(o->model, eo);
-    if (!o->ignore_eos)
+    if (!o->ignore_eos) {
       for (auto id : engine->config().eos_ids) go.stop_ids.push_back(int32_t(id));
+      if (tok)
+        for (auto id : tok->stop_ids()) go.stop_ids.push_back(id);
+    }
+    if (tok && tok->vocab_size() > engine->config().vocab)
+      fail("--tokenizer: its vocabulary ({} ids) is larger than the model's ({})", tok->vocab_size(), engine->config().vocab);
     Session s(*engine);
-    auto res = generate(s, ids, go, [&](int32_t tok, std::span<const float>) {
-      if (!o->json) {
-        fmt::print("{} ", tok);
-        std::fflush(stdout);
+    std::optional<text::StreamDecoder> dec;
+    if (tok) dec.emplace(tok, true);
+    std::string text_out;
+    auto res = generate(s, ids, go, [&](int32_t id, std::span<const float>) {
+      if (dec) {
+        std::string piece = dec->push(id);
+        text_out += piece;
+        if (!o->json) fmt::print("{}", piece);
+      } else if (!o->json) {
+        fmt::print("{} ", id);
       }
+      if (!o->json) std::fflush(stdout);
       return true;
     });
+    if (dec) {
+      std::string tail = dec->flush();
+      text_out += tail;
+      if (!o->json) fmt::print("{}", tail);
+    }
     const double pre = res.prefill_seconds > 0 ? double(res.prompt_tokens) / res.prefill_seconds : 0;
-    const double dec = res.decode_seconds > 0 && res.tokens.size() > 1 ? double(res.tokens.size() - 1) / res.decode_seconds : 0;
+    const double dec_tps = res.decode_seconds > 0 && res.tokens.size() > 1 ? double(res.tokens.size() - 1) / res.decode_seconds : 0;
     if (o->json) {
       nlohmann::json j = {{"tokens", res.tokens},
                           {"finish_reason", res.finish_reason},
                           {"prompt_tokens", res.prompt_tokens},
                           {"prefill_tokens_per_second", pre},
-                          {"decode_tokens_per_second", dec}};
+                          {"decode_tokens_per_second", dec_tps}};
+      if (tok) j["text"] = text_out;
       fmt::print("{}\n", j.dump());
     } else {
       fmt::print("\n");
       fmt::print(stderr, "[{} prompt tokens, {:.1f} tok/s prefill; {} generated, {:.1f} tok/s decode; {}]\n",
-                 res.prompt_tokens, pre, res.tokens.size(), dec, res.finish_reason);
+                 res.prompt_tokens, pre, res.tokens.size(), dec_tps, res.finish_reason);
     }
     return 0;
   };
