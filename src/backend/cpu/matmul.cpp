@@ -1,4 +1,5 @@
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_observer.h"
 
 #include <algorithm>
 #include <cstring>
@@ -127,6 +128,7 @@ void matmul_dense(const Linear& W, const float* x, int64_t T, float* y) {
 
 void matmul(const Linear& W, const float* x, int64_t T, float* y) {
   if (T <= 0 || W.out == 0) return;
+  observe_matmul(W, x, T);  // calibration capture (backend/cpu/matmul_observer.h); no-op unless set
   if (W.format == WeightFormat::Dense)
     matmul_dense(W, x, T, y);
   else

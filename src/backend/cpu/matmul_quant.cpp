@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_observer.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
@@ -139,6 +140,24 @@ void weight_row_quantized(const Linear& W, int64_t row, float* out) {
   if (row < 0 || row >= W.out) fail("{}: row {} out of range [0, {})", W.name, row, W.out);
   if (W.format == WeightFormat::Affine) quant::affine_dequant_row(*W.affine, row, out);
   else quant::exl3_weight_column(*W.exl3, row, out);
+}
+
+}  // namespace lily::cpu
+
+namespace lily::cpu {
+
+namespace {
+MatmulObserver g_observer = nullptr;
+void* g_observer_ctx = nullptr;
+}  // namespace
+
+void set_matmul_observer(MatmulObserver fn, void* ctx) {
+  g_observer = fn;
+  g_observer_ctx = ctx;
+}
+
+void observe_matmul(const Linear& W, const float* x, int64_t T) {
+  if (g_observer) g_observer(g_observer_ctx, W, x, T);
 }
 
 }  // namespace lily::cpu

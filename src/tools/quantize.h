@@ -1,0 +1,38 @@
+// `lily quantize`: a float (bf16/fp16/f32) checkpoint to MLX affine or EXL3.
+//   affine: mlx-lm's layout — every linear and the embedding whose input width is a multiple of the group
+//           size becomes BASE.weight (U32 codes) + .scales + .biases; routers and shared-expert gates at
+//           8 bits / group 64 (per-module entries of config.json's quantization block, as mlx-lm's
+//           quant_predicate does); experts stacked as mlp.switch_mlp.{gate,up,down}_proj [E, ...].
+//   exl3:   exllamav3's layout — per-expert tensors; routers, shared-expert gate, GDN b/a projections,
+//           embeddings and norms unquantized; lm_head at head_bits; a tied head quantized as lm_head.*.
+//           Fractional bits mix integer K per tensor group (all experts of one projection share K).
+// Other tensors are copied unchanged; tokenizer / generation files are copied.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace lily {
+
+struct QuantizeOptions {
+  std::string model_dir, out_dir;
+  std::string format;           // "affine" | "exl3"
+  double bits = 4;              // affine: 2,3,4,5,6,8; exl3: 1..8, fractional = per-tensor mix
+  int group_size = 64;          // affine
+  std::string codebook = "mcg";  // exl3: mcg | mul1 | 3inst
+  int head_bits = 6;            // exl3 lm_head K (16 = keep unquantized)
+  std::string calibration;      // exl3: token-id file for Hessians (LDLQ); empty = no error feedback
+  int64_t calibration_tokens = 2048;
+  bool progress = true;         // progress bar on stderr
+};
+
+struct QuantizeResult {
+  int64_t tensors_quantized = 0;
+  int64_t tiles = 0;            // exl3 16x16 tiles encoded
+  double seconds = 0;           // wall time of the encode
+  double bits_per_weight = 0;   // achieved average over quantized matrices
+  size_t bytes_written = 0;
+};
+
+QuantizeResult quantize_model(const QuantizeOptions& opt);
+
+}  // namespace lily
