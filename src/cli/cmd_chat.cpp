@@ -1,0 +1,218 @@
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+#include <readline/history.h>
+#include <readline/readline.h>
+
+#include <fmt/format.h>
+
+#include "cli/registry.h"
+#include "cli/text_generation.h"
+#include "core/error.h"
+
+namespace lily::cli {
+
+TextModel TextModel::load(const std::string& model_dir, const std::string& tokenizer_dir, const std::string& template_file,
+                          bool need_template) {
+  TextModel m;
+  std::string dir = tokenizer_dir.empty() ? model_dir : tokenizer_dir;
+  m.tokenizer = text::Tokenizer::load(dir);
+  try {
+    m.chat_template = std::make_shared<text::ChatTemplate>(text::ChatTemplate::load(dir, template_file));
+  } catch (const InputError&) {
+    if (need_template || !template_file.empty()) throw;
+  }
+  return m;
+}
+
+TextTurn generate_text(Session& s, const text::Tokenizer& tok, const std::vector<int32_t>& prompt, GenerateOptions opt,
+                       bool start_in_reasoning, const std::function<bool(const text::ParsedDelta&)>& on_delta) {
+  if (opt.stop_ids.empty()) opt.stop_ids = tok.stop_ids();
+  const auto& have = s.tokens();
+  std::vector<int32_t> fresh;
+  if (have.size() < prompt.size() && std::equal(have.begin(), have.end(), prompt.begin())) {
+    fresh.assign(prompt.begin() + std::ptrdiff_t(have.size()), prompt.end());
+  } else {
+    s.reset();
+    fresh = prompt;
+  }
+  text::OutputParserOptions po;
+  po.start_in_reasoning = start_in_reasoning;
+  po.parse_tool_calls = false;
+  text::OutputParser parser(po);
+  text::StreamDecoder dec(std::shared_ptr<const text::Tokenizer>(std::shared_ptr<const text::Tokenizer>{}, &tok), true);
+  TextTurn turn;
+  bool keep_going = true;
+  auto take = [&](text::ParsedDelta d) {
+    turn.content += d.content;
+    turn.reasoning += d.reasoning;
+    if (!d.empty() && on_delta) keep_going = on_delta(d) && keep_going;
+  };
+  turn.result = generate(s, fresh, opt, [&](int32_t id, std::span<const float>) {
+    if (id >= 0 && id < tok.vocab_size()) take(parser.feed(dec.push(id)));
+    return keep_going;
+  });
+  take(parser.feed(dec.flush()));
+  take(parser.finish());
+  return turn;
+}
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+void on_sigint(int) { g_interrupted = true; }
+
+struct Printer {
+  bool tty = isatty(fileno(stdout));
+  bool in_reasoning = false;
+  bool show_reasoning = true;
+  void operator()(const text::ParsedDelta& d) {
+    if (!d.reasoning.empty() && show_reasoning) {
+      if (!in_reasoning && tty) fmt::print("\x1b[2m");
+      in_reasoning = true;
+      fmt::print("{}", d.reasoning);
+    }
+    if (!d.content.empty()) {
+      end_reasoning();
+      fmt::print("{}", d.content);
+    }
+    std::fflush(stdout);
+  }
+  void end_reasoning() {
+    if (!in_reasoning) return;
+    fmt::print("{}", tty ? "\x1b[0m\n\n" : "\n\n");
+    in_reasoning = false;
+  }
+};
+
+}  // namespace
+
+TextTurn generate_prompt(Session& s, const TextModel& m, const std::string& prompt, bool raw, const std::string& system,
+                         const nlohmann::ordered_json& template_kwargs, const GenerateOptions& opt) {
+  std::string text = prompt;
+  bool thinking = false;
+  if (!raw) {
+    if (!m.chat_template) fail("the model has no chat template; pass --chat-template FILE or --raw");
+    auto msgs = nlohmann::ordered_json::array();
+    if (!system.empty()) msgs.push_back({{"role", "system"}, {"content", system}});
+    msgs.push_back({{"role", "user"}, {"content", prompt}});
+    text = m.chat_template->render(msgs, nullptr, true, template_kwargs);
+    thinking = text::prompt_opens_thinking(text);
+  }
+  Printer pr;
+  auto turn = generate_text(s, *m.tokenizer, m.tokenizer->encode(text), opt, thinking, [&](const text::ParsedDelta& d) {
+    pr(d);
+    return true;
+  });
+  pr.end_reasoning();
+  fmt::print("\n");
+  return turn;
+}
+
+namespace {
+
+Register reg("chat", "Talk with a model in the terminal (history, thinking shown dimmed, Ctrl-C stops an answer)",
+             [](CLI::App& app) {
+  struct Opts {
+    std::string model, tokenizer, chat_template, system, backend = "cpu", kwargs;
+    int64_t max_tokens = 4096, ctx = 32768;
+    float temperature = 0.7f, top_p = 0.8f, min_p = 0.0f;
+    int top_k = 20;
+    int64_t seed = -1;
+    bool no_think = false, hide_think = false;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--model", o->model, "Model directory")->required();
+  app.add_option("--tokenizer", o->tokenizer, "Directory with tokenizer.json (default: the model directory)");
+  app.add_option("--chat-template", o->chat_template, "Jinja file to use instead of the model's template");
+  app.add_option("--system", o->system, "System message");
+  app.add_option("--max-tokens", o->max_tokens, "Most tokens per answer")->capture_default_str();
+  app.add_option("--ctx-size", o->ctx, "Context size")->capture_default_str();
+  app.add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
+  app.add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
+  app.add_option("--top-p", o->top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
+  app.add_option("--min-p", o->min_p, "Drop tokens below min-p x the top probability")->capture_default_str();
+  app.add_option("--seed", o->seed, "Random seed (default: random)");
+  app.add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
+  app.add_option("--template-kwargs", o->kwargs, "JSON object of extra template variables");
+  app.add_flag("--no-think", o->no_think, "Ask the template not to think (enable_thinking=false)");
+  app.add_flag("--hide-think", o->hide_think, "Do not print the reasoning");
+  return [o]() -> int {
+    nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+    if (!o->kwargs.empty()) {
+      kwargs = nlohmann::ordered_json::parse(o->kwargs, nullptr, false);
+      if (!kwargs.is_object()) fail("--template-kwargs must be a JSON object");
+    }
+    if (o->no_think) kwargs["enable_thinking"] = false;
+    auto m = TextModel::load(o->model, o->tokenizer, o->chat_template);
+    EngineOptions eo;
+    eo.backend = o->backend;
+    eo.ctx_size = o->ctx;
+    auto engine = Engine::open(o->model, eo);
+    Session s(*engine);
+    GenerateOptions go;
+    go.max_tokens = o->max_tokens;
+    go.sampling.temperature = o->temperature;
+    go.sampling.top_k = o->top_k;
+    go.sampling.top_p = o->top_p;
+    go.sampling.min_p = o->min_p;
+    if (o->seed >= 0) go.sampling.seed = uint64_t(o->seed);
+    validate(go.sampling);
+    auto messages = nlohmann::ordered_json::array();
+    if (!o->system.empty()) messages.push_back({{"role", "system"}, {"content", o->system}});
+    fmt::print(stderr, "lily chat: {} — /reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops an answer\n",
+               o->model);
+    while (true) {
+      char* line = readline("> ");
+      if (!line) break;
+      std::string in = line;
+      std::free(line);
+      if (in.empty()) continue;
+      add_history(in.c_str());
+      if (in == "/exit" || in == "/quit") break;
+      if (in == "/reset") {
+        messages = nlohmann::ordered_json::array();
+        if (!o->system.empty()) messages.push_back({{"role", "system"}, {"content", o->system}});
+        s.reset();
+        continue;
+      }
+      messages.push_back({{"role", "user"}, {"content", in}});
+      std::string prompt = m.chat_template->render(messages, nullptr, true, kwargs);
+      auto ids = m.tokenizer->encode(prompt);
+      if (int64_t(ids.size()) + 1 >= s.capacity()) {
+        fmt::print(stderr, "the conversation ({} tokens) fills the context; /reset to start again\n", ids.size());
+        messages.erase(messages.size() - 1);
+        continue;
+      }
+      GenerateOptions turn_opt = go;
+      turn_opt.max_tokens = std::min<int64_t>(go.max_tokens, s.capacity() - int64_t(ids.size()) - 1);
+      Printer pr;
+      pr.show_reasoning = !o->hide_think;
+      g_interrupted = false;
+      auto old = std::signal(SIGINT, on_sigint);
+      auto turn = generate_text(s, *m.tokenizer, ids, turn_opt, text::prompt_opens_thinking(prompt),
+                                [&](const text::ParsedDelta& d) {
+                                  pr(d);
+                                  return !g_interrupted.load();
+                                });
+      std::signal(SIGINT, old);
+      pr.end_reasoning();
+      fmt::print("\n");
+      if (g_interrupted) fmt::print(stderr, "[stopped]\n");
+      nlohmann::ordered_json reply = {{"role", "assistant"}, {"content", turn.content}};
+      if (!turn.reasoning.empty()) reply["reasoning_content"] = turn.reasoning;
+      messages.push_back(reply);
+      const auto& r = turn.result;
+      double dec = r.decode_seconds > 0 && r.tokens.size() > 1 ? double(r.tokens.size() - 1) / r.decode_seconds : 0;
+      fmt::print(stderr, "[{} tokens, {:.1f} tok/s]\n", r.tokens.size(), dec);
+    }
+    return 0;
+  };
+});
+
+}  // namespace
+}  // namespace lily::cli
