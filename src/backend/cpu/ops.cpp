@@ -85,8 +85,7 @@ void delta_rule_chunked(const DeltaArgs& a, int64_t C) {
     // A = strict_lower(diag(β) K Kᵀ ⊙ Γ); T = (I + A)⁻¹ applied by forward substitution.
     for (int64_t r = 0; r < n; ++r)
       for (int64_t s = 0; s < r; ++s) {
-        float d = 0;
-        for (int64_t i = 0; i < dk; ++i) d += kb[size_t(r * dk + i)] * kb[size_t(s * dk + i)];
+        const float d = dot(&kb[size_t(r * dk)], &kb[size_t(s * dk)], dk);
         A[size_t(r * C + s)] = beta[size_t(r)] * d * std::exp(gam[size_t(r)] - gam[size_t(s)]);
       }
     // U = T diag(β) V ; W = T diag(β e^γ) K  (row r: x_r = b_r − Σ_{s<r} A_rs x_s)
@@ -96,15 +95,14 @@ void delta_rule_chunked(const DeltaArgs& a, int64_t C) {
       for (int64_t i = 0; i < dk; ++i) W[size_t(r * dk + i)] = be * kb[size_t(r * dk + i)];
       for (int64_t s = 0; s < r; ++s) {
         const float ars = A[size_t(r * C + s)];
-        for (int64_t d = 0; d < dv; ++d) U[size_t(r * dv + d)] -= ars * U[size_t(s * dv + d)];
-        for (int64_t i = 0; i < dk; ++i) W[size_t(r * dk + i)] -= ars * W[size_t(s * dk + i)];
+        axpy(-ars, &U[size_t(s * dv)], &U[size_t(r * dv)], dv);
+        axpy(-ars, &W[size_t(s * dk)], &W[size_t(r * dk)], dk);
       }
     }
     // Aqk = (Q Kᵀ) ⊙ Γ including the diagonal.
     for (int64_t r = 0; r < n; ++r)
       for (int64_t s = 0; s <= r; ++s) {
-        float d = 0;
-        for (int64_t i = 0; i < dk; ++i) d += q[size_t(r * dk + i)] * kb[size_t(s * dk + i)];
+        const float d = dot(&q[size_t(r * dk)], &kb[size_t(s * dk)], dk);
         Aqk[size_t(r * C + s)] = d * std::exp(gam[size_t(r)] - gam[size_t(s)]);
       }
     // V' = U − W S ; O = (Q ⊙ e^γ) S + Aqk V'. S is [dv][dk], so (W S)[r][d] = Σ_i W[r][i] S[d][i].
@@ -112,20 +110,14 @@ void delta_rule_chunked(const DeltaArgs& a, int64_t C) {
       const float eg = std::exp(gam[size_t(r)]);
       for (int64_t d = 0; d < dv; ++d) {
         const float* s = a.S + d * dk;
-        float ws = 0, qs = 0;
-        for (int64_t i = 0; i < dk; ++i) {
-          ws += W[size_t(r * dk + i)] * s[i];
-          qs += q[size_t(r * dk + i)] * s[i];
-        }
-        Vn[size_t(r * dv + d)] = U[size_t(r * dv + d)] - ws;
-        a.o[(c0 + r) * a.os + d] = eg * qs;
+        Vn[size_t(r * dv + d)] = U[size_t(r * dv + d)] - dot(&W[size_t(r * dk)], s, dk);
+        a.o[(c0 + r) * a.os + d] = eg * dot(&q[size_t(r * dk)], s, dk);
       }
     }
     for (int64_t r = 0; r < n; ++r) {
       float* o = a.o + (c0 + r) * a.os;
       for (int64_t s = 0; s <= r; ++s) {
-        const float w = Aqk[size_t(r * C + s)];
-        for (int64_t d = 0; d < dv; ++d) o[d] += w * Vn[size_t(s * dv + d)];
+        axpy(Aqk[size_t(r * C + s)], &Vn[size_t(s * dv)], o, dv);
       }
     }
     // S ← e^{γ_last} S + (K ⊙ e^{γ_last − γ})ᵀ V'
@@ -138,10 +130,7 @@ void delta_rule_chunked(const DeltaArgs& a, int64_t C) {
     for (int64_t r = 0; r < n; ++r) {
       const float f = std::exp(gl - gam[size_t(r)]);
       for (int64_t d = 0; d < dv; ++d) {
-        const float vd = f * Vn[size_t(r * dv + d)];
-        float* s = a.S + d * dk;
-        const float* kr = &kb[size_t(r * dk)];
-        for (int64_t i = 0; i < dk; ++i) s[i] += kr[i] * vd;
+        axpy(f * Vn[size_t(r * dv + d)], &kb[size_t(r * dk)], a.S + d * dk, dk);
       }
     }
   }
