@@ -1,0 +1,206 @@
+#include "tools/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "runtime/engine.h"
+#include "runtime/session.h"
+
+namespace lily {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Bytes of recurrent + conv state one token's step writes back (fp32 state, fp32 conv window).
+double recurrent_state_bytes(const ModelConfig& c) {
+  double per_layer = double(c.lin_v_heads * c.lin_k_dim * c.lin_v_dim) * 4 + double((c.conv_kernel - 1) * c.conv_channels()) * 4;
+  return per_layer * double(c.n_linear_layers());
+}
+
+}  // namespace
+
+std::vector<int64_t> parse_sizes(const std::string& s, const std::string& what) {
+  std::vector<int64_t> v;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string tok = s.substr(i, j - i);
+    int64_t mult = 1;
+    if (!tok.empty() && (tok.back() == 'k' || tok.back() == 'K')) { mult = 1024; tok.pop_back(); }
+    char* end = nullptr;
+    long long x = std::strtoll(tok.c_str(), &end, 10);
+    if (tok.empty() || *end != '\0' || x <= 0) fail("{}: '{}' is not a positive size (e.g. 256,1k,4096)", what, s.substr(i, j - i));
+    v.push_back(int64_t(x) * mult);
+    i = j + 1;
+  }
+  if (v.empty()) fail("{}: empty list", what);
+  return v;
+}
+
+double host_copy_bandwidth(size_t bytes, int iters) {
+  std::vector<uint8_t> a(bytes, 1), b(bytes, 0);
+  auto& pool = ThreadPool::global();
+  const int64_t chunks = pool.size() * 4;
+  double best = 0;
+  for (int it = 0; it < iters; ++it) {
+    double t0 = now_s();
+    pool.parallel_for(chunks, 1, [&](int64_t s, int64_t e) {
+      size_t lo = bytes * size_t(s) / size_t(chunks), hi = bytes * size_t(e) / size_t(chunks);
+      std::memcpy(b.data() + lo, a.data() + lo, hi - lo);
+    });
+    double dt = now_s() - t0;
+    best = std::max(best, 2.0 * double(bytes) / dt);
+  }
+  return best;
+}
+
+BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions& opt) {
+  if (opt.repeats < 1) fail("--repeats must be at least 1 (got {})", opt.repeats);
+  if (opt.decode_tokens < 1) fail("--decode-tokens must be at least 1 (got {})", opt.decode_tokens);
+  const auto& cfg = w->cfg;
+  int64_t max_ctx = 16;
+  for (auto p : opt.prefill) max_ctx = std::max(max_ctx, p + 1);
+  for (auto c : opt.decode_context) max_ctx = std::max(max_ctx, c + int64_t(opt.decode_tokens) * (opt.repeats + 1) + 2);
+  EngineOptions eo;
+  eo.backend = opt.backend;
+  eo.ctx_size = max_ctx;
+  eo.prefill_chunk = opt.prefill_chunk;
+  auto engine = Engine::from_weights(w, eo);
+  Backend& be = engine->backend();
+  Session s(*engine, max_ctx);
+
+  BenchReport rep;
+  rep.label = opt.label;
+  rep.backend = be.name();
+  rep.threads = ThreadPool::global().size();
+  rep.weight_bytes = w->weight_bytes();
+  rep.active_bytes = w->active_bytes_per_token();
+  rep.bandwidth = be.copy_bandwidth();
+  rep.bandwidth_source = be.name();
+  if (rep.bandwidth <= 0) {
+    rep.bandwidth = host_copy_bandwidth();
+    rep.bandwidth_source = "host memcpy";
+  }
+  if (opt.progress)
+    fmt::print(stderr, "bench: {} on {} ({} threads), {:.2f} GB weights, {:.1f} MB active per token, copy bandwidth {:.1f} GB/s ({})\n",
+               opt.label, rep.backend, rep.threads, double(rep.weight_bytes) / 1e9, double(rep.active_bytes) / 1e6,
+               rep.bandwidth / 1e9, rep.bandwidth_source);
+
+  std::mt19937_64 rng(opt.seed);
+  const int64_t V = cfg.vocab;
+  auto random_ids = [&](int64_t n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    std::uniform_int_distribution<int32_t> d(0, int32_t(std::min<int64_t>(V, 1 << 30) - 1));
+    for (auto& x : v) x = d(rng);
+    return v;
+  };
+  std::vector<float> logits(static_cast<size_t>(V));
+  const double rec = recurrent_state_bytes(cfg);
+
+  for (int64_t P : opt.prefill) {
+    BenchRow row;
+    row.n = P;
+    size_t state_bytes = 0;
+    for (int r = 0; r <= opt.repeats; ++r) {
+      s.reset();
+      auto ids = random_ids(P);
+      be.synchronize();
+      double t0 = now_s();
+      s.prefill(ids, logits.data());
+      be.synchronize();
+      double dt = now_s() - t0;
+      if (r == 0) state_bytes = s.snapshot().nbytes();  // a deep copy: once per row
+      if (r > 0) row.runs.push_back(double(P) / dt);
+      if (opt.progress)
+        fmt::print(stderr, "bench: prefill {:>6}: {} {:.1f} tok/s\n", P, r ? "run    " : "warm-up", double(P) / dt);
+    }
+    row.tok_s = median(row.runs);
+    const double chunks = double((P + opt.prefill_chunk - 1) / opt.prefill_chunk);
+    row.bytes_per_token = double(rep.weight_bytes) * chunks / double(P) + double(state_bytes) / double(P) + rec * chunks / double(P);
+    row.roofline_tok_s = rep.bandwidth / row.bytes_per_token;
+    rep.prefill.push_back(row);
+  }
+
+  for (int64_t C : opt.decode_context) {
+    BenchRow row;
+    row.n = C;
+    s.reset();
+    if (opt.progress) fmt::print(stderr, "bench: decode @{}: filling the context...\n", C);
+    auto fill = random_ids(C);
+    s.prefill(fill, logits.data());
+    be.synchronize();
+    const size_t state_bytes = s.snapshot().nbytes();
+    auto steps = random_ids(int64_t(opt.decode_tokens) * (opt.repeats + 1));
+    size_t k = 0;
+    for (int r = 0; r <= opt.repeats; ++r) {
+      be.synchronize();
+      double t0 = now_s();
+      for (int i = 0; i < opt.decode_tokens; ++i) s.decode(steps[k++], logits.data());
+      be.synchronize();
+      double dt = now_s() - t0;
+      if (r > 0) row.runs.push_back(opt.decode_tokens / dt);
+      if (opt.progress)
+        fmt::print(stderr, "bench: decode @{:>6}: {} {:.1f} tok/s\n", C, r ? "run    " : "warm-up", opt.decode_tokens / dt);
+    }
+    row.tok_s = median(row.runs);
+    row.bytes_per_token = double(rep.active_bytes) + double(state_bytes) + rec;
+    row.roofline_tok_s = rep.bandwidth / row.bytes_per_token;
+    rep.decode.push_back(row);
+  }
+  rep.peak_memory = be.peak_memory();
+  return rep;
+}
+
+nlohmann::json BenchReport::to_json() const {
+  auto rows = [](const std::vector<BenchRow>& v, const char* key) {
+    nlohmann::json a = nlohmann::json::array();
+    for (auto& r : v)
+      a.push_back({{key, r.n}, {"tok_s", r.tok_s}, {"runs", r.runs}, {"bytes_per_token", r.bytes_per_token},
+                   {"roofline_tok_s", r.roofline_tok_s}, {"fraction_of_roofline", r.fraction()}});
+    return a;
+  };
+  return {{"engine", "lily"},
+          {"model", label},
+          {"backend", backend},
+          {"threads", threads},
+          {"weight_bytes", weight_bytes},
+          {"active_bytes_per_token", active_bytes},
+          {"peak_memory_bytes", peak_memory},
+          {"copy_bandwidth_bytes_per_s", bandwidth},
+          {"copy_bandwidth_source", bandwidth_source},
+          {"prefill", rows(prefill, "tokens")},
+          {"decode", rows(decode, "context")}};
+}
+
+std::string BenchReport::table() const {
+  std::string s = fmt::format("{} on {} ({} threads); weights {:.2f} GB, active {:.1f} MB/token; copy bandwidth {:.1f} GB/s ({}); peak memory {:.2f} GB\n",
+                              label, backend, threads, double(weight_bytes) / 1e9, double(active_bytes) / 1e6,
+                              bandwidth / 1e9, bandwidth_source, double(peak_memory) / 1e9);
+  s += fmt::format("{:<10} {:>8} {:>12} {:>14} {:>16} {:>9}\n", "phase", "tokens", "tok/s", "MB/token", "roofline tok/s", "of roof");
+  for (auto& r : prefill)
+    s += fmt::format("{:<10} {:>8} {:>12.1f} {:>14.2f} {:>16.1f} {:>8.1f}%\n", "prefill", r.n, r.tok_s, r.bytes_per_token / 1e6,
+                     r.roofline_tok_s, 100 * r.fraction());
+  for (auto& r : decode)
+    s += fmt::format("{:<10} {:>8} {:>12.1f} {:>14.2f} {:>16.1f} {:>8.1f}%\n", "decode@", r.n, r.tok_s, r.bytes_per_token / 1e6,
+                     r.roofline_tok_s, 100 * r.fraction());
+  return s;
+}
+
+}  // namespace lily

@@ -1,0 +1,125 @@
+// A third implementation agrees: llama.cpp (node-llama-cpp 3.22.1's prebuilt CPU libraries, fetched with
+// npm by bench/peers/fetch.sh) runs our GGUF export of each golden model, and its teacher-forced logits
+// match the HF float32 reference. Skips, saying why, when npm cannot fetch the packages.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "model/weights.h"
+#include "tools/gguf_export.h"
+
+namespace lily {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string run(const std::string& cmd, int* rc, bool merge_stderr = true) {
+  std::string out;
+  FILE* p = popen((merge_stderr ? cmd + " 2>&1" : cmd).c_str(), "r");
+  if (!p) { *rc = -1; return out; }
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+std::vector<float> read_f32(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  f.seekg(0, std::ios::end);
+  std::vector<float> v(static_cast<size_t>(f.tellg()) / 4);
+  f.seekg(0);
+  f.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4));
+  return v;
+}
+
+class LlamaCpp : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string src = LILY_SOURCE_DIR;
+    int rc = 0;
+    std::string dir = run("bash " + src + "/bench/peers/fetch.sh", &rc);
+    if (rc != 0) {
+      skip_ = "llama.cpp packages unavailable (npm unreachable?): " + dir;
+      return;
+    }
+    while (!dir.empty() && (dir.back() == '\n' || dir.back() == '\r')) dir.pop_back();
+    dir = dir.substr(dir.find_last_of('\n') == std::string::npos ? 0 : dir.find_last_of('\n') + 1);
+    const std::string build = std::string(LILY_BINARY_DIR) + "/peers";
+    std::string log = run("cmake -S " + src + "/bench/peers -B " + build + " -DLLAMA_SRC=" + dir + "/src -DLLAMA_LIBS=" + dir +
+                              "/libs > /dev/null && cmake --build " + build,
+                          &rc);
+    if (rc != 0) {
+      build_error_ = "building bench/peers failed:\n" + log;
+      return;
+    }
+    peer_ = build + "/llama-peer";
+  }
+  void SetUp() override {
+    if (!skip_.empty()) GTEST_SKIP() << skip_;
+    ASSERT_TRUE(build_error_.empty()) << build_error_;
+  }
+  static inline std::string skip_, build_error_, peer_;
+};
+
+void agree(const std::string& peer, const std::string& model) {
+  const std::string dir = std::string(LILY_TEST_DATA) + "/golden/" + model;
+  auto w = ModelWeights::load(dir);
+  const auto tmp = fs::temp_directory_path() / ("lily_peer_" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  const std::string gg = (tmp / (model + ".gguf")).string(), out = (tmp / (model + ".f32")).string();
+  GgufExportOptions opt;
+  opt.type = gguf::TensorType::F32;  // the golden weights are bf16 values: f32 holds them exactly
+  opt.model_dir = dir;
+  export_gguf(*w, gg, opt);
+  std::ifstream gj(dir + "/golden.json");
+  auto g = nlohmann::json::parse(gj);
+  std::string ids;
+  for (auto& t : g["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(t.get<int>());
+  int rc = 0;
+  std::string log = run(peer + " logits --threads 2 --model " + gg + " --out " + out + " --ids " + ids, &rc);
+  ASSERT_EQ(rc, 0) << log;
+  auto got = read_f32(out), ref = read_f32(dir + "/golden_logits.f32");
+  const int64_t V = w->cfg.vocab, T = int64_t(g["prompt_ids"].size());
+  ASSERT_EQ(int64_t(got.size()), T * V);
+  ASSERT_EQ(got.size(), ref.size());
+  double max_d = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* a = got.data() + t * V;
+    const float* b = ref.data() + t * V;
+    EXPECT_EQ(std::max_element(a, a + V) - a, std::max_element(b, b + V) - b) << model << " row " << t;
+    for (int64_t v = 0; v < V; ++v) max_d = std::max(max_d, double(std::fabs(a[v] - b[v])));
+  }
+  // Logit RMS is about 1; llama.cpp's own converter output agrees to 1.6e-3..4.2e-3 (golden README).
+  EXPECT_LT(max_d, 1e-2) << model;
+  std::printf("%s: llama.cpp vs HF reference max |dlogit| = %.3g over %lld rows\n", model.c_str(), max_d, (long long)T);
+}
+
+TEST_F(LlamaCpp, LogitsOfOurExportMatchTheReferenceQwen3Next) { agree(peer_, "qwen3_next-a"); }
+TEST_F(LlamaCpp, LogitsOfOurExportMatchTheReferenceQwen35Moe) { agree(peer_, "qwen3_5_moe_text-a"); }
+
+TEST_F(LlamaCpp, PeerBenchPrintsJson) {
+  const std::string dir = std::string(LILY_TEST_DATA) + "/golden/qwen3_5_moe_text-a";
+  auto w = ModelWeights::load(dir);
+  const auto gg = (fs::temp_directory_path() / ("lily_peer_q4_" + std::to_string(::getpid()) + ".gguf")).string();
+  GgufExportOptions opt;
+  opt.type = gguf::TensorType::Q4_0;
+  export_gguf(*w, gg, opt);
+  int rc = 0;
+  std::string out = run(peer_ + " bench --threads 2 --model " + gg + " --prefill 40 --decode-context 20 --repeats 1 --decode-tokens 3 2>/dev/null", &rc, false);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["engine"], "llama.cpp");
+  EXPECT_GT(j["prefill"][0]["tok_s"].get<double>(), 0);
+  EXPECT_EQ(j["decode"][0]["context"], 20);
+  fs::remove(gg);
+}
+
+}  // namespace
+}  // namespace lily
