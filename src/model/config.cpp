@@ -159,7 +159,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& top, const std::string&
       auto s = t.is_string() ? t.get<std::string>() : std::string();
       if (s == "linear_attention") c.layer_kinds.push_back(LayerKind::LinearAttention);
       else if (s == "full_attention") c.layer_kinds.push_back(LayerKind::FullAttention);
-      else fail("{}: 'layer_types' entry '{}' is neither linear_attention nor full_attention", twhere, t.dump());
+      else fail("{}: 'layer_types' entry '{}' is neither linear_attention nor full_attention", twhere, t.is_string() ? s : t.dump());
     }
   } else {
     int64_t interval = r.int_opt("full_attention_interval", 4);
