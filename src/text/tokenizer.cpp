@@ -28,17 +28,20 @@ using json = nlohmann::json;
 
 // GPT-2 byte <-> unicode map: printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100...
 struct ByteMap {
+  static constexpr uint32_t kCps = 256 + 68;  // code points used by the map
   std::array<std::string, 256> to_str;
-  std::unordered_map<uint32_t, uint8_t> from_cp;
+  std::array<int16_t, kCps> from_cp;  // -1: not a mapped code point
   ByteMap() {
+    from_cp.fill(-1);
     uint32_t extra = 0;
     for (int b = 0; b < 256; ++b) {
       bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       uint32_t cp = printable ? uint32_t(b) : 256 + extra++;
       append_utf8(to_str[b], cp);
-      from_cp[cp] = uint8_t(b);
+      from_cp[cp] = int16_t(b);
     }
   }
+  int byte_of(uint32_t cp) const { return cp < kCps ? from_cp[cp] : -1; }
 };
 const ByteMap& byte_map() {
   static const ByteMap m;
@@ -522,6 +525,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json(const json& tok, const jso
   const json& vocab = field(model, "vocab", "model");
   if (!vocab.is_object()) fail("{}: model.vocab must be an object", where);
   int32_t max_id = -1;
+  im->vocab.reserve(vocab.size() + 1024);
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > INT32_MAX)
       fail("{}: model.vocab[\"{}\"] must be a non-negative integer id", where, it.key());
@@ -568,9 +572,8 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json(const json& tok, const jso
     std::string bytes;
     for (size_t i = 0; i < s.size();) {
       size_t st = i;
-      uint32_t cp = next_cp(s, i);
-      auto it = bm.from_cp.find(cp);
-      if (it != bm.from_cp.end()) bytes += char(it->second);
+      int byte = bm.byte_of(next_cp(s, i));
+      if (byte >= 0) bytes += char(byte);
       else bytes.append(s, st, i - st);
     }
     im->id_bytes[id] = std::move(bytes);
@@ -593,9 +596,9 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json(const json& tok, const jso
   const json& merges = field(model, "merges", "model");
   if (!merges.is_array()) fail("{}: model.merges must be an array", where);
   im->merges.reserve(merges.size() * 2);
+  std::string a, b, ab;
   for (size_t r = 0; r < merges.size(); ++r) {
     const json& m = merges[r];
-    std::string a, b;
     if (m.is_string()) {
       auto s = m.get<std::string>();
       auto sp = s.find(' ');
@@ -604,12 +607,13 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json(const json& tok, const jso
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      a = m[0].get<std::string>();
-      b = m[1].get<std::string>();
+      a = m[0].get_ref<const std::string&>();
+      b = m[1].get_ref<const std::string&>();
     } else {
       fail("{}: model.merges[{}] must be \"a b\" or [\"a\", \"b\"]", where, r);
     }
-    auto ia = im->vocab.find(a), ib = im->vocab.find(b), iab = im->vocab.find(a + b);
+    ab.assign(a).append(b);
+    auto ia = im->vocab.find(a), ib = im->vocab.find(b), iab = im->vocab.find(ab);
     if (ia == im->vocab.end() || ib == im->vocab.end() || iab == im->vocab.end())
       fail("{}: model.merges[{}] (\"{}\" + \"{}\") uses a token missing from model.vocab", where, r, a, b);
     im->merges.emplace(Impl::key(ia->second, ib->second), std::pair<int32_t, int32_t>{int32_t(r), iab->second});
