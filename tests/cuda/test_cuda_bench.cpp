@@ -17,6 +17,7 @@ TEST(CudaBench, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #include "core/half.h"
 #include "model/qwen_hybrid.h"
 #include "model/weights.h"
+#include "quant/affine/affine.h"
 #include "tools/synth.h"
 
 using namespace lily;
@@ -24,6 +25,7 @@ using namespace lily;
 namespace {
 
 struct Pools {
+  std::vector<std::shared_ptr<void>> keep;
   std::vector<std::shared_ptr<std::vector<uint16_t>>> p;  // by fan-in
   std::vector<int64_t> fan;
   std::mt19937_64 rng{7};
@@ -36,14 +38,40 @@ struct Pools {
       std::uniform_real_distribution<float> d(-std::sqrt(3.f / float(in)), std::sqrt(3.f / float(in)));
       for (auto& x : *v) x = f32_to_bf16(d(rng));
       if (i == fan.size()) { fan.push_back(in); p.push_back(v); }
-      else p[i] = v;
+      else { keep.push_back(p[i]); p[i] = v; }  // earlier matrices still point into the old pool
     }
     const size_t off = size_t(rng() % 4096) * 8;
     return p[i]->data() + off;
   }
 };
 
+int g_bits = 0;  // 0: bf16 matrices; 4 or 8: MLX affine, group 64 (routers stay bf16)
+
+// Random packed codes with scale 2a/(2^bits - 1) and bias -a: weights uniform on [-a, a], a = sqrt(3/in).
+Linear affine(Pools& P, const std::string& name, int64_t out, int64_t in) {
+  auto a = std::make_shared<quant::AffineWeight>();
+  a->bits = g_bits; a->group_size = 64; a->out = out; a->in = in;
+  a->row_words = in * g_bits / 32;
+  a->packed = reinterpret_cast<const uint32_t*>(P.get(out * 2 * a->row_words, 1));  // 2 bf16 per word, any bits
+  const float lim = std::sqrt(3.f / float(in));
+  auto sb = std::make_shared<std::vector<uint16_t>>(size_t(out * (in / 64)) * 2);
+  for (size_t i = 0; i < sb->size() / 2; ++i) {
+    (*sb)[i] = f32_to_bf16(2 * lim / float((1 << g_bits) - 1));
+    (*sb)[sb->size() / 2 + i] = f32_to_bf16(-lim);
+  }
+  a->scale_dtype = DType::BF16;
+  a->scales = sb->data();
+  a->biases = sb->data() + sb->size() / 2;
+  Linear l;
+  l.name = name; l.out = out; l.in = in; l.format = WeightFormat::Affine;
+  l.affine = std::shared_ptr<const quant::AffineWeight>(a, a.get());
+  P.keep.push_back(a);
+  P.keep.push_back(sb);
+  return l;
+}
+
 Linear dense(Pools& P, const std::string& name, int64_t out, int64_t in) {
+  if (g_bits) return affine(P, name, out, in);
   Linear l;
   l.name = name; l.out = out; l.in = in; l.format = WeightFormat::Dense;
   l.dense.dtype = DType::BF16; l.dense.data = P.get(out, in); l.dense.row_stride = in;
@@ -65,7 +93,7 @@ std::shared_ptr<ModelWeights> build_35b(int layers) {
   const int64_t H = c.hidden;
   w->embed = dense(P, "embed", c.vocab, H);
   w->lm_head = dense(P, "lm_head", c.vocab, H);
-  w->lm_head.dense.data = static_cast<const uint16_t*>(w->lm_head.dense.data) + 8;  // a separate matrix
+  if (!g_bits) w->lm_head.dense.data = static_cast<const uint16_t*>(w->lm_head.dense.data) + 8;  // a separate matrix
   w->final_norm.assign(size_t(H), 1.f);
   for (int64_t i = 0; i < c.rotary_dim / 2; ++i)
     w->rope_inv_freq.push_back(float(1.0 / std::pow(c.rope_theta, double(2 * i) / double(c.rotary_dim))));
@@ -117,21 +145,35 @@ std::shared_ptr<ModelWeights> build_35b(int layers) {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+void run_bench(int bits);
+
+TEST(CudaBench, Qwen35_35B_affine4) {
+  if (!std::getenv("LILY_CUDA_BENCH")) GTEST_SKIP() << "set LILY_CUDA_BENCH=1 to run";
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  run_bench(4);
+}
+
 TEST(CudaBench, Qwen35_35B_bf16) {
   if (!std::getenv("LILY_CUDA_BENCH")) GTEST_SKIP() << "set LILY_CUDA_BENCH=1 to run";
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  run_bench(0);
+}
+
+void run_bench(int bits) {
+  g_bits = bits;
   const int layers = std::getenv("LILY_BENCH_LAYERS") ? std::atoi(std::getenv("LILY_BENCH_LAYERS")) : 40;
   double t0 = now_s();
   auto w = build_35b(layers);
   auto be = make_cuda_backend(w);
-  std::printf("bench: %d layers built and uploaded in %.1f s; %s\n", layers, now_s() - t0, cuda_device_info().c_str());
+  std::printf("bench: %s, %d layers built and uploaded in %.1f s; %s\n", bits ? "affine4 g64" : "bf16", layers, now_s() - t0,
+              cuda_device_info().c_str());
   const int64_t V = w->cfg.vocab;
   std::mt19937 rng(3);
   std::vector<int32_t> prompt(4096);
   for (auto& t : prompt) t = int32_t(rng() % uint32_t(V));
   auto st = be->new_state(4096 + 300);
   std::vector<float> row(static_cast<size_t>(V));
-  std::printf("\n| what | value |\n|---|---|\n");
+  std::printf("\n| %s | value |\n|---|---|\n", bits ? "affine4" : "bf16");
   for (int64_t P : {512, 4096}) {
     std::vector<double> ts;
     for (int rep = 0; rep < 3; ++rep) {

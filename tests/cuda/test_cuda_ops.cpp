@@ -9,6 +9,7 @@ TEST(Cuda, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #include <numeric>
 
 #include "cuda_test_util.h"
+#include "quant/affine/affine.h"
 
 namespace {
 using lily::cudatest::Dev;
@@ -48,6 +49,61 @@ TEST(CudaOps, LinearMatchesReference) {
       for (auto& v : ref) v *= 2;
       EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << "accumulate " << out << "x" << in << " T=" << T;
     }
+}
+
+// Affine (MLX) 4- and 8-bit weights read packed: GEMV (T <= 2), GEMM, expert slots, embedding rows.
+TEST(CudaOps, AffineLinearMatchesReference) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(8);
+  for (int bits : {4, 8})
+    for (int gs : {32, 64, 128})
+      for (auto [out, in] : {std::pair{65, 256}, std::pair{3, 128}, std::pair{130, 2048}}) {
+        if (in % gs) continue;
+        const int E = 3;
+        auto wf = randn(size_t(E) * out * in, rng, 0.05f);
+        auto qz = lily::quant::affine_quantize(wf.data(), int64_t(E) * out, in, bits, gs);
+        auto view = qz.view();
+        std::vector<float> deq(size_t(E) * out * in);
+        for (int64_t r = 0; r < int64_t(E) * out; ++r) lily::quant::affine_dequant_row_ref(view, r, deq.data() + size_t(r) * in);
+        Dev<uint32_t> dq(qz.packed);
+        Dev<uint16_t> ds(qz.scales), db(qz.biases);
+        lily::cuda::Mat m;
+        m.affine = true; m.q = dq.p; m.s = ds.p; m.b = db.p; m.bits = bits; m.gs = gs;
+        m.row_words = int64_t(in) * bits / 32;
+        m.qstride = int64_t(out) * m.row_words; m.sstride = int64_t(out) * (in / gs);
+        for (int T : {1, 2, 3, 17, 65}) {
+          auto x = randn(size_t(T) * in, rng);
+          Dev<float> dx(x), dy(size_t(T) * out);
+          dy.poison();
+          lily::cuda::linear(m, out, in, dx.p, in, T, dy.p, out, false, nullptr);  // expert 0
+          auto ref = ref_linear(deq, out, in, x, T);
+          EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << bits << "-bit gs " << gs << " " << out << "x" << in << " T=" << T;
+        }
+        // slots: slot s uses expert (2 s + 1) % E and input row s
+        const int slots = 5;
+        std::vector<int32_t> ex(slots);
+        for (int s2 = 0; s2 < slots; ++s2) ex[s2] = (2 * s2 + 1) % E;
+        auto x = randn(size_t(slots) * in, rng);
+        Dev<float> dx(x), dy(size_t(slots) * out);
+        Dev<int32_t> dex(ex);
+        lily::cuda::gemv_slots(m, dex.p, out, in, dx.p, in, 1, slots, dy.p, out, false, 0, nullptr);
+        std::vector<double> ref(size_t(slots) * out);
+        for (int s2 = 0; s2 < slots; ++s2)
+          for (int o = 0; o < out; ++o) {
+            double acc = 0;
+            for (int i = 0; i < in; ++i) acc += double(deq[(size_t(ex[s2]) * out + o) * in + i]) * x[size_t(s2) * in + i];
+            ref[size_t(s2) * out + o] = acc;
+          }
+        EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << "slots " << bits << "-bit";
+        // embedding gather dequantises rows of expert 0
+        std::vector<int32_t> tok{0, int32_t(out - 1), 1 % out};
+        Dev<int32_t> dt(tok);
+        Dev<float> de(size_t(3) * in);
+        lily::cuda::embed(m, in, dt.p, 3, de.p, nullptr);
+        auto e = de.down();
+        for (int t = 0; t < 3; ++t)
+          for (int i = 0; i < in; ++i) ASSERT_NEAR(e[size_t(t) * in + i], deq[size_t(tok[t]) * in + i], 1e-6f);
+      }
 }
 
 TEST(CudaOps, RmsNormEmbedArgmax) {
@@ -96,8 +152,8 @@ TEST(CudaOps, RmsNormEmbedArgmax) {
 
 // ---- MoE ----
 struct MoeHost {
-  int E, k, I, Is, H;
-  bool norm_topk, moe = true, gated = true;
+  int E = 0, k = 0, I = 0, Is = 0, H = 0;
+  bool norm_topk = true, moe = true, gated = true;
   std::vector<float> router, gu, down, sgu, sdown, sgate;
 };
 
@@ -153,7 +209,8 @@ std::vector<double> ref_moe(const MoeHost& m, const std::vector<float>& u, int T
 }
 
 void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, std::mt19937& rng) {
-  MoeHost m{E, k, 40, 24, 64, norm_topk};
+  MoeHost m;
+  m.E = E; m.k = k; m.I = 40; m.Is = 24; m.H = 64; m.norm_topk = norm_topk;
   m.moe = moe;
   using DB = std::unique_ptr<Dev<uint16_t>>;
   DB dr, dgu, ddn, dsgu, dsdn, dsg;
@@ -182,8 +239,13 @@ void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, st
   auto x0 = randn(size_t(T) * m.H, rng);
   lily::cuda::MoeDev md;
   md.moe = moe; md.E = E; md.k = k; md.I = m.I; md.Is = m.Is; md.H = m.H; md.norm_topk = norm_topk;
-  md.router = dr->p; md.gate_up = dgu->p; md.down = ddn->p; md.sh_gate_up = dsgu->p; md.sh_down = dsdn->p;
-  md.sh_gate = moe ? dsg->p : nullptr;
+  using lily::cuda::Mat;
+  md.router = Mat::bf16(dr->p, m.H);
+  md.gate_up = Mat::bf16(dgu->p, m.H, int64_t(2) * m.I * m.H);
+  md.down = Mat::bf16(ddn->p, m.I, int64_t(m.H) * m.I);
+  md.sh_gate_up = Mat::bf16(dsgu->p, m.H);
+  md.sh_down = Mat::bf16(dsdn->p, m.Is);
+  if (moe) md.sh_gate = Mat::bf16(dsg->p, m.H);
   m.gated = moe;
   Dev<float> du(u), dx(x0);
   Dev<char> scratch(lily::cuda::moe_scratch_bytes(md, T));
@@ -211,7 +273,7 @@ TEST(CudaOps, MoeMatchesReference) {
 
 // ---- Gated DeltaNet ----
 struct GdnRef {
-  int Hk, Hv, dk, dv, K;
+  int Hk = 0, Hv = 0, dk = 0, dv = 0, K = 0;
   std::vector<float> conv, dtb, Aneg, norm;
   std::vector<double> conv_state, S;  // [K-1, C], [Hv, dv, dk]
   int C() const { return 2 * Hk * dk + Hv * dv; }
@@ -271,7 +333,8 @@ struct GdnRef {
 };
 
 void run_gdn_case(int Hk, int Hv, int dk, int dv, const std::vector<int>& steps, int chunk_min, std::mt19937& rng) {
-  GdnRef R{Hk, Hv, dk, dv, 4};
+  GdnRef R;
+  R.Hk = Hk; R.Hv = Hv; R.dk = dk; R.dv = dv; R.K = 4;
   R.conv = randn(size_t(R.C()) * 4, rng, 0.5f);
   R.dtb = randn(Hv, rng, 0.5f);
   R.Aneg.resize(Hv);
@@ -319,8 +382,8 @@ TEST(CudaOps, GdnChunkedMatchesReference) {
 
 // ---- attention ----
 struct AttnRef {
-  int Hq, Hkv, hd, rot;
-  float theta;
+  int Hq = 0, Hkv = 0, hd = 0, rot = 0;
+  float theta = 1e4f;
   std::vector<float> qn, kn;
   std::vector<std::vector<double>> K, V;  // per kv head: rows of hd (bf16-rounded, as cached)
   int PW() const { return Hq * 2 * hd + 2 * Hkv * hd; }
@@ -381,7 +444,8 @@ struct AttnRef {
 };
 
 void run_attn_case(int Hq, int Hkv, int hd, int rot, const std::vector<int>& steps, int forced_split, std::mt19937& rng) {
-  AttnRef R{Hq, Hkv, hd, rot, 1e6f};
+  AttnRef R;
+  R.Hq = Hq; R.Hkv = Hkv; R.hd = hd; R.rot = rot; R.theta = 1e6f;
   R.qn = randn(hd, rng, 0.2f);
   R.kn = randn(hd, rng, 0.2f);
   for (auto& v : R.qn) v += 1.f;

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/ops.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "quant/affine/affine.h"
 
 namespace lily {
 namespace {
@@ -42,10 +44,12 @@ struct DevLayer {
   LayerKind kind;
   float *in_norm = nullptr, *post_norm = nullptr;
   // DeltaNet
-  uint16_t *gdn_in = nullptr, *gdn_out = nullptr;  // [qkv|z|b|a, H], [H, Hv·dv]
+  std::vector<std::pair<Mat, int>> gdn_in;  // runs of [qkv|z|b|a] rows in one format: (matrix, rows)
+  Mat gdn_out;                              // [H, Hv·dv]
   GdnDev gdn;
   // attention
-  uint16_t *attn_in = nullptr, *attn_o = nullptr;  // [q|gate ·Hq, k, v ; H], [H, Hq·hd]
+  std::vector<std::pair<Mat, int>> attn_in;  // runs of [q|gate ·Hq, k, v] rows
+  Mat attn_o;                                // [H, Hq·hd]
   AttnDev attn;
   MoeDev moe;
 };
@@ -101,7 +105,7 @@ class CudaBackend final : public Backend {
   DevMem mem_;
   cudaStream_t stream_ = nullptr;
   std::vector<DevLayer> layers_;
-  uint16_t *embed_ = nullptr, *lm_head_ = nullptr;
+  Mat embed_, lm_head_;
   float* final_norm_ = nullptr;
   float* inv_freq_ = nullptr;
   std::vector<std::pair<void*, size_t>> weight_allocs_;
@@ -131,10 +135,14 @@ class CudaBackend final : public Backend {
   void ensure_scratch(int T);
   void ensure_logits(int64_t rows);
   int64_t logits_rows_ = 0;
-  uint16_t* upload_linear(const Linear& l, uint16_t* dst = nullptr);
-  uint16_t* alloc_bf16(size_t n) {
-    auto* p = static_cast<uint16_t*>(mem_.alloc(n * 2));
-    weight_allocs_.push_back({p, n * 2});
+  // Uploads the matrices (same format and `in`) concatenated along their rows into one device matrix.
+  Mat upload(const std::vector<const Linear*>& parts);
+  Mat upload(const Linear& l) { return upload(std::vector<const Linear*>{&l}); }
+  // Consecutive parts of one format share an upload; each run is (matrix, rows).
+  std::vector<std::pair<Mat, int>> upload_runs(const std::vector<const Linear*>& parts);
+  void* alloc_w(size_t bytes) {
+    void* p = mem_.alloc(bytes);
+    weight_allocs_.push_back({p, bytes});
     return p;
   }
   float* upload_f32(const std::vector<float>& v) {
@@ -158,9 +166,11 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
   init_kernels();
   const ModelConfig& c = w_->cfg;
   const int H = int(c.hidden);
-  embed_ = upload_linear(w_->embed);
-  lm_head_ = (w_->lm_head.dense.data == w_->embed.dense.data && w_->lm_head.format == w_->embed.format)
-                 ? embed_ : upload_linear(w_->lm_head);
+  embed_ = upload(w_->embed);
+  const bool tied = w_->lm_head.format == w_->embed.format &&
+                    (w_->lm_head.format == WeightFormat::Dense ? w_->lm_head.dense.data == w_->embed.dense.data
+                                                               : w_->lm_head.affine == w_->embed.affine);
+  lm_head_ = tied ? embed_ : upload(w_->lm_head);
   final_norm_ = upload_f32(w_->final_norm);
   layers_.resize(size_t(c.layers));
   for (int l = 0; l < int(c.layers); ++l) {
@@ -175,13 +185,8 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
       g.K = int(c.conv_kernel); g.eps = float(c.rms_eps);
       if (g.K < 1 || g.K > 8) fail("CUDA backend: linear_conv_kernel_dim {} is outside 1..8", g.K);
       const int PW = g.proj_width();
-      D.gdn_in = alloc_bf16(size_t(PW) * H);
-      uint16_t* p = D.gdn_in;
-      for (const Linear* li : {&L.gdn.in_qkv, &L.gdn.in_z, &L.gdn.in_b, &L.gdn.in_a}) {
-        upload_linear(*li, p);
-        p += size_t(li->out) * H;
-      }
-      D.gdn_out = upload_linear(L.gdn.out);
+      D.gdn_in = upload_runs({&L.gdn.in_qkv, &L.gdn.in_z, &L.gdn.in_b, &L.gdn.in_a});
+      D.gdn_out = upload(L.gdn.out);
       g.conv = upload_f32(L.gdn.conv); g.dt_bias = upload_f32(L.gdn.dt_bias);
       g.A_neg = upload_f32(L.gdn.A_neg); g.norm = upload_f32(L.gdn.norm);
       max_proj_ = std::max(max_proj_, PW);
@@ -191,13 +196,8 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
       a.Hq = int(c.n_heads); a.Hkv = int(c.n_kv_heads); a.hd = int(c.head_dim); a.rot = int(c.rotary_dim);
       a.theta = float(c.rope_theta); a.eps = float(c.rms_eps);
       const int PW = a.proj_width();
-      D.attn_in = alloc_bf16(size_t(PW) * H);
-      uint16_t* p = D.attn_in;
-      for (const Linear* li : {&L.attn.q, &L.attn.k, &L.attn.v}) {
-        upload_linear(*li, p);
-        p += size_t(li->out) * H;
-      }
-      D.attn_o = upload_linear(L.attn.o);
+      D.attn_in = upload_runs({&L.attn.q, &L.attn.k, &L.attn.v});
+      D.attn_o = upload(L.attn.o);
       a.q_norm = upload_f32(L.attn.q_norm); a.k_norm = upload_f32(L.attn.k_norm);
       if (!w_->rope_inv_freq.empty()) {
         if (!inv_freq_) inv_freq_ = upload_f32(w_->rope_inv_freq);
@@ -214,25 +214,28 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
       m.E = int(F.experts.size()); m.k = int(c.top_k); m.norm_topk = c.norm_topk;
       if (m.k > 64 || m.k > m.E) fail("CUDA backend: num_experts_per_tok {} must be <= 64 and <= num_experts", m.k);
       m.I = int(F.experts.at(0).gate.out);
-      m.router = upload_linear(F.router);
-      uint16_t* gu = alloc_bf16(size_t(m.E) * 2 * m.I * H);
-      uint16_t* dn = alloc_bf16(size_t(m.E) * H * m.I);
-      for (int e = 0; e < m.E; ++e) {
-        const Expert& ex = F.experts[size_t(e)];
-        upload_linear(ex.gate, gu + size_t(e) * 2 * m.I * H);
-        upload_linear(ex.up, gu + size_t(e) * 2 * m.I * H + size_t(m.I) * H);
-        upload_linear(ex.down, dn + size_t(e) * H * m.I);
+      m.router = upload(F.router);
+      std::vector<const Linear*> gu, dn;
+      for (const Expert& ex : F.experts) {
+        if (ex.gate.out != m.I || ex.down.in != m.I) fail("CUDA backend: experts of layer {} differ in size", l);
+        gu.push_back(&ex.gate);
+        gu.push_back(&ex.up);
+        dn.push_back(&ex.down);
       }
-      m.gate_up = gu; m.down = dn;
-      if (!F.shared_gate.empty()) m.sh_gate = upload_linear(F.shared_gate);
+      m.gate_up = upload(gu);
+      m.down = upload(dn);
+      // expert strides: one expert = 2I rows of gate_up, H rows of down
+      for (auto [mp, rows, in] : {std::tuple{&m.gate_up, int64_t(2) * m.I, int64_t(H)}, std::tuple{&m.down, int64_t(H), int64_t(m.I)}}) {
+        mp->estride = rows * mp->ld;
+        mp->qstride = rows * mp->row_words;
+        mp->sstride = mp->affine ? rows * (in / mp->gs) : 0;
+      }
+      if (!F.shared_gate.empty()) m.sh_gate = upload(F.shared_gate);
     }
     if (!F.shared.gate.empty()) {
       m.Is = int(F.shared.gate.out);
-      uint16_t* sgu = alloc_bf16(size_t(2) * m.Is * H);
-      upload_linear(F.shared.gate, sgu);
-      upload_linear(F.shared.up, sgu + size_t(m.Is) * H);
-      m.sh_gate_up = sgu;
-      m.sh_down = upload_linear(F.shared.down);
+      m.sh_gate_up = upload({&F.shared.gate, &F.shared.up});
+      m.sh_down = upload(F.shared.down);
     }
   }
   LILY_CU(cudaDeviceSynchronize());
@@ -246,29 +249,85 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(stream_);
 }
 
-// Copies W [out, in] into a contiguous bf16 device block (rows `in` apart); allocates when dst is null.
-uint16_t* CudaBackend::upload_linear(const Linear& l, uint16_t* dst) {
-  if (l.format != WeightFormat::Dense)
-    fail("CUDA backend: weight '{}' is in format {}, which the CUDA backend does not run yet (bf16/f16/f32 only)",
-         l.name, format_name(l.format));
-  const size_t out = size_t(l.out), in = size_t(l.in);
-  if (!dst) dst = alloc_bf16(out * in);
-  const DenseWeight& d = l.dense;
-  if (d.dtype == DType::BF16) {
-    LILY_CU(cudaMemcpy2D(dst, in * 2, d.data, size_t(d.row_stride) * 2, in * 2, out, cudaMemcpyHostToDevice));
-    return dst;
+static bool same_format(const Linear& a, const Linear& b) {
+  if (a.in != b.in || a.format != b.format) return false;
+  if (a.format != WeightFormat::Affine) return true;
+  return a.affine->bits == b.affine->bits && a.affine->group_size == b.affine->group_size;
+}
+
+Mat CudaBackend::upload(const std::vector<const Linear*>& parts) {
+  const Linear& f = *parts.at(0);
+  size_t rows = 0;
+  for (const Linear* p : parts) {
+    if (!same_format(*p, f)) throw InternalError("CudaBackend::upload: parts differ in format");
+    rows += size_t(p->out);
   }
-  std::vector<uint16_t> tmp(out * in);
-  for (size_t r = 0; r < out; ++r)
-    for (size_t i = 0; i < in; ++i) {
-      float f;
-      if (d.dtype == DType::F32) f = static_cast<const float*>(d.data)[r * size_t(d.row_stride) + i];
-      else if (d.dtype == DType::F16) f = f16_to_f32(static_cast<const uint16_t*>(d.data)[r * size_t(d.row_stride) + i]);
-      else fail("CUDA backend: weight '{}' has dtype {}, expected a float type", l.name, dtype_name(d.dtype));
-      tmp[r * in + i] = f32_to_bf16(f);
+  const size_t in = size_t(f.in);
+  Mat m;
+  if (f.format == WeightFormat::Dense) {
+    auto* dst = static_cast<uint16_t*>(alloc_w(rows * in * 2));
+    m = Mat::bf16(dst, int64_t(in));
+    size_t r0 = 0;
+    for (const Linear* p : parts) {
+      const DenseWeight& d = p->dense;
+      const size_t out = size_t(p->out);
+      if (d.dtype == DType::BF16) {
+        LILY_CU(cudaMemcpy2D(dst + r0 * in, in * 2, d.data, size_t(d.row_stride) * 2, in * 2, out, cudaMemcpyHostToDevice));
+      } else {
+        std::vector<uint16_t> tmp(out * in);
+        for (size_t r = 0; r < out; ++r)
+          for (size_t i = 0; i < in; ++i) {
+            float v;
+            if (d.dtype == DType::F32) v = static_cast<const float*>(d.data)[r * size_t(d.row_stride) + i];
+            else if (d.dtype == DType::F16) v = f16_to_f32(static_cast<const uint16_t*>(d.data)[r * size_t(d.row_stride) + i]);
+            else fail("CUDA backend: weight '{}' has dtype {}, expected a float type", p->name, dtype_name(d.dtype));
+            tmp[r * in + i] = f32_to_bf16(v);
+          }
+        LILY_CU(cudaMemcpy(dst + r0 * in, tmp.data(), tmp.size() * 2, cudaMemcpyHostToDevice));
+      }
+      r0 += out;
     }
-  LILY_CU(cudaMemcpy(dst, tmp.data(), tmp.size() * 2, cudaMemcpyHostToDevice));
-  return dst;
+    return m;
+  }
+  if (f.format != WeightFormat::Affine)
+    fail("CUDA backend: weight '{}' is in format {}, which the CUDA backend does not run yet (bf16/f16/f32, affine 4/8 bit)",
+         f.name, format_name(f.format));
+  const quant::AffineWeight& a0 = *f.affine;
+  if (a0.bits != 4 && a0.bits != 8)
+    fail("CUDA backend: weight '{}' is affine {}-bit; the CUDA backend runs 4 and 8 bit", f.name, a0.bits);
+  if (a0.group_size % 32 != 0 || f.in % 32 != 0)
+    fail("CUDA backend: weight '{}': affine group size {} and input size {} must be multiples of 32", f.name, a0.group_size, f.in);
+  const size_t words = size_t(a0.row_words), groups = size_t(a0.groups());
+  auto* q = static_cast<uint32_t*>(alloc_w(rows * words * 4));
+  auto* sc = static_cast<uint16_t*>(alloc_w(rows * groups * 2));
+  auto* bi = static_cast<uint16_t*>(alloc_w(rows * groups * 2));
+  size_t r0 = 0;
+  for (const Linear* p : parts) {
+    const quant::AffineWeight& a = *p->affine;
+    if (a.scale_dtype != DType::BF16)
+      fail("CUDA backend: weight '{}' has {} affine scales; the CUDA backend reads bf16 scales", p->name, dtype_name(a.scale_dtype));
+    const size_t out = size_t(p->out);
+    LILY_CU(cudaMemcpy(q + r0 * words, a.packed, out * words * 4, cudaMemcpyHostToDevice));
+    LILY_CU(cudaMemcpy(sc + r0 * groups, a.scales, out * groups * 2, cudaMemcpyHostToDevice));
+    LILY_CU(cudaMemcpy(bi + r0 * groups, a.biases, out * groups * 2, cudaMemcpyHostToDevice));
+    r0 += out;
+  }
+  m.affine = true;
+  m.q = q; m.s = sc; m.b = bi;
+  m.bits = a0.bits; m.gs = a0.group_size; m.row_words = int64_t(words);
+  return m;
+}
+
+std::vector<std::pair<Mat, int>> CudaBackend::upload_runs(const std::vector<const Linear*>& parts) {
+  std::vector<std::pair<Mat, int>> runs;
+  for (size_t i = 0; i < parts.size();) {
+    size_t j = i + 1;
+    int rows = int(parts[i]->out);
+    while (j < parts.size() && same_format(*parts[j], *parts[i])) rows += int(parts[j++]->out);
+    runs.push_back({upload(std::vector<const Linear*>(parts.begin() + long(i), parts.begin() + long(j))), rows});
+    i = j;
+  }
+  return runs;
 }
 
 void CudaBackend::ensure_scratch(int T) {
@@ -361,7 +420,7 @@ void CudaBackend::embed(const int32_t* tokens) {
     mark(-1, "embed");
   }
   if (replay_) return;
-  cuda::embed(embed_, H, H, d_tokens_, T_, x_, stream_);
+  cuda::embed(embed_, H, d_tokens_, T_, x_, stream_);
 }
 
 void CudaBackend::gdn_mixer(int layer) {
@@ -372,10 +431,14 @@ void CudaBackend::gdn_mixer(int layer) {
   const GdnDev& g = D.gdn;
   const int PW = g.proj_width();
   rmsnorm(x_, H, D.in_norm, T_, H, float(w_->cfg.rms_eps), u_, H, stream_);
-  linear(D.gdn_in, H, PW, H, u_, H, T_, proj_, PW, false, stream_);
+  int c0 = 0;
+  for (auto& [m, rows] : D.gdn_in) {
+    linear(m, rows, H, u_, H, T_, proj_ + c0, PW, false, stream_);
+    c0 += rows;
+  }
   gdn_core(g, proj_, T_, st_->conv[size_t(layer)], st_->S[size_t(layer)], core_, work_ ? static_cast<char*>(work_) + (scratch_bytes_ - work_bytes_) : nullptr,
            stream_, opt_.chunk_min);
-  linear(D.gdn_out, g.Hv * g.dv, H, g.Hv * g.dv, core_, g.Hv * g.dv, T_, x_, H, true, stream_);
+  linear(D.gdn_out, H, g.Hv * g.dv, core_, g.Hv * g.dv, T_, x_, H, true, stream_);
 }
 
 void CudaBackend::attn_mixer(int layer) {
@@ -386,10 +449,14 @@ void CudaBackend::attn_mixer(int layer) {
   const AttnDev& a = D.attn;
   const int PW = a.proj_width();
   rmsnorm(x_, H, D.in_norm, T_, H, float(w_->cfg.rms_eps), u_, H, stream_);
-  linear(D.attn_in, H, PW, H, u_, H, T_, proj_, PW, false, stream_);
+  int c0 = 0;
+  for (auto& [m, rows] : D.attn_in) {
+    linear(m, rows, H, u_, H, T_, proj_ + c0, PW, false, stream_);
+    c0 += rows;
+  }
   attn_core(a, proj_, T_, st_->d_pos, st_->kc[size_t(layer)], st_->vc[size_t(layer)], st_->cap_, nsplit_, core_,
             static_cast<char*>(work_) + (scratch_bytes_ - work_bytes_), stream_);
-  linear(D.attn_o, a.Hq * a.hd, H, a.Hq * a.hd, core_, a.Hq * a.hd, T_, x_, H, true, stream_);
+  linear(D.attn_o, H, a.Hq * a.hd, core_, a.Hq * a.hd, T_, x_, H, true, stream_);
 }
 
 void CudaBackend::ffn(int layer) {
@@ -411,7 +478,7 @@ void CudaBackend::head(int64_t rows, float* logits) {
   const int H = int(w_->cfg.hidden), V = int(w_->cfg.vocab);
   const float* xr = x_ + size_t(T_ - rows) * H;
   rmsnorm(xr, H, final_norm_, int(rows), H, float(w_->cfg.rms_eps), u_, H, stream_);
-  linear(lm_head_, H, V, H, u_, H, int(rows), logits_, V, false, stream_);
+  linear(lm_head_, V, H, u_, H, int(rows), logits_, V, false, stream_);
   if (greedy_) argmax(logits_ + size_t(rows - 1) * V, 1, V, d_tokens_, stream_);  // next step's input slot
 }
 

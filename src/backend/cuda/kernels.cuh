@@ -7,19 +7,16 @@ namespace lily::cuda {
 constexpr int kGemmBM = 64;  // rows of x per GEMM tile
 constexpr int kGemmBN = 64;  // output columns per GEMM tile
 
-// Row-parallel GEMV over `slots`: slot s reads weight matrix W + expert[s]·wstride (expert null: W),
-// input row x + (s / xdiv)·ldx and writes y + s·ldy. swiglu_I > 0: W holds gate rows [0, I) and up rows
-// [I, 2I); y[r] = silu(gate_r · x) · (up_r · x) for r < I (out is ignored).
-void gemv_slots(const uint16_t* W, int64_t ldw, int64_t wstride, const int32_t* expert, int out, int in,
-                const float* x, int64_t ldx, int xdiv, int slots, float* y, int64_t ldy, bool accumulate,
-                int swiglu_I, cudaStream_t s);
+inline bool has(const Mat& m) { return m.affine ? m.q != nullptr : m.w != nullptr; }
 
-// Tiled GEMM. Tile i covers rows [row0, row0 + nrows) (at most kGemmBM) of expert e, from
-// tiles[3i .. 3i+2] = {e, row0, nrows}; *n_tiles (device) of max_tiles are live. tiles == null: dense,
-// tile i = rows [64 i, min(64 i + 64, T)). Row r of the product reads x row gather[r] (null: r) and
-// writes y row r.
-void gemm_tiles(const uint16_t* W, int64_t ldw, int64_t wstride, int out, int in, const float* x, int64_t ldx,
-                const int32_t* gather, float* y, int64_t ldy, bool accumulate, const int32_t* tiles,
-                const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s);
+// Element (r, i) of expert e of W as float (scalar path: GEMM staging, embedding gather).
+__device__ __forceinline__ float mat_at(const Mat& m, int e, int64_t r, int64_t i, int in) {
+  if (!m.affine) return bf(m.w[int64_t(e) * m.estride + r * m.ld + i]);
+  const uint32_t* row = m.q + int64_t(e) * m.qstride + r * m.row_words;
+  const int64_t bit = i * m.bits;
+  const uint32_t code = (row[bit >> 5] >> (bit & 31)) & ((1u << m.bits) - 1u);  // bits 4, 8 never straddle words
+  const int64_t gi = int64_t(e) * m.sstride + r * (in / m.gs) + i / m.gs;
+  return bf(m.s[gi]) * float(code) + bf(m.b[gi]);
+}
 
 }  // namespace lily::cuda

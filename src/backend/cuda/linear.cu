@@ -1,16 +1,24 @@
-// Dense bf16 linear layers: a row-parallel GEMV for decode and a tiled SIMT GEMM for prompts.
+// Linear layers on bf16 or MLX-affine weights: a row-parallel GEMV for decode (16-byte weight loads,
+// affine codes dequantised in registers against an input row staged in shared memory) and a tiled
+// SIMT GEMM for prompts (weights dequantised while the tile is staged).
 #include "backend/cuda/kernels.cuh"
 
 namespace lily::cuda {
-
 namespace {
 
 constexpr int kGemvWarps = 8;
 
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
 // Dot of one bf16 weight row with one fp32 input row, by one warp. VEC: 16-byte weight loads
 // (in % 8 == 0, rows 16-byte aligned).
 template <bool VEC>
-__device__ __forceinline__ float warp_dot(const uint16_t* w, const float* x, int in) {
+__device__ __forceinline__ float warp_dot_bf16(const uint16_t* w, const float* x, int in) {
   const int lane = threadIdx.x & 31;
   float acc = 0.f;
   if constexpr (VEC) {
@@ -19,7 +27,7 @@ __device__ __forceinline__ float warp_dot(const uint16_t* w, const float* x, int
     const int n8 = in >> 3;
 #pragma unroll 4
     for (int i = lane; i < n8; i += 32) {
-      uint4 wv = __ldg(w4 + i);
+      uint4 wv = ld_stream(w4 + i);
       float wf[8];
       bf8(wv, wf);
       float4 a = __ldg(x4 + 2 * i), b = __ldg(x4 + 2 * i + 1);
@@ -31,23 +39,83 @@ __device__ __forceinline__ float warp_dot(const uint16_t* w, const float* x, int
   return warp_sum(acc);
 }
 
-template <bool VEC>
-__global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(const uint16_t* __restrict__ W, int64_t ldw,
-    int64_t wstride, const int32_t* __restrict__ expert, int out, int in, const float* __restrict__ x, int64_t ldx,
-    int xdiv, float* __restrict__ y, int64_t ldy, bool accumulate, int swiglu_I) {
+// Shared-memory layout of the input row for the affine GEMV: lane l's uint4 i = l + 32·it holds codes
+// [C·i, C·i + C) (C = 128 / bits); input element e = C·i + j sits at float4 slot
+// it·8C + (j/4)·32 + l, so each warp-wide float4 read is 512 contiguous bytes.
+template <int BITS>
+__device__ __forceinline__ int xs_index(int e) {
+  constexpr int C = 128 / BITS;
+  const int it = e / (32 * C), l = (e / C) & 31, j = e % C;
+  return it * 32 * C + (j >> 2) * 128 + l * 4 + (j & 3);
+}
+
+template <int BITS>
+__device__ __forceinline__ float warp_dot_affine(const uint32_t* q, const uint16_t* sc, const uint16_t* bi, int gs,
+                                                 const float* xs, int in) {
+  constexpr int C = 128 / BITS;
+  const int lane = threadIdx.x & 31;
+  const uint4* q4 = reinterpret_cast<const uint4*>(q);
+  const int n = in / C;
+  float acc = 0.f;
+#pragma unroll 2
+  for (int i = lane; i < n; i += 32) {
+    const uint4 wv = ld_stream(q4 + i);
+    const int g = (i * C) / gs;
+    const float s = bf(sc[g]), b = bf(bi[g]);
+    const float4* x4 = reinterpret_cast<const float4*>(xs + (i >> 5) * 32 * C) + lane;
+    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+    float qx = 0.f, sx = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (BITS == 4) {
+        const float4 xa = x4[(2 * k) * 32], xb = x4[(2 * k + 1) * 32];
+        const uint32_t w = words[k];
+        qx += float(w & 15u) * xa.x + float((w >> 4) & 15u) * xa.y + float((w >> 8) & 15u) * xa.z +
+              float((w >> 12) & 15u) * xa.w + float((w >> 16) & 15u) * xb.x + float((w >> 20) & 15u) * xb.y +
+              float((w >> 24) & 15u) * xb.z + float(w >> 28) * xb.w;
+        sx += (xa.x + xa.y) + (xa.z + xa.w) + (xb.x + xb.y) + (xb.z + xb.w);
+      } else {
+        const float4 xa = x4[k * 32];
+        const uint32_t w = words[k];
+        qx += float(w & 255u) * xa.x + float((w >> 8) & 255u) * xa.y + float((w >> 16) & 255u) * xa.z + float(w >> 24) * xa.w;
+        sx += (xa.x + xa.y) + (xa.z + xa.w);
+      }
+    }
+    acc += s * qx + b * sx;
+  }
+  return warp_sum(acc);
+}
+
+// MODE: 0 bf16 16-byte loads, 1 bf16 scalar, 4 / 8 affine bits.
+template <int MODE>
+__global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(const Mat W, const int32_t* __restrict__ expert, int out,
+    int in, const float* __restrict__ x, int64_t ldx, int xdiv, float* __restrict__ y, int64_t ldy, bool accumulate,
+    int swiglu_I) {
+  extern __shared__ float xs[];
   const int s = blockIdx.y;
+  const int e = expert ? expert[s] : 0;
+  const float* xr = x + int64_t(s / xdiv) * ldx;
+  if constexpr (MODE >= 4) {
+    for (int i = threadIdx.x; i < in; i += blockDim.x) xs[xs_index<MODE>(i)] = xr[i];
+    __syncthreads();
+  }
   const int r = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
   if (r >= nrows) return;
-  const uint16_t* Ws = W + (expert ? int64_t(expert[s]) * wstride : 0);
-  const float* xs = x + int64_t(s / xdiv) * ldx;
+  auto dot = [&](int64_t row) -> float {
+    if constexpr (MODE == 0 || MODE == 1) {
+      return warp_dot_bf16<MODE == 0>(W.w + int64_t(e) * W.estride + row * W.ld, xr, in);
+    } else {
+      const int64_t gi = int64_t(e) * W.sstride + row * (in / W.gs);
+      return warp_dot_affine<MODE>(W.q + int64_t(e) * W.qstride + row * W.row_words, W.s + gi, W.b + gi, W.gs, xs, in);
+    }
+  };
   float v;
   if (swiglu_I > 0) {
-    float g = warp_dot<VEC>(Ws + int64_t(r) * ldw, xs, in);
-    float u = warp_dot<VEC>(Ws + int64_t(r + swiglu_I) * ldw, xs, in);
+    const float g = dot(r), u = dot(r + swiglu_I);
     v = silu(g) * u;
   } else {
-    v = warp_dot<VEC>(Ws + int64_t(r) * ldw, xs, in);
+    v = dot(r);
   }
   if ((threadIdx.x & 31) == 0) {
     float* yp = y + int64_t(s) * ldy + r;
@@ -57,10 +125,9 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(const uint16_t* _
 
 // 64x64 output tile, 256 threads, each 4x4 outputs strided by 16 (conflict-free shared reads).
 constexpr int BK = 16;
-__global__ void __launch_bounds__(256) gemm_kernel(const uint16_t* __restrict__ W, int64_t ldw, int64_t wstride,
-    int out, int in, const float* __restrict__ x, int64_t ldx, const int32_t* __restrict__ gather,
-    float* __restrict__ y, int64_t ldy, bool accumulate, const int32_t* __restrict__ tiles,
-    const int32_t* __restrict__ n_tiles, int T) {
+__global__ void __launch_bounds__(256) gemm_kernel(const Mat W, int out, int in, const float* __restrict__ x, int64_t ldx,
+    const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy, bool accumulate,
+    const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T) {
   __shared__ float As[BK][kGemmBM + 4];
   __shared__ float Ws_[BK][kGemmBN + 4];
   __shared__ int rows_idx[kGemmBM];
@@ -73,7 +140,6 @@ __global__ void __launch_bounds__(256) gemm_kernel(const uint16_t* __restrict__ 
     row0 = tile * kGemmBM; nrows = min(kGemmBM, T - row0);
   }
   const int n0 = blockIdx.x * kGemmBN;
-  const uint16_t* We = W + int64_t(e) * wstride;
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
   if (tid < kGemmBM) rows_idx[tid] = tid < nrows ? (gather ? gather[row0 + tid] : row0 + tid) : -1;
   __syncthreads();
@@ -85,7 +151,7 @@ __global__ void __launch_bounds__(256) gemm_kernel(const uint16_t* __restrict__ 
       const int xr = rows_idx[rr];
       As[kk][rr] = (xr >= 0 && k0 + kk < in) ? x[int64_t(xr) * ldx + k0 + kk] : 0.f;
       const int n = n0 + rr;
-      Ws_[kk][rr] = (n < out && k0 + kk < in) ? bf(We[int64_t(n) * ldw + k0 + kk]) : 0.f;
+      Ws_[kk][rr] = (n < out && k0 + kk < in) ? mat_at(W, e, n, k0 + kk, in) : 0.f;
     }
     __syncthreads();
 #pragma unroll
@@ -113,39 +179,50 @@ __global__ void __launch_bounds__(256) gemm_kernel(const uint16_t* __restrict__ 
   }
 }
 
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 }  // namespace
 
-void gemv_slots(const uint16_t* W, int64_t ldw, int64_t wstride, const int32_t* expert, int out, int in,
-                const float* x, int64_t ldx, int xdiv, int slots, float* y, int64_t ldy, bool accumulate,
-                int swiglu_I, cudaStream_t s) {
+void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
+                float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s) {
   if (slots <= 0) return;
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
   dim3 grid(cdiv(nrows, kGemvWarps), slots);
-  const bool vec = in % 8 == 0 && ldw % 8 == 0 && wstride % 8 == 0 && ldx % 4 == 0 &&
-                   (reinterpret_cast<uintptr_t>(W) & 15) == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
-  if (vec)
-    gemv_kernel<true><<<grid, 32 * kGemvWarps, 0, s>>>(W, ldw, wstride, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I);
-  else
-    gemv_kernel<false><<<grid, 32 * kGemvWarps, 0, s>>>(W, ldw, wstride, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I);
+  const int threads = 32 * kGemvWarps;
+  if (W.affine) {
+    if ((W.bits != 4 && W.bits != 8) || in % 32 != 0 || W.gs % 32 != 0 || W.row_words % 4 != 0 || W.qstride % 4 != 0 ||
+        !aligned16(W.q))
+      fail_internal("affine GEMV: needs bits 4 or 8, in and group size multiples of 32, 16-byte aligned rows");
+    const size_t smem = sizeof(float) * size_t(in);
+    if (W.bits == 4)
+      gemv_kernel<4><<<grid, threads, smem, s>>>(W, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I);
+    else
+      gemv_kernel<8><<<grid, threads, smem, s>>>(W, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I);
+  } else {
+    const bool vec = in % 8 == 0 && W.ld % 8 == 0 && W.estride % 8 == 0 && ldx % 4 == 0 && aligned16(W.w) && aligned16(x);
+    if (vec)
+      gemv_kernel<0><<<grid, threads, 0, s>>>(W, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I);
+    else
+      gemv_kernel<1><<<grid, threads, 0, s>>>(W, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I);
+  }
   LILY_CU_LAUNCH();
 }
 
-void gemm_tiles(const uint16_t* W, int64_t ldw, int64_t wstride, int out, int in, const float* x, int64_t ldx,
-                const int32_t* gather, float* y, int64_t ldy, bool accumulate, const int32_t* tiles,
-                const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s) {
+void gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
+                bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s) {
   if (max_tiles <= 0) return;
   dim3 grid(cdiv(out, kGemmBN), max_tiles);
-  gemm_kernel<<<grid, 256, 0, s>>>(W, ldw, wstride, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, T);
+  gemm_kernel<<<grid, 256, 0, s>>>(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, T);
   LILY_CU_LAUNCH();
 }
 
-void linear(const uint16_t* W, int64_t ldw, int out, int in, const float* x, int64_t ldx, int T, float* y,
-            int64_t ldy, bool accumulate, cudaStream_t s) {
+void linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
+            cudaStream_t s) {
   if (T <= 0 || out <= 0) return;
   if (T <= 2)
-    gemv_slots(W, ldw, 0, nullptr, out, in, x, ldx, 1, T, y, ldy, accumulate, 0, s);
+    gemv_slots(W, nullptr, out, in, x, ldx, 1, T, y, ldy, accumulate, 0, s);
   else
-    gemm_tiles(W, ldw, 0, out, in, x, ldx, nullptr, y, ldy, accumulate, nullptr, nullptr, int(cdiv(T, kGemmBM)), T, s);
+    gemm_tiles(W, out, in, x, ldx, nullptr, y, ldy, accumulate, nullptr, nullptr, int(cdiv(T, kGemmBM)), T, s);
 }
 
 }  // namespace lily::cuda

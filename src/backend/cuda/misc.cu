@@ -16,11 +16,10 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, int64_t ldx, const f
   for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
 }
 
-__global__ void embed_kernel(const uint16_t* __restrict__ table, int64_t ld, int H, const int32_t* __restrict__ tokens,
-                             float* __restrict__ x) {
-  const uint16_t* row = table + int64_t(tokens[blockIdx.x]) * ld;
+__global__ void embed_kernel(const Mat table, int H, const int32_t* __restrict__ tokens, float* __restrict__ x) {
+  const int64_t r = tokens[blockIdx.x];
   float* xr = x + int64_t(blockIdx.x) * H;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = bf(row[i]);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = mat_at(table, 0, r, i, H);
 }
 
 __global__ void argmax_kernel(const float* __restrict__ logits, int V, int32_t* __restrict__ out) {
@@ -72,9 +71,9 @@ void rmsnorm(const float* x, int64_t ldx, const float* w, int T, int H, float ep
   LILY_CU_LAUNCH();
 }
 
-void embed(const uint16_t* table, int64_t ld, int H, const int32_t* tokens, int T, float* x, cudaStream_t s) {
+void embed(const Mat& table, int H, const int32_t* tokens, int T, float* x, cudaStream_t s) {
   if (T <= 0) return;
-  embed_kernel<<<T, 256, 0, s>>>(table, ld, H, tokens, x);
+  embed_kernel<<<T, 256, 0, s>>>(table, H, tokens, x);
   LILY_CU_LAUNCH();
 }
 

@@ -174,45 +174,44 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   MoeScratch sc = layout(m, T, scratch);
   const int H = m.H;
   // shared expert (or dense MLP)
-  const bool has_shared = m.sh_gate_up != nullptr && m.Is > 0;
+  const bool has_shared = has(m.sh_gate_up) && m.Is > 0;
   if (has_shared) {
     if (T <= kMoeGemvRows) {
-      gemv_slots(m.sh_gate_up, H, 0, nullptr, 0, H, u, H, 1, T, sc.sh_h, m.Is, false, m.Is, s);
+      gemv_slots(m.sh_gate_up, nullptr, 0, H, u, H, 1, T, sc.sh_h, m.Is, false, m.Is, s);
     } else {
-      linear(m.sh_gate_up, H, 2 * m.Is, H, u, H, T, sc.sh_gu, 2 * m.Is, false, s);
+      linear(m.sh_gate_up, 2 * m.Is, H, u, H, T, sc.sh_gu, 2 * m.Is, false, s);
       swiglu_kernel<<<cdiv(int64_t(T) * m.Is, 256), 256, 0, s>>>(sc.sh_gu, m.Is, T, sc.sh_h);
       LILY_CU_LAUNCH();
     }
-    linear(m.sh_down, m.Is, H, m.Is, sc.sh_h, m.Is, T, sc.ysh, H, false, s);
-    if (m.sh_gate) linear(m.sh_gate, H, 1, H, u, H, T, sc.sg, 1, false, s);
+    linear(m.sh_down, H, m.Is, sc.sh_h, m.Is, T, sc.ysh, H, false, s);
+    if (has(m.sh_gate)) linear(m.sh_gate, 1, H, u, H, T, sc.sg, 1, false, s);
   }
   if (!m.moe) {
     combine_kernel<<<T, 256, 0, s>>>(x, H, 0, sc.w, nullptr, sc.yb, has_shared ? sc.ysh : nullptr, nullptr);
     LILY_CU_LAUNCH();
     return;
   }
-  linear(m.router, H, m.E, H, u, H, T, sc.logits, m.E, false, s);
+  linear(m.router, m.E, H, u, H, T, sc.logits, m.E, false, s);
   topk_kernel<<<T, 256, sizeof(float) * m.E, s>>>(sc.logits, m.E, m.k, m.norm_topk, sc.idx, sc.w);
   LILY_CU_LAUNCH();
   const int n = T * m.k;
-  const int64_t gu_stride = int64_t(2) * m.I * H, down_stride = int64_t(H) * m.I;
   const int32_t* pos = nullptr;
   if (T <= kMoeGemvRows) {
-    gemv_slots(m.gate_up, H, gu_stride, sc.idx, 0, H, u, H, m.k, n, sc.h, m.I, false, m.I, s);
-    gemv_slots(m.down, m.I, down_stride, sc.idx, H, m.I, sc.h, m.I, 1, n, sc.yb, H, false, 0, s);
+    gemv_slots(m.gate_up, sc.idx, 0, H, u, H, m.k, n, sc.h, m.I, false, m.I, s);
+    gemv_slots(m.down, sc.idx, H, m.I, sc.h, m.I, 1, n, sc.yb, H, false, 0, s);
   } else {
     route_kernel<<<1, 1024, sizeof(int) * 3 * m.E, s>>>(sc.idx, n, m.E, m.k, sc.counts, sc.slot_pos, sc.sorted_tok,
                                                         sc.tiles, sc.n_tiles);
     LILY_CU_LAUNCH();
     const int mt = max_tiles_for(m, T);
-    gemm_tiles(m.gate_up, H, gu_stride, 2 * m.I, H, u, H, sc.sorted_tok, sc.gu, 2 * m.I, false, sc.tiles, sc.n_tiles, mt, n, s);
+    gemm_tiles(m.gate_up, 2 * m.I, H, u, H, sc.sorted_tok, sc.gu, 2 * m.I, false, sc.tiles, sc.n_tiles, mt, n, s);
     swiglu_kernel<<<cdiv(int64_t(n) * m.I, 256), 256, 0, s>>>(sc.gu, m.I, n, sc.h);
     LILY_CU_LAUNCH();
-    gemm_tiles(m.down, m.I, down_stride, H, m.I, sc.h, m.I, nullptr, sc.yb, H, false, sc.tiles, sc.n_tiles, mt, n, s);
+    gemm_tiles(m.down, H, m.I, sc.h, m.I, nullptr, sc.yb, H, false, sc.tiles, sc.n_tiles, mt, n, s);
     pos = sc.slot_pos;
   }
   combine_kernel<<<T, 256, 0, s>>>(x, H, m.k, sc.w, pos, sc.yb, has_shared ? sc.ysh : nullptr,
-                                   has_shared && m.sh_gate ? sc.sg : nullptr);
+                                   has_shared && has(m.sh_gate) ? sc.sg : nullptr);
   LILY_CU_LAUNCH();
 }
 

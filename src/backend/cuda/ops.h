@@ -19,17 +19,60 @@ void check(cudaError_t e, const char* file, int line);
 // any capture).
 void init_kernels();
 
+// ---- weights ---------------------------------------------------------------------------------
+// One weight matrix [out, in] on the device, or E of them stacked (expert e at the given strides).
+//   bf16:   rows `ld` elements apart, expert e at w + e·estride.
+//   affine: MLX affine (bits 4 or 8, group gs, bf16 scales/biases), read packed: row r is
+//           q + r·row_words (uint32 words, codes little-endian in the row's bit stream), its group g
+//           scale s[r·(in/gs) + g] and bias b[...]; expert e at q + e·qstride, s/b + e·sstride.
+struct Mat {
+  bool affine = false;
+  const uint16_t* w = nullptr;
+  int64_t ld = 0, estride = 0;
+  const uint32_t* q = nullptr;
+  const uint16_t* s = nullptr;
+  const uint16_t* b = nullptr;
+  int bits = 0, gs = 0;
+  int64_t row_words = 0, qstride = 0, sstride = 0;
+  static Mat bf16(const uint16_t* w, int64_t ld, int64_t estride = 0) {
+    Mat m;
+    m.w = w; m.ld = ld; m.estride = estride;
+    return m;
+  }
+};
+
 // ---- linear algebra -------------------------------------------------------------------------
-// y[t, 0:out] (= or +=) x[t, 0:in] · Wᵀ for t < T. W rows are ldw elements apart.
-// T <= 2 runs the row-parallel GEMV (16-byte weight loads), larger T the tiled GEMM.
-void linear(const uint16_t* W, int64_t ldw, int out, int in, const float* x, int64_t ldx, int T, float* y,
-            int64_t ldy, bool accumulate, cudaStream_t s);
+// y[t, 0:out] (= or +=) x[t, 0:in] · Wᵀ for t < T.
+// T <= 2 runs the row-parallel GEMV (16-byte weight loads, dequantisation in registers), larger T the
+// tiled GEMM (dequantisation while staging the tile).
+void linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
+            cudaStream_t s);
+inline void linear(const uint16_t* W, int64_t ldw, int out, int in, const float* x, int64_t ldx, int T, float* y,
+                   int64_t ldy, bool accumulate, cudaStream_t s) {
+  linear(Mat::bf16(W, ldw), out, in, x, ldx, T, y, ldy, accumulate, s);
+}
+
+// Row-parallel GEMV over `slots`: slot s reads expert expert[s] of W (expert null: W itself), input row
+// x + (s / xdiv)·ldx and writes y + s·ldy. swiglu_I > 0: W holds gate rows [0, I) and up rows [I, 2I);
+// y[r] = silu(gate_r · x) · (up_r · x) for r < I (out is ignored).
+void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
+                float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s);
+
+// Tiled GEMM. Tile i covers rows [row0, row0 + nrows) (at most 64) of expert e, from
+// tiles[3i .. 3i+2] = {e, row0, nrows}; *n_tiles (device) of max_tiles are live. tiles == null: dense,
+// tile i = rows [64 i, min(64 i + 64, T)). Row r of the product reads x row gather[r] (null: r) and
+// writes y row r.
+void gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
+                bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s);
 
 // x[t, :] = RMSNorm(x_in[t, :]) · w  (w already folded to (1 + w) where the model says so).
 void rmsnorm(const float* x, int64_t ldx, const float* w, int T, int H, float eps, float* y, int64_t ldy,
              cudaStream_t s);
-// x[t, :] = float(table[tokens[t], :]) (bf16 table, rows ld apart).
-void embed(const uint16_t* table, int64_t ld, int H, const int32_t* tokens, int T, float* x, cudaStream_t s);
+// x[t, :] = row tokens[t] of the table (dequantised), H columns.
+void embed(const Mat& table, int H, const int32_t* tokens, int T, float* x, cudaStream_t s);
+inline void embed(const uint16_t* table, int64_t ld, int H, const int32_t* tokens, int T, float* x, cudaStream_t s) {
+  embed(Mat::bf16(table, ld), H, tokens, T, x, s);
+}
 // out[r] = argmax_v logits[r, v] (lowest index on ties).
 void argmax(const float* logits, int rows, int V, int32_t* out, cudaStream_t s);
 // *pos += T.
@@ -40,12 +83,12 @@ struct MoeDev {
   bool moe = true;
   int E = 0, k = 0, I = 0, Is = 0, H = 0;
   bool norm_topk = true;
-  const uint16_t* router = nullptr;      // [E, H]
-  const uint16_t* gate_up = nullptr;     // [E, 2I, H]: rows [0, I) gate, [I, 2I) up, per expert
-  const uint16_t* down = nullptr;        // [E, H, I]
-  const uint16_t* sh_gate_up = nullptr;  // [2Is, H] shared expert (or the dense MLP)
-  const uint16_t* sh_down = nullptr;     // [H, Is]
-  const uint16_t* sh_gate = nullptr;     // [1, H] sigmoid gate of the shared expert; null: weight 1
+  Mat router;      // [E, H]
+  Mat gate_up;     // E × [2I, H]: rows [0, I) gate, [I, 2I) up, per expert
+  Mat down;        // E × [H, I]
+  Mat sh_gate_up;  // [2Is, H] shared expert (or the dense MLP); absent when Is == 0
+  Mat sh_down;     // [H, Is]
+  Mat sh_gate;     // [1, H] sigmoid gate of the shared expert; absent (no pointer): weight 1
 };
 size_t moe_scratch_bytes(const MoeDev& m, int T);
 // x[t] += MoE(u[t]) for t < T. Routing stays on the device (no host synchronisation).

@@ -1,0 +1,76 @@
+// `lily inspect --model DIR --backend cuda [--context N] [--json]`: the kernels of one captured decode
+// step (per layer and block, with launch shapes) — the number to drive down.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <map>
+
+#include "cli/registry.h"
+#include "core/error.h"
+#include "model/weights.h"
+#ifdef LILY_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace lily::cli {
+namespace {
+
+Register reg("inspect", "Show the kernels of one decode step on a backend (launch shapes per layer)", [](CLI::App& app) {
+  auto model = std::make_shared<std::string>();
+  auto backend = std::make_shared<std::string>("cuda");
+  auto ctx = std::make_shared<int64_t>(4096);
+  auto json = std::make_shared<bool>(false);
+  app.add_option("--model", *model, "Model directory (config.json + safetensors)")->required();
+  app.add_option("--backend", *backend, "Backend whose decode step to show (cuda)")->capture_default_str();
+  app.add_option("--context", *ctx, "Tokens already in the cache (selects the context bucket)")->capture_default_str();
+  app.add_flag("--json", *json, "Print JSON");
+  return [=]() -> int {
+    if (*backend != "cuda") fail("--backend {}: inspect shows the CUDA decode graph (use --backend cuda)", *backend);
+    if (*ctx < 0) fail("--context must be >= 0, got {}", *ctx);
+#ifndef LILY_HAVE_CUDA
+    fail("--backend cuda: this build has no CUDA backend (configure with nvcc present)");
+#else
+    if (!cuda_available()) fail("--backend cuda: {}", cuda_device_info());
+    auto w = ModelWeights::load(*model);
+    auto be = make_cuda_backend(w);
+    const auto ks = cuda_describe_decode_step(*be, *ctx);
+    std::map<int, int> per_layer;
+    for (const auto& k : ks) ++per_layer[k.layer];
+    if (*json) {
+      nlohmann::json j;
+      j["device"] = cuda_device_info();
+      j["context"] = *ctx;
+      j["kernels_per_step"] = ks.size();
+      nlohmann::json arr = nlohmann::json::array();
+      for (const auto& k : ks)
+        arr.push_back({{"name", k.name}, {"layer", k.layer}, {"block", k.block},
+                       {"grid", {k.grid[0], k.grid[1], k.grid[2]}}, {"block_dim", {k.threads[0], k.threads[1], k.threads[2]}},
+                       {"smem", k.smem}});
+      j["kernels"] = arr;
+      fmt::print("{}\n", j.dump(2));
+      return 0;
+    }
+    fmt::print("device   {}\ncontext  {} tokens\nkernels  {} per decode step ({:.1f} per layer over {} layers)\n\n",
+               cuda_device_info(), *ctx, ks.size(), double(ks.size()) / double(std::max<int64_t>(1, w->cfg.layers)),
+               w->cfg.layers);
+    int last = -2;
+    std::string last_block;
+    for (const auto& k : ks) {
+      if (k.layer != last || k.block != last_block) {
+        if (k.layer >= 0) fmt::print("layer {:>3} {:<5} ({} kernels in layer)\n", k.layer, k.block, per_layer[k.layer]);
+        else fmt::print("{}\n", k.block);
+        last = k.layer;
+        last_block = k.block;
+      }
+      std::string name = k.name;
+      if (name.size() > 60) name = name.substr(0, 57) + "...";
+      fmt::print("    {:<60} grid ({},{},{}) block ({},{},{}) smem {}\n", name, k.grid[0], k.grid[1], k.grid[2], k.threads[0],
+                 k.threads[1], k.threads[2], k.smem);
+    }
+    return 0;
+#endif
+  };
+});
+
+}  // namespace
+}  // namespace lily::cli
