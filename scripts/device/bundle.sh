@@ -10,7 +10,7 @@ grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >> .git/i
 rm -rf .devbin && mkdir -p .devbin/lib .devbin/golden
 cp "$BUILD/tests/test_cuda" .devbin/
 [ -x "$BUILD/lily" ] && cp "$BUILD/lily" .devbin/
-for lib in $(ldd .devbin/test_cuda | awk '/=>/ {print $3}'); do
+for lib in $(ldd .devbin/test_cuda .devbin/lily 2>/dev/null | awk '/=>/ {print $3}' | sort -u); do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*) ;;
     *) cp -L "$lib" .devbin/lib/ ;;

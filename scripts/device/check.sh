@@ -27,11 +27,16 @@ if [ "${LILY_SKIP_BENCH:-0}" != 1 ]; then
   BRC=$?
 fi
 T2=$(date +%s)
+if [ -x .devbin/lily ]; then
+  .devbin/lily inspect --model .devbin/golden/qwen3_5_moe_text-r --context 4096 > "$OUT/inspect.txt" 2>&1
+fi
 echo "=== failures / prints ==="
 grep -E "Failure|Expected|Which is|actual|\[  FAILED|^\[.*\] (prompt|decode)|error" "$OUT/tests.log" | head -60
 echo "=== bench ==="
 grep -E "^\||bench:" "$OUT/bench.log" 2>/dev/null
 tail -3 "$OUT/bench.log" 2>/dev/null
+echo "=== inspect (-r model, first lines) ==="
+head -14 "$OUT/inspect.txt" 2>/dev/null
 echo "=== summary ==="
 cat "$OUT/gpu.txt"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? from .* ran" "$OUT/tests.log" | head -20
