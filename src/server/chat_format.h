@@ -39,8 +39,8 @@ class ChatFormat {
   virtual ~ChatFormat() = default;
   // `messages` and `tools` in OpenAI shape (tool-call arguments already parsed to objects when they
   // were JSON text); `kwargs` are extra template variables (enable_thinking, ...). InputError on bad input.
-  virtual std::string render(const nlohmann::json& messages, const nlohmann::json& tools,
-                             const nlohmann::json& kwargs, bool add_generation_prompt) const = 0;
+  virtual std::string render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                             const nlohmann::ordered_json& kwargs, bool add_generation_prompt) const = 0;
   // A splitter for the text generated after `prompt`. With parse_tools false, tool-call markup stays content.
   virtual std::unique_ptr<OutputStream> output(const std::string& prompt, bool parse_tools) const = 0;
 };

@@ -19,7 +19,7 @@
 
 namespace lily::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 void OutputDelta::append(OutputDelta&& d) {
   content += d.content;
@@ -101,6 +101,7 @@ struct Common {
   std::vector<std::pair<int32_t, float>> logit_bias;
   std::optional<int64_t> max_tokens;
   bool stream = false, include_usage = false;
+  bool cache_prompt = true;  // llama.cpp's field: false skips the prompt cache for this request
 };
 
 Common parse_common(const json& b) {
@@ -152,6 +153,7 @@ Common parse_common(const json& b) {
   else if (field(b, "max_tokens")) (void)integer(b, "max_tokens");
   if (c.max_tokens && *c.max_tokens < 1) bad(field(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens", "the token limit must be at least 1");
   c.stream = boolean(b, "stream").value_or(false);
+  c.cache_prompt = boolean(b, "cache_prompt").value_or(true);
   if (auto* so = field(b, "stream_options")) {
     if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
     c.include_usage = boolean(*so, "include_usage").value_or(false);
@@ -176,6 +178,7 @@ struct Event {
   GenResult result;
   int reasoning_tokens = 0;
   int tool_calls = 0;
+  std::vector<int32_t> ids;  // Final: every generated token id (stop ids excluded)
 };
 
 class Channel {
@@ -244,6 +247,7 @@ class GenJob : public Job {
                           item(t, token_logprob(logits, t), top_logprobs(logits, top_logprobs_))});
     }
     total_bytes_ += bytes.size();
+    ids_.push_back(t);
     if (parser_ && parser_->in_reasoning()) ++reasoning_tokens_;
     Event e;
     std::string txt = filter_.push(bytes);
@@ -265,6 +269,7 @@ class GenJob : public Job {
     f.result = r;
     f.reasoning_tokens = reasoning_tokens_;
     f.tool_calls = parser_ ? parser_->tool_calls() : 0;
+    f.ids = ids_;
     channel.push(std::move(f));
   }
 
@@ -315,6 +320,7 @@ class GenJob : public Job {
   std::deque<Pending> pending_;
   size_t total_bytes_ = 0;
   int reasoning_tokens_ = 0;
+  std::vector<int32_t> ids_;
 };
 
 std::string piece_text(const LogprobItem& it) { return text::utf8_sanitize(it.bytes); }
@@ -496,6 +502,7 @@ struct Server::Impl {
     if (!chat) bad("", "this model has no chat template (give one with --chat-template FILE)", "no_chat_template");
     Common c = parse_common(b);
     bool logprobs = boolean(b, "logprobs").value_or(false);
+    bool return_tokens = boolean(b, "return_tokens").value_or(false);  // llama.cpp's field: generated ids
     int top_lp = int(integer(b, "top_logprobs").value_or(0));
     if (top_lp < 0 || top_lp > 20) bad("top_logprobs", "'top_logprobs' must be between 0 and 20");
     if (field(b, "top_logprobs") && !logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
@@ -538,6 +545,7 @@ struct Server::Impl {
     gp.max_tokens = clip_max_tokens(c, gp.prompt.size());
     gp.sampling = c.sampling;
     gp.logit_bias = c.logit_bias;
+    gp.use_cache = c.cache_prompt;
     gp.sample_vocab = int32_t(std::min<int64_t>(tok->vocab_size(), vocab()));
     gp.stop_ids = stop_ids();
     auto job = std::make_shared<GenJob>(std::move(gp), tok, c.stops, chat->output(prompt, !tools.empty()),
@@ -644,6 +652,7 @@ struct Server::Impl {
       }
       json choice = {{"index", 0}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_reason(*ev)}};
       if (logprobs) choice["logprobs"] = {{"content", lp_content}};
+      if (return_tokens) choice["tokens"] = ev->ids;
       json out = {{"id", id}, {"object", "chat.completion"}, {"created", created_at}, {"model", model},
                   {"system_fingerprint", "lily"}, {"choices", json::array({choice})},
                   {"usage", usage_json(r, ev->reasoning_tokens)}, {"timings", timings_json(r)}};
@@ -808,6 +817,7 @@ struct Server::Impl {
       if (decodable) prompt_text = tok->decode(gp.prompt);
     }
     bool echo = boolean(b, "echo").value_or(false);
+    bool return_tokens = boolean(b, "return_tokens").value_or(false);
     int lp = -1;
     if (auto* l = field(b, "logprobs")) {
       if (l->is_boolean()) lp = l->get<bool>() ? 0 : -1;
@@ -820,6 +830,7 @@ struct Server::Impl {
     if (!c.max_tokens) gp.max_tokens = std::min<int64_t>(gp.max_tokens, 16);  // OpenAI's default for completions
     gp.sampling = c.sampling;
     gp.logit_bias = c.logit_bias;
+    gp.use_cache = c.cache_prompt;
     if (tok) gp.sample_vocab = int32_t(std::min<int64_t>(tok->vocab_size(), vocab()));
     gp.stop_ids = stop_ids();
     gp.prompt_logits = echo && lp >= 0;
@@ -927,6 +938,7 @@ struct Server::Impl {
         }
         std::string full = echo ? prompt_text + text_out : text_out;
         json choice = {{"index", 0}, {"text", full}, {"logprobs", lpj}, {"finish_reason", r.finish_reason}};
+        if (return_tokens) choice["tokens"] = ev->ids;
         json out = {{"id", id}, {"object", "text_completion"}, {"created", created_at}, {"model", model},
                     {"choices", json::array({choice})}, {"usage", usage_json(r, 0)}, {"timings", timings_json(r)}};
         res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
