@@ -188,6 +188,7 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
       std::signal(SIGINT, old);
       pr.end_reasoning();
       fmt::print("\n");
+      std::fflush(stdout);
       if (g_interrupted) fmt::print(stderr, "[stopped]\n");
       nlohmann::ordered_json reply = {{"role", "assistant"}, {"content", turn.content}};
       if (!turn.reasoning.empty()) reply["reasoning_content"] = turn.reasoning;

@@ -17,9 +17,9 @@ struct Run {
   std::string out;
 };
 
-Run run(const std::string& args) {
+Run run(const std::string& args, bool with_stderr = false) {
   const char* bin = std::getenv("LILY_BIN");
-  std::string cmd = std::string(bin) + " " + args + " 2>/dev/null";
+  std::string cmd = std::string(bin) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
   FILE* p = popen(cmd.c_str(), "r");
   Run r{-1, {}};
   if (!p) return r;
@@ -93,4 +93,16 @@ TEST(Cli, RenderMatchesReference) {
                 " --chat-template " + q(bad))
                 .rc,
             2);
+}
+
+TEST(Cli, ChatWithDemoModel) {
+  LILY_REQUIRE_BIN();
+  auto in = tmp_file("chat.txt", "Hello there\nSecond turn\n/reset\nThird turn\n/exit\n");
+  auto r = run("chat --tokenizer " + q(qwen3_dir().string()) + " --max-tokens 4 --ctx-size 2048 --temperature 0 < " + q(in), true);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  size_t answers = 0;
+  for (size_t p = r.out.find("tok/s]"); p != std::string::npos; p = r.out.find("tok/s]", p + 1)) ++answers;
+  EXPECT_EQ(answers, 3u) << r.out;
+  EXPECT_EQ(r.out.find("<|im_start|>"), std::string::npos) << "special tokens are not printed";
+  std::filesystem::remove(in);
 }
