@@ -56,13 +56,16 @@ fi
 RES="$WORK/results-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$RES"
 for ((r = 1; r <= ROUNDS; r++)); do
+  echo "lily-$r start $(cut -d' ' -f1-3 /proc/loadavg)" >> "$RES/loadavg.txt"
   log "round $r/$ROUNDS: lily"
   "$LILY" --threads "$THREADS" bench --model "$A4" --prefill "$PREFILL" --decode-context "$DECODE" \
     --repeats "$REPEATS" --decode-tokens "$DTOK" --json > "$RES/lily-$r.json"
+  echo "llama-$r start $(cut -d' ' -f1-3 /proc/loadavg)" >> "$RES/loadavg.txt"
   log "round $r/$ROUNDS: llama.cpp"
   "$PEER" bench --model "$GG" --threads "$THREADS" --prefill "$PREFILL" --decode-context "$DECODE" \
     --repeats "$REPEATS" --decode-tokens "$DTOK" > "$RES/llama-$r.json"
 done
+echo "end $(cut -d' ' -f1-3 /proc/loadavg)" >> "$RES/loadavg.txt"
 
 python3 - "$RES" "$ROUNDS" "$THREADS" "$PRESET" "$MD" <<'EOF'
 import json, statistics, sys, platform, os
@@ -78,9 +81,11 @@ try:
     cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
 except Exception:
     pass
+loads = [l.split()[-3] for l in open(f"{res}/loadavg.txt")]
 lines = [f"CPU: {cpu}, {threads} threads; model: synth `{preset}` "
          f"({L[0]['weight_bytes']/1e9:.2f} GB affine4 in lily); {rounds} alternating rounds, median of rounds "
-         f"(each round itself a median of repeats); lily copy bandwidth {L[0]['copy_bandwidth_bytes_per_s']/1e9:.1f} GB/s",
+         f"(each round itself a median of repeats); lily copy bandwidth {L[0]['copy_bandwidth_bytes_per_s']/1e9:.1f} GB/s; "
+         f"1-minute load average at the start of each run: {', '.join(loads)} (the host has {os.cpu_count()} cores)",
          "",
          "| figure | lily affine4 tok/s | llama.cpp Q4_0 tok/s | lily / llama.cpp | lily % of memory roofline |",
          "|---|---:|---:|---:|---:|"]

@@ -8,6 +8,9 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 DIR="${LILY_PEERS_DIR:-$ROOT/.cache/llamacpp}"
 VER="${LLAMACPP_NPM_VERSION:-3.22.1}"
 mkdir -p "$DIR"
+# One fetch at a time (parallel ctest runs share the directory).
+exec 9>"$DIR/.lock"
+flock 9
 if [[ ! -f "$DIR/src/include/llama.h" || ! -d "$DIR/libs" ]]; then
   command -v npm >/dev/null || { echo "fetch.sh: npm not found" >&2; exit 3; }
   tmp="$(mktemp -d "$DIR/tmp.XXXX")"

@@ -52,8 +52,10 @@ class LlamaCpp : public ::testing::Test {
     while (!dir.empty() && (dir.back() == '\n' || dir.back() == '\r')) dir.pop_back();
     dir = dir.substr(dir.find_last_of('\n') == std::string::npos ? 0 : dir.find_last_of('\n') + 1);
     const std::string build = std::string(LILY_BINARY_DIR) + "/peers";
-    std::string log = run("cmake -S " + src + "/bench/peers -B " + build + " -DLLAMA_SRC=" + dir + "/src -DLLAMA_LIBS=" + dir +
-                              "/libs > /dev/null && cmake --build " + build,
+    fs::create_directories(build);
+    // flock: ctest may run these tests in parallel processes sharing the build directory.
+    std::string log = run("flock " + build + "/.lock -c 'cmake -S " + src + "/bench/peers -B " + build + " -DLLAMA_SRC=" + dir +
+                              "/src -DLLAMA_LIBS=" + dir + "/libs > /dev/null && cmake --build " + build + "'",
                           &rc);
     if (rc != 0) {
       build_error_ = "building bench/peers failed:\n" + log;
