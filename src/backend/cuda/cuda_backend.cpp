@@ -159,6 +159,8 @@ class CudaBackend final : public Backend {
   }
 };
 
+bool same_format(const Linear& a, const Linear& b);
+
 // ---------------------------------------------------------------------------------------------
 CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOptions& opt) : w_(std::move(w)), opt_(opt) {
   LILY_CU(cudaSetDevice(opt_.device));
@@ -214,7 +216,13 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
       m.E = int(F.experts.size()); m.k = int(c.top_k); m.norm_topk = c.norm_topk;
       if (m.k > 64 || m.k > m.E) fail("CUDA backend: num_experts_per_tok {} must be <= 64 and <= num_experts", m.k);
       m.I = int(F.experts.at(0).gate.out);
-      m.router = upload(F.router);
+      // the shared-expert gate rides along as router row E when both share a format (one GEMV fewer)
+      if (!F.shared_gate.empty() && same_format(F.router, F.shared_gate)) {
+        m.router = upload({&F.router, &F.shared_gate});
+        m.gate_in_router = true;
+      } else {
+        m.router = upload(F.router);
+      }
       std::vector<const Linear*> gu, dn;
       for (const Expert& ex : F.experts) {
         if (ex.gate.out != m.I || ex.down.in != m.I) fail("CUDA backend: experts of layer {} differ in size", l);
@@ -230,7 +238,7 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
         mp->qstride = rows * mp->row_words;
         mp->sstride = mp->affine ? rows * (in / mp->gs) : 0;
       }
-      if (!F.shared_gate.empty()) m.sh_gate = upload(F.shared_gate);
+      if (!F.shared_gate.empty()) m.sh_gate = m.gate_in_router ? m.router : upload(F.shared_gate);
     }
     if (!F.shared.gate.empty()) {
       m.Is = int(F.shared.gate.out);
@@ -249,7 +257,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(stream_);
 }
 
-static bool same_format(const Linear& a, const Linear& b) {
+bool same_format(const Linear& a, const Linear& b) {
   if (a.in != b.in || a.format != b.format) return false;
   if (a.format != WeightFormat::Affine) return true;
   return a.affine->bits == b.affine->bits && a.affine->group_size == b.affine->group_size;

@@ -35,7 +35,7 @@ GdnScratch layout(const GdnDev& d, int T, void* base) {
 
 // y[t, c] = silu(sum_j w[c, j] · s[t - K + 1 + j, c]); s[<0] from the conv state. 32 rows per thread.
 __global__ void conv_kernel(const float* __restrict__ proj, int64_t ldp, int T, int C, int K, const float* __restrict__ w,
-                            const float* __restrict__ state, float* __restrict__ y) {
+                            float* __restrict__ state, float* __restrict__ y, bool write_state) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int t0 = blockIdx.y * 32, t1 = min(T, t0 + 32);
@@ -50,6 +50,9 @@ __global__ void conv_kernel(const float* __restrict__ proj, int64_t ldp, int T, 
     for (int j = 0; j < K; ++j) acc += wc[j] * win[j];
     y[int64_t(t) * C + c] = silu(acc);
     for (int j = 0; j < K - 1; ++j) win[j] = win[j + 1];
+  }
+  if (write_state) {  // one row-chunk only (T <= 32): this thread read every input of channel c already
+    for (int j = 0; j < K - 1; ++j) state[int64_t(j) * C + c] = win[j];
   }
 }
 
@@ -308,10 +311,13 @@ void gdn_core(const GdnDev& g, const float* proj, int T, float* conv_state, floa
   GdnScratch sc = layout(g, T, scratch);
   const int C = g.C();
   const int64_t ldp = g.proj_width();
-  conv_kernel<<<dim3(cdiv(C, 128), cdiv(T, 32)), 128, 0, s>>>(proj, ldp, T, C, g.K, g.conv, conv_state, sc.conv_out);
+  const bool one_chunk = T <= 32;  // then the conv kernel also writes the new conv state
+  conv_kernel<<<dim3(cdiv(C, 128), cdiv(T, 32)), 128, 0, s>>>(proj, ldp, T, C, g.K, g.conv, conv_state, sc.conv_out, one_chunk);
   LILY_CU_LAUNCH();
-  conv_state_kernel<<<cdiv(C, 128), 128, 0, s>>>(proj, ldp, T, C, g.K, conv_state);
-  LILY_CU_LAUNCH();
+  if (!one_chunk) {
+    conv_state_kernel<<<cdiv(C, 128), 128, 0, s>>>(proj, ldp, T, C, g.K, conv_state);
+    LILY_CU_LAUNCH();
+  }
   if (T >= chunk_min && g.dk <= kChunkMaxDk) {
     prep_kernel<<<T, 256, 0, s>>>(sc.conv_out, proj, ldp, T, g.Hk, g.Hv, g.dk, g.dv, g.dt_bias, g.A_neg, sc.qn, sc.kn, sc.g, sc.beta);
     LILY_CU_LAUNCH();

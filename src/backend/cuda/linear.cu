@@ -193,7 +193,8 @@ void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const floa
     if ((W.bits != 4 && W.bits != 8) || in % 32 != 0 || W.gs % 32 != 0 || W.row_words % 4 != 0 || W.qstride % 4 != 0 ||
         !aligned16(W.q))
       fail_internal("affine GEMV: needs bits 4 or 8, in and group size multiples of 32, 16-byte aligned rows");
-    const size_t smem = sizeof(float) * size_t(in);
+    const int block = 32 * (128 / W.bits);  // the staged row is laid out in blocks of 32 uint4 of codes
+    const size_t smem = sizeof(float) * size_t((in + block - 1) / block * block);
     if (W.bits == 4)
       gemv_kernel<4><<<grid, threads, smem, s>>>(W, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I);
     else

@@ -24,7 +24,7 @@ MoeScratch layout(const MoeDev& m, int T, void* base) {
   size_t off = 0;
   auto take = [&](size_t bytes) { char* r = p ? p + off : nullptr; off += (bytes + 255) & ~size_t(255); return r; };
   const size_t n = size_t(T) * size_t(m.k);
-  s.logits = reinterpret_cast<float*>(take(sizeof(float) * size_t(T) * m.E));
+  s.logits = reinterpret_cast<float*>(take(sizeof(float) * size_t(T) * (m.E + 1)));
   s.w = reinterpret_cast<float*>(take(sizeof(float) * n));
   s.idx = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * n));
   s.slot_pos = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * n));
@@ -43,64 +43,49 @@ MoeScratch layout(const MoeDev& m, int T, void* base) {
   return s;
 }
 
-// One block per token: top-k of the router logits (ties: lowest index) and their routing weights.
-__global__ void topk_kernel(const float* __restrict__ logits, int E, int k, bool norm_topk, int32_t* __restrict__ idx,
-                            float* __restrict__ wout) {
-  extern __shared__ float sl[];
-  __shared__ float red[32];
-  __shared__ int redi[32];
-  __shared__ float selv[64];
-  const float* l = logits + int64_t(blockIdx.x) * E;
+// One warp per token: top-k of the router logits (ties: lowest index) and their routing weights.
+// Lane l holds logits l, l + 32, ... (E <= 32 · kMaxPerLane) in registers; no block barriers.
+constexpr int kMaxPerLane = 16;
+__global__ void topk_kernel(const float* __restrict__ logits, int64_t ld, int E, int k, bool norm_topk,
+                            int32_t* __restrict__ idx, float* __restrict__ wout) {
+  const int t = blockIdx.x, lane = threadIdx.x;  // one warp per block
+  const float* l = logits + int64_t(t) * ld;
+  float v[kMaxPerLane];
   float mx = -INFINITY;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) { sl[e] = l[e]; mx = fmaxf(mx, l[e]); }
-  // max over the block
-  mx = warp_max(mx);
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  if (lane == 0) red[wid] = mx;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float v = lane < nw ? red[lane] : -INFINITY;
-    v = warp_max(v);
-    if (lane == 0) red[0] = v;
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < E ? l[e] : -INFINITY;
+    mx = fmaxf(mx, v[i]);
   }
-  __syncthreads();
-  const float gmax = red[0];
+  const float gmax = warp_max(mx);
   float se = 0.f;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) se += expf(sl[e] - gmax);
-  __syncthreads();
-  const float total = block_sum(se, red);
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) se += lane + 32 * i < E ? expf(v[i] - gmax) : 0.f;
+  const float total = warp_sum(se);
+  float first = 0.f, denom = 0.f, mine = 0.f;
+  int myidx = 0;
   for (int j = 0; j < k; ++j) {
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-      if (sl[e] > best) { best = sl[e]; bi = e; }
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i)
+      if (v[i] > best) { best = v[i]; bi = lane + 32 * i; }
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, best, o);
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
       if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
     }
-    __syncthreads();
-    if (lane == 0) { red[wid] = best; redi[wid] = bi; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float b = red[0];
-      int i = redi[0];
-      for (int q = 1; q < nw; ++q)
-        if (red[q] > b || (red[q] == b && redi[q] < i)) { b = red[q]; i = redi[q]; }
-      idx[int64_t(blockIdx.x) * k + j] = i;
-      selv[j] = b;
-      sl[i] = -INFINITY;
-    }
-    __syncthreads();
+    if (j == 0) first = best;
+    denom += expf(best - first);
+    if (lane == j) { mine = best; myidx = bi; }
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i)
+      if (lane + 32 * i == bi) v[i] = -INFINITY;
   }
-  if (threadIdx.x == 0) {
-    float denom = 0.f;
-    if (norm_topk) {
-      for (int j = 0; j < k; ++j) denom += expf(selv[j] - selv[0]);
-      for (int j = 0; j < k; ++j) wout[int64_t(blockIdx.x) * k + j] = expf(selv[j] - selv[0]) / denom;
-    } else {
-      for (int j = 0; j < k; ++j) wout[int64_t(blockIdx.x) * k + j] = expf(selv[j] - gmax) / total;
-    }
+  if (lane < k) {
+    idx[int64_t(t) * k + lane] = myidx;
+    wout[int64_t(t) * k + lane] = norm_topk ? expf(mine - first) / denom : expf(mine - gmax) / total;
   }
 }
 
@@ -149,9 +134,9 @@ __global__ void swiglu_kernel(const float* __restrict__ gu, int I, int64_t rows,
 // x[t] += sum_j w[t,j] · yb[slot_pos(t,j)] + gate(t) · ysh[t]
 __global__ void combine_kernel(float* __restrict__ x, int H, int k, const float* __restrict__ w,
                                const int32_t* __restrict__ slot_pos, const float* __restrict__ yb,
-                               const float* __restrict__ ysh, const float* __restrict__ sg) {
+                               const float* __restrict__ ysh, const float* __restrict__ sg, int sg_ld) {
   const int t = blockIdx.x;
-  const float g = sg ? sigmoid(sg[t]) : 1.f;
+  const float g = sg ? sigmoid(sg[int64_t(t) * sg_ld]) : 1.f;
   float* xr = x + int64_t(t) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) {
     float acc = xr[i];
@@ -184,15 +169,18 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
       LILY_CU_LAUNCH();
     }
     linear(m.sh_down, H, m.Is, sc.sh_h, m.Is, T, sc.ysh, H, false, s);
-    if (has(m.sh_gate)) linear(m.sh_gate, 1, H, u, H, T, sc.sg, 1, false, s);
+    if (has(m.sh_gate) && !m.gate_in_router) linear(m.sh_gate, 1, H, u, H, T, sc.sg, 1, false, s);
   }
   if (!m.moe) {
-    combine_kernel<<<T, 256, 0, s>>>(x, H, 0, sc.w, nullptr, sc.yb, has_shared ? sc.ysh : nullptr, nullptr);
+    combine_kernel<<<T, 256, 0, s>>>(x, H, 0, sc.w, nullptr, sc.yb, has_shared ? sc.ysh : nullptr, nullptr, 1);
     LILY_CU_LAUNCH();
     return;
   }
-  linear(m.router, m.E, H, u, H, T, sc.logits, m.E, false, s);
-  topk_kernel<<<T, 256, sizeof(float) * m.E, s>>>(sc.logits, m.E, m.k, m.norm_topk, sc.idx, sc.w);
+  // router rows [0, E) (+ the shared-expert gate as row E when gate_in_router)
+  const int ldl = m.gate_in_router ? m.E + 1 : m.E;
+  linear(m.router, ldl, H, u, H, T, sc.logits, ldl, false, s);
+  if (m.E > 32 * kMaxPerLane || m.k > 32) fail_internal("moe: at most 512 experts and top-32 on CUDA");
+  topk_kernel<<<T, 32, 0, s>>>(sc.logits, ldl, m.E, m.k, m.norm_topk, sc.idx, sc.w);
   LILY_CU_LAUNCH();
   const int n = T * m.k;
   const int32_t* pos = nullptr;
@@ -210,8 +198,9 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
     gemm_tiles(m.down, H, m.I, sc.h, m.I, nullptr, sc.yb, H, false, sc.tiles, sc.n_tiles, mt, n, s);
     pos = sc.slot_pos;
   }
-  combine_kernel<<<T, 256, 0, s>>>(x, H, m.k, sc.w, pos, sc.yb, has_shared ? sc.ysh : nullptr,
-                                   has_shared && has(m.sh_gate) ? sc.sg : nullptr);
+  const float* sg = !(has_shared && has(m.sh_gate)) ? nullptr : m.gate_in_router ? sc.logits + m.E : sc.sg;
+  combine_kernel<<<T, 256, 0, s>>>(x, H, m.k, sc.w, pos, sc.yb, has_shared ? sc.ysh : nullptr, sg,
+                                   m.gate_in_router ? ldl : 1);
   LILY_CU_LAUNCH();
 }
 

@@ -89,6 +89,7 @@ struct MoeDev {
   Mat sh_gate_up;  // [2Is, H] shared expert (or the dense MLP); absent when Is == 0
   Mat sh_down;     // [H, Is]
   Mat sh_gate;     // [1, H] sigmoid gate of the shared expert; absent (no pointer): weight 1
+  bool gate_in_router = false;  // router holds E + 1 rows, the last one the shared-expert gate
 };
 size_t moe_scratch_bytes(const MoeDev& m, int T);
 // x[t] += MoE(u[t]) for t < T. Routing stays on the device (no host synchronisation).
