@@ -2,6 +2,7 @@
 // KL must order EXL3 K2 > K3 > K4 > K5, and EXL3 K4 must beat MLX affine 4-bit g64 (fewer bits per weight).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include "core/mapped_file.h"
 #include "model/weights.h"
 #include "quant/affine/affine.h"
+#include "tools/calibrate.h"
 #include "tools/eval.h"
 #include "tools/quantize.h"
 
@@ -111,4 +113,28 @@ TEST(QuantizeModel, KlOrderingExl3VsAffine) {
   EXPECT_GT(kl[3], kl[4]);
   EXPECT_GT(kl[4], kl[5]);
   EXPECT_LT(kl[4], kl_aff);
+}
+
+TEST(QuantizeModel, CalibrationHessians) {
+  const std::string m = "qwen3_next-a";
+  auto ids = prompt_ids(m);
+  const std::string f = tmpdir("cal_ids.txt");
+  {
+    std::ofstream o(f);
+    for (auto t : ids) o << t << ", ";
+  }
+  const std::string q = "model.layers.3.self_attn.q_proj", k = "model.layers.3.self_attn.k_proj";
+  const std::string qkvz = "model.layers.0.linear_attn.in_proj_qkvz", down = "model.layers.1.mlp.experts.2.down_proj";
+  auto H = capture_hessians(golden(m), f, 1000, {q, k, qkvz, down, "lm_head"});
+  fs::remove(f);
+  ASSERT_TRUE(H.count(q) && H.count(k) && H.count(qkvz) && H.count("lm_head"));
+  const auto& hq = H[q];
+  ASSERT_EQ(hq.size(), size_t(128 * 128));
+  // q and k read the same normed hidden states: identical Hessians; symmetric with a positive diagonal
+  EXPECT_EQ(hq, H[k]);
+  for (int i = 0; i < 128; ++i) {
+    EXPECT_GT(hq[size_t(i * 129)], 0.0);
+    for (int j = 0; j < i; ++j) EXPECT_NEAR(hq[size_t(i * 128 + j)], hq[size_t(j * 128 + i)], 1e-9 * (1 + std::fabs(hq[size_t(i * 128 + j)])));
+  }
+  if (H.count(down)) EXPECT_EQ(H[down].size(), size_t(64 * 64));  // an expert sees only its routed tokens
 }
