@@ -1,25 +1,46 @@
 #include "server/chat_format.h"
 
 #include <filesystem>
+#include <random>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "text/chat_template.h"
+#include "text/output_parser.h"
 
 namespace lily::server {
 
 namespace {
 
-// Interim splitter: everything is content.
-class PlainOutput : public OutputStream {
+// The text layer's incremental parser, in the server's delta shape. Each finished call gets an id.
+class ParserOutput : public OutputStream {
  public:
-  OutputDelta push(std::string_view text) override {
-    OutputDelta d;
-    d.content = std::string(text);
-    return d;
+  explicit ParserOutput(text::OutputParserOptions o) : p_(std::move(o)) {}
+  OutputDelta push(std::string_view text) override { return convert(p_.feed(text)); }
+  OutputDelta finish() override { return convert(p_.finish()); }
+  bool in_reasoning() const override { return p_.in_reasoning(); }
+  int tool_calls() const override { return calls_; }
+
+ private:
+  OutputDelta convert(text::ParsedDelta&& d) {
+    OutputDelta o;
+    o.content = std::move(d.content);
+    o.reasoning = std::move(d.reasoning);
+    for (auto& tc : d.tool_calls) {
+      ToolCallDelta t;
+      t.index = calls_++;
+      t.id = fmt::format("call_{:016x}", rng_());
+      t.name = tc.name;
+      t.arguments = tc.arguments.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+      t.first = true;
+      o.tool_calls.push_back(std::move(t));
+    }
+    return o;
   }
-  OutputDelta finish() override { return {}; }
-  bool in_reasoning() const override { return false; }
-  int tool_calls() const override { return 0; }
+  text::OutputParser p_;
+  int calls_ = 0;
+  std::mt19937_64 rng_{std::random_device{}()};
 };
 
 class TemplateFormat : public ChatFormat {
@@ -31,8 +52,13 @@ class TemplateFormat : public ChatFormat {
     return tpl_.render(messages, tools.empty() ? nlohmann::ordered_json() : tools, add_generation_prompt, kwargs);
   }
 
-  std::unique_ptr<OutputStream> output(const std::string& prompt, bool parse_tools) const override {
-    return std::make_unique<PlainOutput>();
+  std::unique_ptr<OutputStream> output(const std::string& prompt, const nlohmann::ordered_json& tools) const override {
+    text::OutputParserOptions o;
+    o.parse_reasoning = true;
+    o.start_in_reasoning = text::prompt_opens_thinking(prompt);
+    o.parse_tool_calls = tools.is_array() && !tools.empty();
+    o.tools = o.parse_tool_calls ? tools : nlohmann::ordered_json();
+    return std::make_unique<ParserOutput>(std::move(o));
   }
 
  private:

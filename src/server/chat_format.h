@@ -11,7 +11,8 @@
 namespace lily::server {
 
 // One piece of a streamed tool call, in OpenAI's delta shape: the first piece of call `index`
-// carries id and name; later pieces append to `arguments` (concatenated: one JSON object).
+// carries id and name; later pieces append to `arguments` (concatenated: one JSON object). Calls are
+// sent once complete, so each call is one piece holding all of its arguments.
 struct ToolCallDelta {
   int index = 0;
   std::string id, name, arguments;
@@ -41,8 +42,9 @@ class ChatFormat {
   // were JSON text); `kwargs` are extra template variables (enable_thinking, ...). InputError on bad input.
   virtual std::string render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                              const nlohmann::ordered_json& kwargs, bool add_generation_prompt) const = 0;
-  // A splitter for the text generated after `prompt`. With parse_tools false, tool-call markup stays content.
-  virtual std::unique_ptr<OutputStream> output(const std::string& prompt, bool parse_tools) const = 0;
+  // A splitter for the text generated after `prompt`. `tools` (the request's, OpenAI shape) turns on
+  // tool-call parsing and types the arguments; with none, tool-call markup stays content.
+  virtual std::unique_ptr<OutputStream> output(const std::string& prompt, const nlohmann::ordered_json& tools) const = 0;
 };
 
 // The model's format from tokenizer_config.json (chat_template) in `dir`, or `template_file` when given.

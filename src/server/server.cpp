@@ -548,7 +548,7 @@ struct Server::Impl {
     gp.use_cache = c.cache_prompt;
     gp.sample_vocab = int32_t(std::min<int64_t>(tok->vocab_size(), vocab()));
     gp.stop_ids = stop_ids();
-    auto job = std::make_shared<GenJob>(std::move(gp), tok, c.stops, chat->output(prompt, !tools.empty()),
+    auto job = std::make_shared<GenJob>(std::move(gp), tok, c.stops, chat->output(prompt, tools),
                                         logprobs ? top_lp : -1, c.stream);
     submit(job);
 

@@ -1,0 +1,50 @@
+// Opens the chat page in headless Chromium (DevTools protocol over --remote-debugging-pipe, no npm
+// packages), lets it send one message (?q=...), and waits until the streamed answer is complete.
+// Usage: node chromium_page.mjs CHROMIUM URL USER_DATA_DIR
+// Prints one JSON line: {done, chunks, content, error, partial} where `partial` says a poll saw the
+// answer while it was still streaming. Exits 1 on timeout.
+import { spawn } from "node:child_process";
+
+const [browser, url, userDir] = process.argv.slice(2);
+const chrome = spawn(browser, [
+  "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+  "--disable-sync", "--no-first-run", `--user-data-dir=${userDir}`, "--remote-debugging-pipe", "about:blank",
+], { stdio: ["ignore", "ignore", "ignore", "pipe", "pipe"] });
+const toChrome = chrome.stdio[3], fromChrome = chrome.stdio[4];
+const done = (code, line) => { if (line) console.log(line); chrome.kill("SIGKILL"); process.exit(code); };
+setTimeout(() => done(1, JSON.stringify({ error: "timeout" })), 60_000);
+
+let nextId = 0, buf = Buffer.alloc(0);
+const waiting = new Map();
+fromChrome.on("data", (d) => {
+  buf = Buffer.concat([buf, d]);
+  let i;
+  while ((i = buf.indexOf(0)) >= 0) {
+    const msg = JSON.parse(buf.subarray(0, i).toString());
+    buf = buf.subarray(i + 1);
+    if (msg.id && waiting.has(msg.id)) { waiting.get(msg.id)(msg); waiting.delete(msg.id); }
+  }
+});
+const send = (method, params = {}, sessionId) => new Promise((resolve) => {
+  const m = { id: ++nextId, method, params };
+  if (sessionId) m.sessionId = sessionId;
+  waiting.set(m.id, resolve);
+  toChrome.write(JSON.stringify(m) + "\0");
+});
+
+const { result: { targetId } } = await send("Target.createTarget", { url });
+const { result: { sessionId } } = await send("Target.attachToTarget", { targetId, flatten: true });
+const probe = `(() => {
+  const a = document.querySelector(".msg.assistant");
+  if (!a) return null;
+  return { done: a.dataset.done === "1", chunks: Number(a.dataset.chunks || 0),
+           content: a.querySelector(".content").textContent, error: a.classList.contains("error") };
+})()`;
+let partial = false;
+for (;;) {
+  const r = await send("Runtime.evaluate", { expression: probe, returnByValue: true }, sessionId);
+  const v = r.result && r.result.result && r.result.result.value;
+  if (v && !v.done && v.content.length > 0) partial = true;
+  if (v && v.done) done(0, JSON.stringify({ ...v, partial }));
+  await new Promise((res) => setTimeout(res, 20));
+}
