@@ -172,8 +172,13 @@ class Lexer {
     }
   }
 
+  // A tag holds at most this many tokens, which bounds expression trees (and the recursion over them).
+  static constexpr size_t kMaxTagTokens = 4000;
+
   void lex_expr(char close, Pos open_pos) {
+    size_t first = out_.size();
     while (true) {
+      if (out_.size() - first > kMaxTagTokens) error(open_pos, "tag has more than 4000 tokens");
       while (p_ < src_.size() && std::isspace(uint8_t(src_[p_]))) ++p_;
       if (p_ >= src_.size()) error(open_pos, close == '%' ? "unclosed {% tag" : "unclosed {{ expression");
       Pos ps = pos_at(p_);
@@ -329,6 +334,16 @@ class Parser {
   std::vector<Token> t_;
   const std::string& name_;
   size_t i_ = 0;
+  int depth_ = 0;
+
+  // Bounds the parser's recursion (and so the interpreter's) on deeply nested input.
+  struct Nest {
+    Parser& p;
+    Nest(Parser& parser) : p(parser) {
+      if (++p.depth_ > 200) p.error(p.cur(), "template nested too deeply");
+    }
+    ~Nest() { --p.depth_; }
+  };
 
   const Token& cur() const { return t_[i_]; }
   const Token& next() { return t_[i_++]; }
@@ -402,6 +417,7 @@ class Parser {
   }
 
   NodeP parse_statement() {
+    Nest nest(*this);
     const Token& open = next();  // BlockBegin
     const Token& kwt = cur();
     if (kwt.type != Tok::Name) error(kwt, "expected a statement name" + got());
@@ -579,6 +595,7 @@ class Parser {
   }
 
   NodeP parse_expr(bool with_cond = true) {
+    Nest nest(*this);
     auto e = parse_or();
     if (!with_cond) return e;
     while (is_name("if")) {
@@ -617,6 +634,7 @@ class Parser {
     return l;
   }
   NodeP parse_not() {
+    Nest nest(*this);
     if (is_name("not")) {
       auto n = node(NK::Not, cur());
       ++i_;
@@ -695,6 +713,7 @@ class Parser {
     return l;
   }
   NodeP parse_unary(bool with_filter = true) {
+    Nest nest(*this);
     NodeP n;
     if (is_op("-") || is_op("+")) {
       n = node(is_op("-") ? NK::Neg : NK::Pos, cur());
@@ -907,6 +926,7 @@ struct Ctx {
 
 struct Interp {
   const std::string& name;
+  mutable int eval_depth = 0;  // bounds recursion on long operator chains such as 1+1+...+1
 
   [[noreturn]] void error(const Node& n, const std::string& msg) const {
     fail("{} line {}, column {}: {}", name, n.line, n.col, msg);
@@ -1154,6 +1174,16 @@ struct Interp {
   // ---- evaluation
 
   Value eval(const Node& n, Ctx& c) const {
+    if (eval_depth >= 1000) error(n, "expression nested too deeply");
+    ++eval_depth;
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{eval_depth};
+    return eval_node(n, c);
+  }
+
+  Value eval_node(const Node& n, Ctx& c) const {
     switch (n.kind) {
       case NK::Literal: return n.lit;
       case NK::Name: return lookup(c, n.str);

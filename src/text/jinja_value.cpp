@@ -4,6 +4,8 @@
 #include <cstdio>
 
 #include "text/jinja_value.h"
+
+#include "core/error.h"
 #include "text/utf8.h"
 
 namespace lily::text::jinja {
@@ -23,7 +25,21 @@ bool Value::truthy() const {
   return false;
 }
 
+namespace {
+// Recursion bound for converting and printing nested values.
+constexpr int kMaxDepth = 512;
+struct DepthGuard {
+  static inline thread_local int depth = 0;
+  DepthGuard() {
+    if (depth >= kMaxDepth) throw InputError("value nested more than 512 levels deep");
+    ++depth;
+  }
+  ~DepthGuard() { --depth; }
+};
+}  // namespace
+
 Value from_json(const nlohmann::ordered_json& j) {
+  DepthGuard guard;
   switch (j.type()) {
     case nlohmann::json::value_t::null: return Value::none();
     case nlohmann::json::value_t::boolean: return Value(j.get<bool>());
@@ -94,7 +110,10 @@ std::string float_repr(double d) {
     }
   } else {
     out = digits.substr(0, 1);
-    if (digits.size() > 1) out += "." + digits.substr(1);
+    if (digits.size() > 1) {
+      out += '.';
+      out.append(digits, 1, std::string::npos);
+    }
     char eb[16];
     std::snprintf(eb, sizeof eb, "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
     out += eb;
@@ -121,6 +140,7 @@ static std::string str_repr(const std::string& s) {
 }
 
 std::string repr(const Value& v) {
+  DepthGuard guard;
   switch (v.kind) {
     case Value::Str: return str_repr(v.s);
     case Value::Arr: {
@@ -182,9 +202,12 @@ static void json_str(std::string& out, const std::string& s) {
 
 std::string dumps(const Value& v, int indent, const std::string& item_sep, const std::string& key_sep, bool sort_keys,
                   int depth) {
+  DepthGuard guard;
   std::string out;
   auto nl = [&](int d) {
-    if (indent >= 0) out += "\n" + std::string(size_t(indent) * size_t(d), ' ');
+    if (indent < 0) return;
+    out += '\n';
+    out.append(size_t(indent) * size_t(d), ' ');
   };
   switch (v.kind) {
     case Value::Undefined:

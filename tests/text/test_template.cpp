@@ -133,6 +133,21 @@ TEST(Jinja, FuzzParserNeverCrashes) {
     } catch (const lily::InputError&) {
     }
   }
+  // Deep nesting is an error, not a stack overflow.
+  EXPECT_NE(error_of("{{ " + std::string(1000, '(') + "1" + std::string(1000, ')') + " }}").find("nested too deeply"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ " + std::string(3000, '-') + "1 }}").find("nested too deeply"), std::string::npos);
+  EXPECT_NE(error_of("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}").find("more than 4000 tokens"),
+            std::string::npos);
+  std::string chain = "{{ 1";
+  for (int k = 0; k < 1900; ++k) chain += "+1";
+  EXPECT_NE(error_of(chain + " }}").find("nested too deeply"), std::string::npos);
+  std::string deep_if;
+  for (int k = 0; k < 5000; ++k) deep_if += "{% if true %}";
+  EXPECT_NE(error_of(deep_if).find("nested too deeply"), std::string::npos);
+  ojson deep = ojson::array();
+  for (int k = 0; k < 600; ++k) deep = ojson::array({deep});
+  EXPECT_NE(error_of("{{ x | tojson }}", ojson{{"x", deep}}).find("nested"), std::string::npos);
   // Mutations of the real Qwen3.5-style template.
   std::string base = slurp(data_dir() / "qwen3.5-style.jinja");
   for (int iter = 0; iter < 300; ++iter) {
