@@ -134,6 +134,25 @@ void copy_side_files(const std::string& from, const std::string& to) {
 
 }  // namespace
 
+void exl3_allocate_bits(std::vector<Exl3Group>& groups, double bits) {
+  if (!(bits >= 1 && bits <= 8)) fail("--bits {} is not supported for exl3 (1 to 8)", bits);
+  const int k0 = int(std::floor(bits));
+  double total = 0, have = 0;
+  for (auto& g : groups) {
+    g.K = k0;
+    total += g.weights;
+    have += g.weights * k0;
+  }
+  std::vector<Exl3Group*> order;
+  for (auto& g : groups) order.push_back(&g);
+  std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->priority < b->priority; });
+  for (auto* g : order) {
+    if (k0 >= 8 || have + g->weights > bits * total + 1e-9) continue;
+    g->K = k0 + 1;
+    have += g->weights;
+  }
+}
+
 QuantizeResult quantize_model(const QuantizeOptions& opt) {
   const bool affine = opt.format == "affine";
   if (!affine && opt.format != "exl3") fail("--format '{}' is not supported (affine or exl3)", opt.format);
@@ -310,22 +329,11 @@ QuantizeResult quantize_model(const QuantizeOptions& opt) {
       else if (ends_with(j->group, "down_proj")) p = 2;
       group_prio[j->group] = p;
     }
-    const int k0 = int(std::floor(opt.bits));
+    std::vector<Exl3Group> groups;
+    for (auto& [g, n] : group_weights) groups.push_back({g, n, group_prio[g], 0});
+    exl3_allocate_bits(groups, opt.bits);
     std::map<std::string, int> group_k;
-    double total = 0, have = 0;
-    for (auto& [g, n] : group_weights) {
-      group_k[g] = k0;
-      total += n;
-      have += n * k0;
-    }
-    std::vector<std::string> order;
-    for (auto& [g, n] : group_weights) order.push_back(g);
-    std::stable_sort(order.begin(), order.end(), [&](auto& a, auto& b) { return group_prio[a] < group_prio[b]; });
-    for (const auto& g : order) {
-      if (k0 >= 8 || have + group_weights[g] > opt.bits * total + 1e-9) continue;
-      group_k[g] = k0 + 1;
-      have += group_weights[g];
-    }
+    for (auto& g : groups) group_k[g.name] = g.K;
     int64_t total_tiles = 0;
     for (auto* j : qjobs) {
       j->K = j->role == Role::Head ? opt.head_bits : group_k[j->group];

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace lily {
 
@@ -34,5 +35,16 @@ struct QuantizeResult {
 };
 
 QuantizeResult quantize_model(const QuantizeOptions& opt);
+
+// EXL3 bit allocation: every group (one matrix, or all experts of one projection, which must share K)
+// starts at floor(bits); groups then get +1 in priority order (lower first: attention / GDN, shared
+// expert, expert down, expert gate/up), skipping any that would push the weighted average past bits.
+struct Exl3Group {
+  std::string name;
+  double weights = 0;
+  int priority = 0;
+  int K = 0;  // result
+};
+void exl3_allocate_bits(std::vector<Exl3Group>& groups, double bits);
 
 }  // namespace lily

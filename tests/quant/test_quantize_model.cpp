@@ -138,3 +138,23 @@ TEST(QuantizeModel, CalibrationHessians) {
   }
   if (H.count(down)) EXPECT_EQ(H[down].size(), size_t(64 * 64));  // an expert sees only its routed tokens
 }
+
+TEST(QuantizeModel, FractionalBitsAllocation) {
+  std::vector<Exl3Group> g = {{"attn", 100, 0, 0}, {"shared", 100, 1, 0}, {"down", 300, 2, 0}, {"gateup", 500, 3, 0}};
+  exl3_allocate_bits(g, 3.0);
+  for (auto& x : g) EXPECT_EQ(x.K, 3);
+  exl3_allocate_bits(g, 3.5);  // budget 500 extra bits-per-weight units: attn, shared, down get +1
+  EXPECT_EQ(g[0].K, 4);
+  EXPECT_EQ(g[1].K, 4);
+  EXPECT_EQ(g[2].K, 4);
+  EXPECT_EQ(g[3].K, 3);
+  double avg = 0;
+  for (auto& x : g) avg += x.weights * x.K / 1000.0;
+  EXPECT_LE(avg, 3.5 + 1e-9);
+  exl3_allocate_bits(g, 3.6);  // gate/up does not fit: the average never exceeds the request
+  EXPECT_EQ(g[3].K, 3);
+  exl3_allocate_bits(g, 8.0);
+  for (auto& x : g) EXPECT_EQ(x.K, 8);
+  EXPECT_THROW(exl3_allocate_bits(g, 0.5), InputError);
+  EXPECT_THROW(exl3_allocate_bits(g, 9), InputError);
+}
