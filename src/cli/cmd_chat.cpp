@@ -3,6 +3,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include <readline/history.h>
@@ -152,6 +153,12 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
     if (!o->system.empty()) messages.push_back({{"role", "system"}, {"content", o->system}});
     fmt::print(stderr, "lily chat: {} — /reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops an answer\n",
                o->model.empty() ? "demo model (random weights)" : o->model);
+    // History persists across sessions in ~/.lily_history when talking to a terminal.
+    std::string hist;
+    if (const char* home = std::getenv("HOME"); home && isatty(fileno(stdin))) {
+      hist = std::string(home) + "/.lily_history";
+      read_history(hist.c_str());
+    }
     while (true) {
       char* line = readline("> ");
       if (!line) break;
@@ -159,6 +166,10 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
       std::free(line);
       if (in.empty()) continue;
       add_history(in.c_str());
+      if (!hist.empty()) {
+        if (!std::filesystem::exists(hist)) write_history(hist.c_str());
+        else append_history(1, hist.c_str());
+      }
       if (in == "/exit" || in == "/quit") break;
       if (in == "/reset") {
         messages = nlohmann::ordered_json::array();
