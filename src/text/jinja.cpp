@@ -1907,8 +1907,7 @@ struct Interp {
       case NK::CallBlock: {
         // caller() renders the block body in the current scope.
         auto snapshot = std::make_shared<Ctx>(c);
-        auto body = std::make_shared<Node>(n);
-        Value caller = make_macro(*body, *snapshot, snapshot);
+        Value caller = make_macro(n, *snapshot, snapshot);
         const Node& call = *n.b;
         CallArgs args = eval_args(call, c);
         args.kw.emplace_back("caller", caller);
@@ -1995,12 +1994,12 @@ struct Interp {
     return Flow::Normal;
   }
 
-  // A macro (or a call block's caller when `scope` is set) as a callable value.
+  // A macro (or a call block's caller when `scope` is set) as a callable value. It points into the
+  // template's tree, which outlives every render.
   Value make_macro(const Node& n, Ctx& c, std::shared_ptr<Ctx> scope) const {
     const Node* np = &n;
     Frame globals = c.frames.front();
     const Interp* self = this;
-    auto shared_node = std::shared_ptr<const Node>(std::shared_ptr<const Node>{}, np);
     return Value(Function([self, np, globals, scope](CallArgs& a) -> Value {
       Ctx mc;
       if (scope) mc = *scope;
