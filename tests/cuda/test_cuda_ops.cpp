@@ -48,6 +48,19 @@ TEST(CudaOps, LinearMatchesReference) {
       lily::cuda::linear(dW.p, in, out, in, dx.p, in, T, dy.p, out, true, nullptr);
       for (auto& v : ref) v *= 2;
       EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << "accumulate " << out << "x" << in << " T=" << T;
+      if (T <= lily::cuda::kGemvMaxRows) {  // RMSNorm fused into the GEMV
+        auto nw = randn(size_t(in), rng);
+        std::vector<float> xn(x.size());
+        for (int t = 0; t < T; ++t) {
+          double ss = 0;
+          for (int i = 0; i < in; ++i) ss += double(x[size_t(t) * in + i]) * x[size_t(t) * in + i];
+          const double inv = 1 / std::sqrt(ss / in + 1e-6);
+          for (int i = 0; i < in; ++i) xn[size_t(t) * in + i] = float(x[size_t(t) * in + i] * inv * nw[i]);
+        }
+        Dev<float> dnw(nw);
+        lily::cuda::linear(lily::cuda::Mat::bf16(dW.p, in), out, in, dx.p, in, T, dy.p, out, false, nullptr, dnw.p, 1e-6f);
+        EXPECT_LT(rel_err(dy.down(), ref_linear(Wf, out, in, xn, T)), 1e-5) << "fused norm " << out << "x" << in << " T=" << T;
+      }
     }
 }
 

@@ -103,7 +103,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<const ModelWeights> w_;
   CudaOptions opt_;
   DevMem mem_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr, side_ = nullptr;  // side_: shared expert, forked/joined by events
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   std::vector<DevLayer> layers_;
   Mat embed_, lm_head_;
   float* final_norm_ = nullptr;
@@ -165,6 +166,9 @@ bool same_format(const Linear& a, const Linear& b);
 CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOptions& opt) : w_(std::move(w)), opt_(opt) {
   LILY_CU(cudaSetDevice(opt_.device));
   LILY_CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  LILY_CU(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  LILY_CU(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  LILY_CU(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
   init_kernels();
   const ModelConfig& c = w_->cfg;
   const int H = int(c.hidden);
@@ -255,6 +259,9 @@ CudaBackend::~CudaBackend() {
   mem_.free(work_, scratch_bytes_);
   mem_.free(logits_, size_t(logits_rows_) * size_t(w_->cfg.vocab) * 4);
   cudaStreamDestroy(stream_);
+  cudaStreamDestroy(side_);
+  cudaEventDestroy(fork_);
+  cudaEventDestroy(join_);
 }
 
 bool same_format(const Linear& a, const Linear& b) {
@@ -438,10 +445,12 @@ void CudaBackend::gdn_mixer(int layer) {
   const int H = int(w_->cfg.hidden);
   const GdnDev& g = D.gdn;
   const int PW = g.proj_width();
-  rmsnorm(x_, H, D.in_norm, T_, H, float(w_->cfg.rms_eps), u_, H, stream_);
+  const float eps = float(w_->cfg.rms_eps);
+  const bool fuse = T_ <= kGemvMaxRows;  // the GEMVs normalise x themselves
+  if (!fuse) rmsnorm(x_, H, D.in_norm, T_, H, eps, u_, H, stream_);
   int c0 = 0;
   for (auto& [m, rows] : D.gdn_in) {
-    linear(m, rows, H, u_, H, T_, proj_ + c0, PW, false, stream_);
+    linear(m, rows, H, fuse ? x_ : u_, H, T_, proj_ + c0, PW, false, stream_, fuse ? D.in_norm : nullptr, eps);
     c0 += rows;
   }
   gdn_core(g, proj_, T_, st_->conv[size_t(layer)], st_->S[size_t(layer)], core_, work_ ? static_cast<char*>(work_) + (scratch_bytes_ - work_bytes_) : nullptr,
@@ -456,10 +465,12 @@ void CudaBackend::attn_mixer(int layer) {
   const int H = int(w_->cfg.hidden);
   const AttnDev& a = D.attn;
   const int PW = a.proj_width();
-  rmsnorm(x_, H, D.in_norm, T_, H, float(w_->cfg.rms_eps), u_, H, stream_);
+  const float eps = float(w_->cfg.rms_eps);
+  const bool fuse = T_ <= kGemvMaxRows;
+  if (!fuse) rmsnorm(x_, H, D.in_norm, T_, H, eps, u_, H, stream_);
   int c0 = 0;
   for (auto& [m, rows] : D.attn_in) {
-    linear(m, rows, H, u_, H, T_, proj_ + c0, PW, false, stream_);
+    linear(m, rows, H, fuse ? x_ : u_, H, T_, proj_ + c0, PW, false, stream_, fuse ? D.in_norm : nullptr, eps);
     c0 += rows;
   }
   attn_core(a, proj_, T_, st_->d_pos, st_->kc[size_t(layer)], st_->vc[size_t(layer)], st_->cap_, nsplit_, core_,
@@ -472,8 +483,11 @@ void CudaBackend::ffn(int layer) {
   mark(layer, "ffn");
   const DevLayer& D = layers_[size_t(layer)];
   const int H = int(w_->cfg.hidden);
-  rmsnorm(x_, H, D.post_norm, T_, H, float(w_->cfg.rms_eps), u_, H, stream_);
-  moe(D.moe, u_, T_, x_, static_cast<char*>(work_) + (scratch_bytes_ - work_bytes_), stream_);
+  const float eps = float(w_->cfg.rms_eps);
+  const bool fuse = T_ <= kGemvMaxRows;
+  if (!fuse) rmsnorm(x_, H, D.post_norm, T_, H, eps, u_, H, stream_);
+  moe(D.moe, fuse ? nullptr : u_, T_, x_, static_cast<char*>(work_) + (scratch_bytes_ - work_bytes_), stream_, side_, fork_,
+      join_, D.post_norm, eps);
 }
 
 void CudaBackend::head(int64_t rows, float* logits) {
@@ -485,8 +499,13 @@ void CudaBackend::head(int64_t rows, float* logits) {
   mark(-1, "head");
   const int H = int(w_->cfg.hidden), V = int(w_->cfg.vocab);
   const float* xr = x_ + size_t(T_ - rows) * H;
-  rmsnorm(xr, H, final_norm_, int(rows), H, float(w_->cfg.rms_eps), u_, H, stream_);
-  linear(lm_head_, V, H, u_, H, int(rows), logits_, V, false, stream_);
+  const float eps = float(w_->cfg.rms_eps);
+  if (rows <= kGemvMaxRows) {
+    linear(lm_head_, V, H, xr, H, int(rows), logits_, V, false, stream_, final_norm_, eps);
+  } else {
+    rmsnorm(xr, H, final_norm_, int(rows), H, eps, u_, H, stream_);
+    linear(lm_head_, V, H, u_, H, int(rows), logits_, V, false, stream_);
+  }
   if (greedy_) argmax(logits_ + size_t(rows - 1) * V, 1, V, d_tokens_, stream_);  // next step's input slot
 }
 

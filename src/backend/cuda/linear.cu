@@ -30,7 +30,7 @@ __device__ __forceinline__ float warp_dot_bf16(const uint16_t* w, const float* x
       uint4 wv = ld_stream(w4 + i);
       float wf[8];
       bf8(wv, wf);
-      float4 a = __ldg(x4 + 2 * i), b = __ldg(x4 + 2 * i + 1);
+      const float4 a = x4[2 * i], b = x4[2 * i + 1];  // x: global or shared
       acc += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
     }
   } else {
@@ -87,17 +87,31 @@ __device__ __forceinline__ float warp_dot_affine(const uint32_t* q, const uint16
 }
 
 // MODE: 0 bf16 16-byte loads, 1 bf16 scalar, 4 / 8 affine bits.
+// norm_w: the input row is RMS-normalised (· norm_w) while staged in shared memory (fused RMSNorm).
 template <int MODE>
 __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(const Mat W, const int32_t* __restrict__ expert, int out,
     int in, const float* __restrict__ x, int64_t ldx, int xdiv, float* __restrict__ y, int64_t ldy, bool accumulate,
-    int swiglu_I) {
+    int swiglu_I, const float* __restrict__ norm_w, float eps) {
   extern __shared__ float xs[];
+  __shared__ float red[32];
   const int s = blockIdx.y;
   const int e = expert ? expert[s] : 0;
   const float* xr = x + int64_t(s / xdiv) * ldx;
+  float inv = 1.f;
+  if (norm_w) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < in; i += blockDim.x) ss += xr[i] * xr[i];
+    inv = rsqrtf(block_sum(ss, red) / float(in) + eps);
+  }
   if constexpr (MODE >= 4) {
-    for (int i = threadIdx.x; i < in; i += blockDim.x) xs[xs_index<MODE>(i)] = xr[i];
+    for (int i = threadIdx.x; i < in; i += blockDim.x) xs[xs_index<MODE>(i)] = norm_w ? xr[i] * inv * norm_w[i] : xr[i];
     __syncthreads();
+  } else {
+    if (norm_w) {
+      for (int i = threadIdx.x; i < in; i += blockDim.x) xs[i] = xr[i] * inv * norm_w[i];
+      __syncthreads();
+      xr = xs;
+    }
   }
   const int r = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
@@ -184,7 +198,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 }  // namespace
 
 void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
-                float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s) {
+                float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps) {
   if (slots <= 0) return;
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
   dim3 grid(cdiv(nrows, kGemvWarps), slots);
@@ -196,15 +210,16 @@ void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const floa
     const int block = 32 * (128 / W.bits);  // the staged row is laid out in blocks of 32 uint4 of codes
     const size_t smem = sizeof(float) * size_t((in + block - 1) / block * block);
     if (W.bits == 4)
-      gemv_kernel<4><<<grid, threads, smem, s>>>(W, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I);
+      gemv_kernel<4><<<grid, threads, smem, s>>>(W, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps);
     else
-      gemv_kernel<8><<<grid, threads, smem, s>>>(W, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I);
+      gemv_kernel<8><<<grid, threads, smem, s>>>(W, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps);
   } else {
     const bool vec = in % 8 == 0 && W.ld % 8 == 0 && W.estride % 8 == 0 && ldx % 4 == 0 && aligned16(W.w) && aligned16(x);
+    const size_t smem = norm_w ? sizeof(float) * size_t(in) : 0;
     if (vec)
-      gemv_kernel<0><<<grid, threads, 0, s>>>(W, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I);
+      gemv_kernel<0><<<grid, threads, smem, s>>>(W, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps);
     else
-      gemv_kernel<1><<<grid, threads, 0, s>>>(W, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I);
+      gemv_kernel<1><<<grid, threads, smem, s>>>(W, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps);
   }
   LILY_CU_LAUNCH();
 }
@@ -218,10 +233,11 @@ void gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, cons
 }
 
 void linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
-            cudaStream_t s) {
+            cudaStream_t s, const float* norm_w, float eps) {
   if (T <= 0 || out <= 0) return;
-  if (T <= 2)
-    gemv_slots(W, nullptr, out, in, x, ldx, 1, T, y, ldy, accumulate, 0, s);
+  if (norm_w && T > kGemvMaxRows) fail_internal("linear: a fused RMSNorm needs the GEMV path (T <= 2)");
+  if (T <= kGemvMaxRows)
+    gemv_slots(W, nullptr, out, in, x, ldx, 1, T, y, ldy, accumulate, 0, s, norm_w, eps);
   else
     gemm_tiles(W, out, in, x, ldx, nullptr, y, ldy, accumulate, nullptr, nullptr, int(cdiv(T, kGemmBM)), T, s);
 }

@@ -28,6 +28,7 @@ __global__ void argmax_kernel(const float* __restrict__ logits, int V, int32_t* 
   const float* l = logits + int64_t(blockIdx.x) * V;
   float best = -INFINITY;
   int idx = 0x7fffffff;
+#pragma unroll 8
   for (int i = threadIdx.x; i < V; i += blockDim.x) {
     const float v = l[i];
     if (v > best) { best = v; idx = i; }  // per thread: increasing i, so ties keep the lowest
@@ -67,7 +68,7 @@ void init_kernels() {
 
 void rmsnorm(const float* x, int64_t ldx, const float* w, int T, int H, float eps, float* y, int64_t ldy, cudaStream_t s) {
   if (T <= 0) return;
-  rmsnorm_kernel<<<T, 256, 0, s>>>(x, ldx, w, H, eps, y, ldy);
+  rmsnorm_kernel<<<T, 1024, 0, s>>>(x, ldx, w, H, eps, y, ldy);  // wide blocks: few dependent loads per thread
   LILY_CU_LAUNCH();
 }
 

@@ -131,61 +131,75 @@ __global__ void swiglu_kernel(const float* __restrict__ gu, int I, int64_t rows,
   h[i] = silu(gu[r * 2 * I + c]) * gu[r * 2 * I + I + c];
 }
 
-// x[t] += sum_j w[t,j] · yb[slot_pos(t,j)] + gate(t) · ysh[t]
+// x[t] += sum_j w[t,j] · yb[slot_pos(t,j)] + gate(t) · ysh[t]; grid (H / 128, T), one element per thread
+// so that the k slot loads of a thread are in flight together.
 __global__ void combine_kernel(float* __restrict__ x, int H, int k, const float* __restrict__ w,
                                const int32_t* __restrict__ slot_pos, const float* __restrict__ yb,
                                const float* __restrict__ ysh, const float* __restrict__ sg, int sg_ld) {
-  const int t = blockIdx.x;
-  const float g = sg ? sigmoid(sg[int64_t(t) * sg_ld]) : 1.f;
+  const int t = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= H) return;
   float* xr = x + int64_t(t) * H;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) {
-    float acc = xr[i];
-    for (int j = 0; j < k; ++j) {
-      const int s = t * k + j;
-      const int p = slot_pos ? slot_pos[s] : s;
-      acc += w[s] * yb[int64_t(p) * H + i];
-    }
-    if (ysh) acc += g * ysh[int64_t(t) * H + i];
-    xr[i] = acc;
+  float acc = xr[i];
+#pragma unroll 8
+  for (int j = 0; j < k; ++j) {
+    const int s = t * k + j;
+    const int p = slot_pos ? slot_pos[s] : s;
+    acc += w[s] * yb[int64_t(p) * H + i];
   }
+  if (ysh) acc += (sg ? sigmoid(sg[int64_t(t) * sg_ld]) : 1.f) * ysh[int64_t(t) * H + i];
+  xr[i] = acc;
 }
 
 }  // namespace
 
 size_t moe_scratch_bytes(const MoeDev& m, int T) { return layout(m, T, nullptr).bytes; }
 
-void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaStream_t s) {
+void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaStream_t main_stream,
+         cudaStream_t side, cudaEvent_t fork, cudaEvent_t join, const float* norm_w, float eps) {
   if (T <= 0) return;
+  const bool fused = u == nullptr;  // GEMVs normalise x themselves
+  if (fused && (T > kGemvMaxRows || !norm_w)) fail_internal("moe: fused RMSNorm needs T <= 2 and a norm weight");
+  if (fused) u = x;
+  const float* nw = fused ? norm_w : nullptr;
   MoeScratch sc = layout(m, T, scratch);
   const int H = m.H;
-  // shared expert (or dense MLP)
+  // shared expert (or dense MLP): on the side stream when given, overlapping the routed experts
   const bool has_shared = has(m.sh_gate_up) && m.Is > 0;
+  if (!m.moe || !has_shared) side = nullptr;
+  cudaStream_t s = main_stream;
+  if (side) {
+    LILY_CU(cudaEventRecord(fork, main_stream));
+    LILY_CU(cudaStreamWaitEvent(side, fork, 0));
+    s = side;
+  }
   if (has_shared) {
     if (T <= kMoeGemvRows) {
-      gemv_slots(m.sh_gate_up, nullptr, 0, H, u, H, 1, T, sc.sh_h, m.Is, false, m.Is, s);
+      gemv_slots(m.sh_gate_up, nullptr, 0, H, u, H, 1, T, sc.sh_h, m.Is, false, m.Is, s, nw, eps);
     } else {
       linear(m.sh_gate_up, 2 * m.Is, H, u, H, T, sc.sh_gu, 2 * m.Is, false, s);
       swiglu_kernel<<<cdiv(int64_t(T) * m.Is, 256), 256, 0, s>>>(sc.sh_gu, m.Is, T, sc.sh_h);
       LILY_CU_LAUNCH();
     }
     linear(m.sh_down, H, m.Is, sc.sh_h, m.Is, T, sc.ysh, H, false, s);
-    if (has(m.sh_gate) && !m.gate_in_router) linear(m.sh_gate, 1, H, u, H, T, sc.sg, 1, false, s);
+    if (has(m.sh_gate) && !m.gate_in_router) linear(m.sh_gate, 1, H, u, H, T, sc.sg, 1, false, s, nw, eps);
   }
+  if (side) LILY_CU(cudaEventRecord(join, side));
+  s = main_stream;
   if (!m.moe) {
-    combine_kernel<<<T, 256, 0, s>>>(x, H, 0, sc.w, nullptr, sc.yb, has_shared ? sc.ysh : nullptr, nullptr, 1);
+    combine_kernel<<<dim3(cdiv(H, 128), T), 128, 0, s>>>(x, H, 0, sc.w, nullptr, sc.yb, has_shared ? sc.ysh : nullptr, nullptr, 1);
     LILY_CU_LAUNCH();
     return;
   }
   // router rows [0, E) (+ the shared-expert gate as row E when gate_in_router)
   const int ldl = m.gate_in_router ? m.E + 1 : m.E;
-  linear(m.router, ldl, H, u, H, T, sc.logits, ldl, false, s);
+  linear(m.router, ldl, H, u, H, T, sc.logits, ldl, false, s, nw, eps);
   if (m.E > 32 * kMaxPerLane || m.k > 32) fail_internal("moe: at most 512 experts and top-32 on CUDA");
   topk_kernel<<<T, 32, 0, s>>>(sc.logits, ldl, m.E, m.k, m.norm_topk, sc.idx, sc.w);
   LILY_CU_LAUNCH();
   const int n = T * m.k;
   const int32_t* pos = nullptr;
   if (T <= kMoeGemvRows) {
-    gemv_slots(m.gate_up, sc.idx, 0, H, u, H, m.k, n, sc.h, m.I, false, m.I, s);
+    gemv_slots(m.gate_up, sc.idx, 0, H, u, H, m.k, n, sc.h, m.I, false, m.I, s, nw, eps);
     gemv_slots(m.down, sc.idx, H, m.I, sc.h, m.I, 1, n, sc.yb, H, false, 0, s);
   } else {
     route_kernel<<<1, 1024, sizeof(int) * 3 * m.E, s>>>(sc.idx, n, m.E, m.k, sc.counts, sc.slot_pos, sc.sorted_tok,
@@ -199,7 +213,8 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
     pos = sc.slot_pos;
   }
   const float* sg = !(has_shared && has(m.sh_gate)) ? nullptr : m.gate_in_router ? sc.logits + m.E : sc.sg;
-  combine_kernel<<<T, 256, 0, s>>>(x, H, m.k, sc.w, pos, sc.yb, has_shared ? sc.ysh : nullptr, sg,
+  if (side) LILY_CU(cudaStreamWaitEvent(s, join, 0));
+  combine_kernel<<<dim3(cdiv(H, 128), T), 128, 0, s>>>(x, H, m.k, sc.w, pos, sc.yb, has_shared ? sc.ysh : nullptr, sg,
                                    m.gate_in_router ? ldl : 1);
   LILY_CU_LAUNCH();
 }

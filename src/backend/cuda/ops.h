@@ -45,8 +45,10 @@ struct Mat {
 // y[t, 0:out] (= or +=) x[t, 0:in] · Wᵀ for t < T.
 // T <= 2 runs the row-parallel GEMV (16-byte weight loads, dequantisation in registers), larger T the
 // tiled GEMM (dequantisation while staging the tile).
+// norm_w (T <= kGemvMaxRows only): x rows are RMS-normalised (· norm_w, eps) inside the GEMV.
+constexpr int kGemvMaxRows = 2;
 void linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
-            cudaStream_t s);
+            cudaStream_t s, const float* norm_w = nullptr, float eps = 1e-6f);
 inline void linear(const uint16_t* W, int64_t ldw, int out, int in, const float* x, int64_t ldx, int T, float* y,
                    int64_t ldy, bool accumulate, cudaStream_t s) {
   linear(Mat::bf16(W, ldw), out, in, x, ldx, T, y, ldy, accumulate, s);
@@ -55,8 +57,10 @@ inline void linear(const uint16_t* W, int64_t ldw, int out, int in, const float*
 // Row-parallel GEMV over `slots`: slot s reads expert expert[s] of W (expert null: W itself), input row
 // x + (s / xdiv)·ldx and writes y + s·ldy. swiglu_I > 0: W holds gate rows [0, I) and up rows [I, 2I);
 // y[r] = silu(gate_r · x) · (up_r · x) for r < I (out is ignored).
+// norm_w: input rows RMS-normalised (· norm_w, eps) while staged (fused RMSNorm).
 void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
-                float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s);
+                float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w = nullptr,
+                float eps = 1e-6f);
 
 // Tiled GEMM. Tile i covers rows [row0, row0 + nrows) (at most 64) of expert e, from
 // tiles[3i .. 3i+2] = {e, row0, nrows}; *n_tiles (device) of max_tiles are live. tiles == null: dense,
@@ -93,7 +97,11 @@ struct MoeDev {
 };
 size_t moe_scratch_bytes(const MoeDev& m, int T);
 // x[t] += MoE(u[t]) for t < T. Routing stays on the device (no host synchronisation).
-void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaStream_t s);
+// side/fork/join: optional second stream and two events; the shared expert then runs on `side`
+// concurrently with the router and routed experts (also inside a graph capture).
+// u == null (T <= kGemvMaxRows): the block normalises x itself with norm_w / eps inside its GEMVs.
+void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaStream_t s, cudaStream_t side = nullptr,
+         cudaEvent_t fork = nullptr, cudaEvent_t join = nullptr, const float* norm_w = nullptr, float eps = 1e-6f);
 
 // ---- Gated DeltaNet core ------------------------------------------------------------------
 struct GdnDev {
