@@ -367,3 +367,22 @@ TEST(ServerHttp, ToolsAndHistoryAreAccepted) {
 
 }  // namespace
 }  // namespace lily::server::test
+
+namespace lily::server::test {
+namespace {
+
+TEST(ServerHttp, LongPrefillSendsSseComments) {
+  NEED_DEMO();
+  std::string longtext;
+  for (int i = 0; i < 120; ++i) longtext += "The quick brown fox jumps over the lazy dog. ";
+  auto s = post_sse(demo->port(), "/v1/chat/completions", chat_body(longtext, 2, {{"stream", true}, {"cache_prompt", false}}));
+  ASSERT_EQ(s.status, 200);
+  EXPECT_TRUE(s.done);
+  // The prompt is absorbed 64 tokens per step; each step tells the client it is still alive.
+  EXPECT_GE(s.comments, 10) << s.raw.substr(0, 400);
+  EXPECT_NE(s.raw.find(": prefill "), std::string::npos);
+  EXPECT_LT(s.raw.find(": prefill"), s.raw.find("\"finish_reason\":\"length\""));
+}
+
+}  // namespace
+}  // namespace lily::server::test
