@@ -13,6 +13,8 @@ TEST(CudaBench, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #include <cstdlib>
 #include <random>
 
+#include <fmt/format.h>
+
 #include "backend/cuda/cuda_backend.h"
 #include "core/half.h"
 #include "model/qwen_hybrid.h"
@@ -208,6 +210,29 @@ void run_bench(int bits) {
     for (int i = 0; i < n; ++i) forward_step(*be, *st, std::span(&tok, 1), 1, row.data());
     const double dt = now_s() - a;
     std::printf("| decode at ctx ~4.1K, forward_step + host logits | %.1f tok/s |\n", double(n) / dt);
+  }
+  if (bits) {  // where a decode step's time goes: every block timed on its own (no graph, synchronised)
+    CudaOptions po;
+    po.profile = true;
+    auto pb = make_cuda_backend(w, po);
+    auto ps = pb->new_state(4096 + 64);
+    forward_step(*pb, *ps, prompt, 1, row.data());
+    auto before = cuda_block_profile(*pb);
+    const int n = 16;
+    int32_t tok = 7;
+    for (int i = 0; i < n; ++i) forward_step(*pb, *ps, std::span(&tok, 1), 1, row.data());
+    auto after = cuda_block_profile(*pb);
+    std::string line;
+    double total = 0;
+    for (size_t i = 0; i < after.ms.size(); ++i) {
+      double b0 = 0;
+      for (auto& [k, v] : before.ms)
+        if (k == after.ms[i].first) b0 = v;
+      const double per = (after.ms[i].second - b0) / n;
+      total += per;
+      line += fmt::format("{} {:.3f} ms, ", after.ms[i].first, per);
+    }
+    std::printf("| decode step, blocks timed apart (no graph), per token | %s total %.3f ms |\n", line.c_str(), total);
   }
   auto ks = cuda_describe_decode_step(*be, 4096);
   std::printf("| kernels per decode step | %zu (%.1f per layer) |\n", ks.size(), double(ks.size()) / layers);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <chrono>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -130,6 +131,10 @@ class CudaBackend final : public Backend {
   int64_t host_rows_ = 0;
   // describe(): node counts at block boundaries while capturing
   bool recording_ = false;
+  std::map<std::string, double> prof_;
+  std::string prof_block_;
+  std::chrono::steady_clock::time_point prof_t0_;
+  int64_t prof_steps_ = 0;
   std::vector<std::pair<size_t, std::pair<int, std::string>>> marks_;
 
   void mark(int layer, const char* blk);
@@ -393,6 +398,14 @@ std::unique_ptr<SequenceState> CudaBackend::new_state(int64_t max_tokens) {
 }
 
 void CudaBackend::mark(int layer, const char* blk) {
+  if (opt_.profile && !capture_ && !replay_) {  // close the previous block's interval, open this one
+    LILY_CU(cudaStreamSynchronize(stream_));
+    const auto now = std::chrono::steady_clock::now();
+    if (!prof_block_.empty()) prof_[prof_block_] += std::chrono::duration<double, std::milli>(now - prof_t0_).count();
+    prof_block_ = std::string(blk) == "step" ? "" : blk;
+    prof_t0_ = now;
+    if (std::string(blk) == "step") ++prof_steps_;
+  }
   if (!recording_) return;
   cudaStreamCaptureStatus status;
   cudaGraph_t g = nullptr;
@@ -419,7 +432,7 @@ void CudaBackend::begin(SequenceState& st, int64_t T) {
   nsplit_ = 1;
   for (const DevLayer& D : layers_)
     if (D.kind == LayerKind::FullAttention) { nsplit_ = attn_splits(D.attn, T_, ctx_max); break; }
-  if ((opt_.graphs && T == 1) || recording_) {
+  if ((opt_.graphs && !opt_.profile && T == 1) || recording_) {
     bucket_key_ = bucket + (greedy_ ? 1000 : 0);
     auto it = cs->graphs.find(bucket_key_);
     if (it != cs->graphs.end() && !recording_) replay_ = true;
@@ -432,9 +445,9 @@ void CudaBackend::embed(const int32_t* tokens) {
   if (!greedy_) LILY_CU(cudaMemcpyAsync(d_tokens_, tokens, sizeof(int32_t) * size_t(T_), cudaMemcpyHostToDevice, stream_));
   if (capture_) {
     LILY_CU(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    mark(-1, "embed");
   }
   if (replay_) return;
+  mark(-1, "embed");
   cuda::embed(embed_, H, d_tokens_, T_, x_, stream_);
 }
 
@@ -767,6 +780,15 @@ int64_t cuda_generate_greedy(Backend& be, SequenceState& st, int32_t first, int6
   for (auto& e : ev) cudaEventDestroy(e);
   cudaFreeHost(pinned);
   return produced;
+}
+
+CudaBlockProfile cuda_block_profile(Backend& be) {
+  auto* cb = dynamic_cast<CudaBackend*>(&be);
+  if (!cb) fail("cuda_block_profile needs the CUDA backend, got '{}'", be.name());
+  CudaBlockProfile p;
+  for (auto& [k, v] : cb->prof_) p.ms.push_back({k, v});
+  p.steps = cb->prof_steps_;
+  return p;
 }
 
 std::vector<KernelLaunch> cuda_describe_decode_step(Backend& be, int64_t ctx) {

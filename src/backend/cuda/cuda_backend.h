@@ -20,7 +20,16 @@ struct CudaOptions {
   int device = 0;
   bool graphs = true;  // capture 1-row decode steps as CUDA graphs (one per context bucket)
   int chunk_min = 64;  // DeltaNet: steps of at least this many rows use the chunked rule
+  bool profile = false;  // time every block with events (uncaptured steps only; adds synchronisation)
 };
+
+// Milliseconds per block kind ("embed", "gdn", "attn", "ffn", "head") summed over the steps run with
+// CudaOptions::profile, and the number of steps; empty when profiling is off.
+struct CudaBlockProfile {
+  std::vector<std::pair<std::string, double>> ms;
+  int64_t steps = 0;
+};
+CudaBlockProfile cuda_block_profile(Backend& be);
 
 // True when the binary has the CUDA backend and a usable CUDA device is present.
 bool cuda_available();

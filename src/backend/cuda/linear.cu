@@ -7,6 +7,7 @@ namespace lily::cuda {
 namespace {
 
 constexpr int kGemvWarps = 8;
+constexpr int kGemvRowsPerWarp = 4;  // rows per warp: the staged input row serves 32 rows per block
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   uint4 v;
@@ -113,9 +114,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(const Mat W, cons
       xr = xs;
     }
   }
-  const int r = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
-  if (r >= nrows) return;
+  const int r0 = (blockIdx.x * kGemvWarps + (threadIdx.x >> 5)) * kGemvRowsPerWarp;
   auto dot = [&](int64_t row) -> float {
     if constexpr (MODE == 0 || MODE == 1) {
       return warp_dot_bf16<MODE == 0>(W.w + int64_t(e) * W.estride + row * W.ld, xr, in);
@@ -124,16 +124,18 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(const Mat W, cons
       return warp_dot_affine<MODE>(W.q + int64_t(e) * W.qstride + row * W.row_words, W.s + gi, W.b + gi, W.gs, xs, in);
     }
   };
-  float v;
-  if (swiglu_I > 0) {
-    const float g = dot(r), u = dot(r + swiglu_I);
-    v = silu(g) * u;
-  } else {
-    v = dot(r);
-  }
-  if ((threadIdx.x & 31) == 0) {
-    float* yp = y + int64_t(s) * ldy + r;
-    *yp = accumulate ? *yp + v : v;
+  for (int r = r0; r < min(nrows, r0 + kGemvRowsPerWarp); ++r) {
+    float v;
+    if (swiglu_I > 0) {
+      const float g = dot(r), u = dot(r + swiglu_I);
+      v = silu(g) * u;
+    } else {
+      v = dot(r);
+    }
+    if ((threadIdx.x & 31) == 0) {
+      float* yp = y + int64_t(s) * ldy + r;
+      *yp = accumulate ? *yp + v : v;
+    }
   }
 }
 
@@ -201,7 +203,7 @@ void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const floa
                 float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps) {
   if (slots <= 0) return;
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
-  dim3 grid(cdiv(nrows, kGemvWarps), slots);
+  dim3 grid(cdiv(nrows, kGemvWarps * kGemvRowsPerWarp), slots);
   const int threads = 32 * kGemvWarps;
   if (W.affine) {
     if ((W.bits != 4 && W.bits != 8) || in % 32 != 0 || W.gs % 32 != 0 || W.row_words % 4 != 0 || W.qstride % 4 != 0 ||
