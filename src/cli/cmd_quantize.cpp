@@ -22,7 +22,8 @@ Register reg("quantize", "Quantize a float checkpoint to MLX affine or EXL3", []
     fmt::print("wrote {}: {} matrices quantized ({} {:.2f} bits/weight incl. scales), {:.1f} MB", o->out_dir,
                r.tensors_quantized, o->format, r.bits_per_weight, double(r.bytes_written) / 1e6);
     if (r.tiles > 0)
-      fmt::print(", {} tiles in {:.1f} s ({:.1f} tiles/s)", r.tiles, r.seconds, double(r.tiles) / std::max(r.seconds, 1e-9));
+      fmt::print(", {} tiles in {:.1f} s ({:.1f} tiles/s), mean proxy error {:.5f}", r.tiles, r.seconds,
+                 double(r.tiles) / std::max(r.seconds, 1e-9), r.proxy_err_mean);
     fmt::print("\n");
     return 0;
   };

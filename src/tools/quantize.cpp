@@ -383,7 +383,7 @@ QuantizeResult quantize_model(const QuantizeOptions& opt) {
               {"out_scales", "always"},
               {"calibration", opt.calibration.empty() ? nlohmann::json(nullptr)
                                                       : nlohmann::json({{"tokens", opt.calibration_tokens}})}};
-    (void)proxy;
+    res.proxy_err_mean = res.tensors_quantized ? proxy / double(res.tensors_quantized) : 0.0;
   }
 
   // Deterministic tensor order in the file.

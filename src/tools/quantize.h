@@ -30,7 +30,8 @@ struct QuantizeResult {
   int64_t tensors_quantized = 0;
   int64_t tiles = 0;            // exl3 16x16 tiles encoded
   double seconds = 0;           // wall time of the encode
-  double bits_per_weight = 0;   // achieved average over quantized matrices
+  double bits_per_weight = 0;   // achieved average over quantized matrices (incl. scales and padding)
+  double proxy_err_mean = 0;    // exl3: mean over matrices of tr(E H Eᵀ)/tr(W H Wᵀ) in the rotated basis
   size_t bytes_written = 0;
 };
 
