@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <cstdio>
 #include <optional>
 #include <vector>
@@ -8,8 +10,7 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "runtime/generate.h"
-#include "text/chat_template.h"
-#include "text/tokenizer.h"
+#include "cli/text_generation.h"
 
 namespace lily::cli {
 namespace {
@@ -47,28 +48,25 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the model's end-of-sequence ids");
   app.add_flag("--json", o->json, "Print one JSON object");
   return [o]() -> int {
-    std::shared_ptr<const text::Tokenizer> tok;
+    std::optional<TextModel> tm;
     std::vector<int32_t> ids;
+    bool opens_thinking = false;
     if (!o->prompt.empty()) {
-      tok = text::Tokenizer::load(o->tokenizer.empty() ? o->model : o->tokenizer);
+      tm = TextModel::load(o->model, o->tokenizer, o->raw ? std::string() : o->chat_template);
       std::string rendered = o->prompt;
       if (!o->raw) {
-        auto tpl = text::ChatTemplate::load(o->tokenizer.empty() ? o->model : o->tokenizer, o->chat_template);
         nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
         if (!o->system.empty()) msgs.push_back({{"role", "system"}, {"content", o->system}});
         msgs.push_back({{"role", "user"}, {"content", o->prompt}});
         nlohmann::ordered_json kw = nlohmann::ordered_json::object();
         if (!o->template_kwargs.empty()) {
-          try {
-            kw = nlohmann::ordered_json::parse(o->template_kwargs);
-          } catch (const nlohmann::json::exception& e) {
-            fail("--template-kwargs: not valid JSON: {}", e.what());
-          }
+          kw = nlohmann::ordered_json::parse(o->template_kwargs, nullptr, false);
           if (!kw.is_object()) fail("--template-kwargs: must be a JSON object");
         }
-        rendered = tpl.render(msgs, nullptr, true, kw);
+        rendered = tm->chat_template->render(msgs, nullptr, true, kw);
+        opens_thinking = text::prompt_opens_thinking(rendered);
       }
-      ids = tok->encode(rendered);
+      ids = tm->tokenizer->encode(rendered);
     } else {
       if (o->tokens.empty()) fail("give --tokens or --prompt");
       ids = parse_ids(o->tokens, "--tokens");
@@ -91,30 +89,46 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
     auto engine = Engine::open(o->model, eo);
     if (!o->ignore_eos) {
       for (auto id : engine->config().eos_ids) go.stop_ids.push_back(int32_t(id));
-      if (tok)
-        for (auto id : tok->stop_ids()) go.stop_ids.push_back(id);
+      if (tm)
+        for (auto id : tm->tokenizer->stop_ids()) go.stop_ids.push_back(id);
     }
-    if (tok && tok->vocab_size() > engine->config().vocab)
-      fail("--tokenizer: its vocabulary ({} ids) is larger than the model's ({})", tok->vocab_size(), engine->config().vocab);
+    if (tm && tm->tokenizer->vocab_size() > engine->config().vocab)
+      fail("--tokenizer: its vocabulary ({} ids) is larger than the model's ({})", tm->tokenizer->vocab_size(),
+           engine->config().vocab);
     Session s(*engine);
-    std::optional<text::StreamDecoder> dec;
-    if (tok) dec.emplace(tok, true);
-    std::string text_out;
-    auto res = generate(s, ids, go, [&](int32_t id, std::span<const float>) {
-      if (dec) {
-        std::string piece = dec->push(id);
-        text_out += piece;
-        if (!o->json) fmt::print("{}", piece);
-      } else if (!o->json) {
-        fmt::print("{} ", id);
-      }
-      if (!o->json) std::fflush(stdout);
-      return true;
-    });
-    if (dec) {
-      std::string tail = dec->flush();
-      text_out += tail;
-      if (!o->json) fmt::print("{}", tail);
+    GenerateResult res;
+    nlohmann::json text_json;
+    if (tm) {
+      // Text: reasoning (dimmed on a terminal) and content, split as they stream.
+      const bool tty = isatty(fileno(stdout));
+      bool in_reasoning = false;
+      auto turn = generate_text(s, *tm->tokenizer, ids, go, opens_thinking, [&](const text::ParsedDelta& d) {
+        if (o->json) return true;
+        if (!d.reasoning.empty()) {
+          if (tty && !in_reasoning) fmt::print("\033[2m");
+          in_reasoning = true;
+          fmt::print("{}", d.reasoning);
+        }
+        if (!d.content.empty()) {
+          if (tty && in_reasoning) fmt::print("\033[0m");
+          if (in_reasoning) fmt::print("\n");
+          in_reasoning = false;
+          fmt::print("{}", d.content);
+        }
+        std::fflush(stdout);
+        return true;
+      });
+      if (tty && in_reasoning && !o->json) fmt::print("\033[0m");
+      res = turn.result;
+      text_json = {{"content", turn.content}, {"reasoning", turn.reasoning}};
+    } else {
+      res = generate(s, ids, go, [&](int32_t id, std::span<const float>) {
+        if (!o->json) {
+          fmt::print("{} ", id);
+          std::fflush(stdout);
+        }
+        return true;
+      });
     }
     const double pre = res.prefill_seconds > 0 ? double(res.prompt_tokens) / res.prefill_seconds : 0;
     const double dec_tps = res.decode_seconds > 0 && res.tokens.size() > 1 ? double(res.tokens.size() - 1) / res.decode_seconds : 0;
@@ -124,7 +138,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
                           {"prompt_tokens", res.prompt_tokens},
                           {"prefill_tokens_per_second", pre},
                           {"decode_tokens_per_second", dec_tps}};
-      if (tok) j["text"] = text_out;
+      if (tm) j["text"] = text_json;
       fmt::print("{}\n", j.dump());
     } else {
       fmt::print("\n");
