@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <random>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -165,6 +168,13 @@ BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions&
     rep.decode.push_back(row);
   }
   rep.peak_memory = be.peak_memory();
+  {
+    // Resident pages now (/proc/self/statm, second field), not the high-water mark, which would count the
+    // bandwidth probe's buffers.
+    std::ifstream f("/proc/self/statm");
+    size_t total = 0, resident = 0;
+    if (f >> total >> resident) rep.resident = resident * size_t(sysconf(_SC_PAGESIZE));
+  }
   return rep;
 }
 
@@ -183,6 +193,7 @@ nlohmann::json BenchReport::to_json() const {
           {"weight_bytes", weight_bytes},
           {"active_bytes_per_token", active_bytes},
           {"peak_memory_bytes", peak_memory},
+          {"resident_bytes_at_end", resident},
           {"copy_bandwidth_bytes_per_s", bandwidth},
           {"copy_bandwidth_source", bandwidth_source},
           {"prefill", rows(prefill, "tokens")},
@@ -190,9 +201,9 @@ nlohmann::json BenchReport::to_json() const {
 }
 
 std::string BenchReport::table() const {
-  std::string s = fmt::format("{} on {} ({} threads); weights {:.2f} GB, active {:.1f} MB/token; copy bandwidth {:.1f} GB/s ({}); peak memory {:.2f} GB\n",
+  std::string s = fmt::format("{} on {} ({} threads); weights {:.2f} GB, active {:.1f} MB/token; copy bandwidth {:.1f} GB/s ({}); peak memory {:.2f} GB (backend), {:.2f} GB resident at the end\n",
                               label, backend, threads, double(weight_bytes) / 1e9, double(active_bytes) / 1e6,
-                              bandwidth / 1e9, bandwidth_source, double(peak_memory) / 1e9);
+                              bandwidth / 1e9, bandwidth_source, double(peak_memory) / 1e9, double(resident) / 1e9);
   s += fmt::format("{:<10} {:>8} {:>12} {:>14} {:>16} {:>9}\n", "phase", "tokens", "tok/s", "MB/token", "roofline tok/s", "of roof");
   for (auto& r : prefill)
     s += fmt::format("{:<10} {:>8} {:>12.1f} {:>14.2f} {:>16.1f} {:>8.1f}%\n", "prefill", r.n, r.tok_s, r.bytes_per_token / 1e6,

@@ -47,7 +47,8 @@ struct BenchRow {
 struct BenchReport {
   std::string label, backend;
   int threads = 0;
-  size_t weight_bytes = 0, active_bytes = 0, peak_memory = 0;
+  size_t weight_bytes = 0, active_bytes = 0, peak_memory = 0;  // peak_memory: Backend::peak_memory()
+  size_t resident = 0;           // resident set at the end of the run (weights + state; the bandwidth probe excluded)
   double bandwidth = 0;          // bytes/s
   std::string bandwidth_source;  // "host memcpy" or the backend's name
   std::vector<BenchRow> prefill, decode;

@@ -166,6 +166,7 @@ TEST(Bench, RunsAndReportsRooflineFractions) {
   auto j = rep.to_json();
   EXPECT_EQ(j["decode"][0]["context"], 33);
   EXPECT_NE(rep.table().find("decode@"), std::string::npos);
+  EXPECT_GT(rep.resident, w->weight_bytes());  // the in-memory weights are resident
   EXPECT_EQ(parse_sizes("256,1k,4K", "x"), (std::vector<int64_t>{256, 1024, 4096}));
   EXPECT_THROW(parse_sizes("12,x", "--prefill"), InputError);
 }
