@@ -15,7 +15,7 @@ if [[ ! -f "$DIR/src/include/llama.h" || ! -d "$DIR/libs" ]]; then
   command -v npm >/dev/null || { echo "fetch.sh: npm not found" >&2; exit 3; }
   tmp="$(mktemp -d "$DIR/tmp.XXXX")"
   trap 'rm -rf "$tmp"' EXIT
-  ( cd "$tmp" && timeout 600 npm pack --silent "node-llama-cpp@$VER" "@node-llama-cpp/linux-x64@$VER" >/dev/null ) \
+  ( cd "$tmp" && timeout 300 npm pack --silent --fetch-retries=1 --fetch-timeout=60000 "node-llama-cpp@$VER" "@node-llama-cpp/linux-x64@$VER" >/dev/null ) \
     || { echo "fetch.sh: npm pack failed (registry unreachable?)" >&2; exit 3; }
   mkdir -p "$tmp/nlc" "$tmp/x64"
   tar xzf "$tmp"/node-llama-cpp-"$VER".tgz -C "$tmp/nlc"
