@@ -173,25 +173,31 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const float* __restr
   }
 }
 
-// grid (R, Hkv), block hd threads: merge the splits of one packed row, apply the gate.
+// grid (R, Hkv), block 256 threads: merge the splits of one packed row, apply the gate. The split
+// maxima and weights are reduced in parallel first, so no thread walks the splits serially twice.
 __global__ void attn_combine_kernel(const float* __restrict__ po, const float* __restrict__ pm, const float* __restrict__ pl,
                                     int nsplit, int T, int Hq, int Hkv, int hd, const float* __restrict__ proj, int64_t ldp,
                                     float* __restrict__ out) {
+  __shared__ float f[128];
+  __shared__ float red[32];
   const int r = blockIdx.x, h = blockIdx.y;
   const int G = Hq / Hkv, R = G * T;
-  float m = -INFINITY;
-  for (int s = 0; s < nsplit; ++s) m = fmaxf(m, pm[(int64_t(s) * Hkv + h) * R + r]);
+  const int tid = threadIdx.x;
+  const float ms = tid < nsplit ? pm[(int64_t(tid) * Hkv + h) * R + r] : -INFINITY;
+  float m = ms;  // block max (nsplit <= 128 < blockDim)
+  m = warp_max(m);
+  if ((tid & 31) == 0) red[tid >> 5] = m;
+  __syncthreads();
+  m = -INFINITY;
+  for (int w = 0; w < int(blockDim.x >> 5); ++w) m = fmaxf(m, red[w]);
+  const float fs = (tid < nsplit && ms != -INFINITY) ? expf(ms - m) : 0.f;
+  if (tid < nsplit) f[tid] = fs;
+  const float l = block_sum(tid < nsplit ? fs * pl[(int64_t(tid) * Hkv + h) * R + r] : 0.f, red);
   const int t = r / G, hq = h * G + r % G;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float l = 0.f, o = 0.f;
-    for (int s = 0; s < nsplit; ++s) {
-      const int64_t pi = (int64_t(s) * Hkv + h) * R + r;
-      const float ms = pm[pi];
-      if (ms == -INFINITY) continue;
-      const float f = expf(ms - m);
-      l += pl[pi] * f;
-      o += po[pi * hd + d] * f;
-    }
+  for (int d = tid; d < hd; d += blockDim.x) {
+    float o = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < nsplit; ++s) o += po[((int64_t(s) * Hkv + h) * R + r) * hd + d] * f[s];
     const float gate = proj[int64_t(t) * ldp + int64_t(hq) * 2 * hd + hd + d];
     out[int64_t(t) * Hq * hd + int64_t(hq) * hd + d] = (l > 0.f ? o / l : 0.f) * sigmoid(gate);
   }
@@ -222,7 +228,7 @@ int attn_splits(const AttnDev& a, int T, int64_t ctx_max) {
   const int64_t base = int64_t(a.Hkv) * cdiv(int64_t(a.Hq / a.Hkv) * T, BR);
   const int64_t want = (264 + base - 1) / base;
   const int64_t by_len = std::max<int64_t>(1, (ctx_max + T + 63) / 64);
-  return int(std::clamp<int64_t>(std::min(want, by_len), 1, 128));
+  return int(std::clamp<int64_t>(std::min(want, by_len), 1, 64));
 }
 
 size_t attn_scratch_bytes(const AttnDev& a, int T, int nsplit) { return layout(a, T, nsplit, nullptr).bytes; }
@@ -230,7 +236,8 @@ size_t attn_scratch_bytes(const AttnDev& a, int T, int nsplit) { return layout(a
 void attn_core(const AttnDev& a, const float* proj, int T, const int64_t* pos, uint16_t* k_cache, uint16_t* v_cache,
                int64_t cap, int nsplit, float* out, void* scratch, cudaStream_t s) {
   if (T <= 0) return;
-  if (!(a.Hq % a.Hkv == 0 && a.rot % 2 == 0 && a.rot <= a.hd && nsplit >= 1)) fail_internal("attn_core: bad dimensions");
+  if (!(a.Hq % a.Hkv == 0 && a.rot % 2 == 0 && a.rot <= a.hd && nsplit >= 1 && nsplit <= 128))
+    fail_internal("attn_core: bad dimensions or split count (1..128)");
   AttnScratch sc = layout(a, T, nsplit, scratch);
   const int64_t ldp = a.proj_width();
   qk_prep_kernel<<<dim3(T, a.Hq + 2 * a.Hkv), 128, sizeof(float) * a.hd, s>>>(proj, ldp, a.Hq, a.Hkv, a.hd, a.rot, a.theta,
@@ -246,8 +253,7 @@ void attn_core(const AttnDev& a, const float* proj, int T, const int64_t* pos, u
   }
   LILY_CU_LAUNCH();
   if (nsplit > 1) {
-    attn_combine_kernel<<<dim3(R, a.Hkv), std::min(a.hd, 256), 0, s>>>(sc.po, sc.pm, sc.pl, nsplit, T, a.Hq, a.Hkv, a.hd,
-                                                                      proj, ldp, out);
+    attn_combine_kernel<<<dim3(R, a.Hkv), 256, 0, s>>>(sc.po, sc.pm, sc.pl, nsplit, T, a.Hq, a.Hkv, a.hd, proj, ldp, out);
     LILY_CU_LAUNCH();
   }
 }

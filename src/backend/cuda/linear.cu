@@ -7,7 +7,7 @@ namespace lily::cuda {
 namespace {
 
 constexpr int kGemvWarps = 8;
-constexpr int kGemvRowsPerWarp = 4;  // rows per warp: the staged input row serves 32 rows per block
+constexpr int kGemvRowsPerWarp = 1;  // 4 measured slower (fewer warps, fewer loads in flight)
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   uint4 v;
