@@ -40,7 +40,8 @@ void check_shape(const TensorInfo& t, std::vector<int64_t> want) {
 
 class Loader {
  public:
-  Loader(const ModelConfig& cfg, const Checkpoint& ck, ModelWeights& w) : cfg_(cfg), ck_(ck), w_(w) {}
+  Loader(const ModelConfig& cfg, const Checkpoint& ck, ModelWeights& w, bool norms_shifted)
+      : cfg_(cfg), ck_(ck), w_(w), norms_shifted_(norms_shifted) {}
 
   std::vector<float> vec(const std::string& name, int64_t n, bool plus_one) {
     const auto& t = ck_.get(name);
@@ -126,7 +127,8 @@ class Loader {
       g.in_a = linear(p + "in_proj_a", Hv, H);
     }
     const auto& cw = ck_.get(p + "conv1d.weight");
-    check_shape(cw, {C, 1, K});
+    // HF stores [C, 1, K]; mlx-lm's sanitised checkpoints [C, K, 1]. Both are C rows of K taps.
+    if (cw.shape != std::vector<int64_t>{C, K, 1}) check_shape(cw, {C, 1, K});
     g.conv.resize(size_t(C * K));
     for (int64_t i = 0; i < C * K; ++i) g.conv[size_t(i)] = read_float(cw, i);
     g.dt_bias = vec(p + "dt_bias", Hv, false);
@@ -142,8 +144,8 @@ class Loader {
     a.k = linear(p + "k_proj", cfg_.n_kv_heads * hd, H);
     a.v = linear(p + "v_proj", cfg_.n_kv_heads * hd, H);
     a.o = linear(p + "o_proj", H, cfg_.n_heads * hd);
-    a.q_norm = vec(p + "q_norm.weight", hd, true);
-    a.k_norm = vec(p + "k_norm.weight", hd, true);
+    a.q_norm = vec(p + "q_norm.weight", hd, !norms_shifted_);
+    a.k_norm = vec(p + "k_norm.weight", hd, !norms_shifted_);
   }
 
   void ffn(const std::string& p, bool moe, FfnWeights& f) {
@@ -171,7 +173,12 @@ class Loader {
   const ModelConfig& cfg_;
   const Checkpoint& ck_;
   ModelWeights& w_;
+  bool norms_shifted_;
 };
+
+bool has_matrix(const Checkpoint& ck, const std::string& base) {
+  return ck.find(base + ".weight") || ck.find(base + ".trellis") || ck.find(base + ".scales");
+}
 
 }  // namespace
 
@@ -210,17 +217,30 @@ std::shared_ptr<ModelWeights> ModelWeights::load(const ModelConfig& cfg, std::sh
   auto w = std::make_shared<ModelWeights>();
   w->cfg = cfg;
   w->ckpt = ckpt;
-  Loader ld(cfg, *ckpt, *w);
-  const std::string P = cfg.tensor_prefix;
+  // Tensor prefix: the config's, or mlx-lm's "language_model.model." for Qwen3.5 conversions.
+  std::string P = cfg.tensor_prefix, head = "lm_head";
+  if (!has_matrix(*ckpt, P + "embed_tokens") && has_matrix(*ckpt, "language_model.model.embed_tokens")) {
+    P = "language_model.model.";
+    head = "language_model.lm_head";
+  }
+  // mlx-lm's sanitize() moves the conv taps last ([C, K, 1]) and stores zero-centred norms as 1 + w.
+  bool norms_shifted = false;
+  for (int64_t i = 0; i < cfg.layers; ++i)
+    if (cfg.layer_kinds[size_t(i)] == LayerKind::LinearAttention) {
+      if (auto* cw = ckpt->find(P + "layers." + std::to_string(i) + ".linear_attn.conv1d.weight"))
+        norms_shifted = cw->shape.size() == 3 && cw->shape[2] == 1 && cw->shape[1] > 1;
+      break;
+    }
+  Loader ld(cfg, *ckpt, *w, norms_shifted);
   const int64_t H = cfg.hidden, V = cfg.vocab;
   w->embed = ld.linear(P + "embed_tokens", V, H);
-  if (ckpt->find("lm_head.weight") || ckpt->find("lm_head.trellis") || ckpt->find("lm_head.scales"))
-    w->lm_head = ld.linear("lm_head", V, H);
+  if (has_matrix(*ckpt, head))
+    w->lm_head = ld.linear(head, V, H);
   else if (cfg.tie_embeddings)
     w->lm_head = w->embed;
   else
-    fail("{}: missing tensor 'lm_head.weight' (and tie_word_embeddings is false)", ckpt->dir());
-  w->final_norm = ld.vec(P + "norm.weight", H, true);
+    fail("{}: missing tensor '{}.weight' (and tie_word_embeddings is false)", ckpt->dir(), head);
+  w->final_norm = ld.vec(P + "norm.weight", H, !norms_shifted);
   for (int64_t i = 0; i < cfg.rotary_dim / 2; ++i) {
     float f = float(1.0 / std::pow(cfg.rope_theta, double(2 * i) / double(cfg.rotary_dim)));
     if (cfg.rope_freq_dtype == DType::BF16) f = bf16_to_f32(f32_to_bf16(f));
@@ -232,8 +252,8 @@ std::shared_ptr<ModelWeights> ModelWeights::load(const ModelConfig& cfg, std::sh
     auto& L = w->layers[size_t(i)];
     std::string p = P + "layers." + std::to_string(i) + ".";
     L.kind = cfg.layer_kinds[size_t(i)];
-    L.input_norm = ld.vec(p + "input_layernorm.weight", H, true);
-    L.post_norm = ld.vec(p + "post_attention_layernorm.weight", H, true);
+    L.input_norm = ld.vec(p + "input_layernorm.weight", H, !norms_shifted);
+    L.post_norm = ld.vec(p + "post_attention_layernorm.weight", H, !norms_shifted);
     if (L.kind == LayerKind::LinearAttention) ld.gdn(p + "linear_attn.", L.gdn);
     else ld.attn(p + "self_attn.", L.attn);
     ld.ffn(p + "mlp.", cfg.layer_is_moe[size_t(i)], L.ffn);

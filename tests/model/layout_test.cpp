@@ -113,6 +113,45 @@ TEST(Layout, FusedExpertsNestedQwen35Moe) {
   fs::remove_all(dir);
 }
 
+TEST(Layout, MlxSanitizedQwen35) {
+  // mlx-lm's conversion: tensors under language_model.model.* and language_model.lm_head, conv taps
+  // last ([C, K, 1]) and zero-centred norms stored as 1 + w (here in F32 so the shift is exact).
+  const std::string src = test::golden_dir("qwen3_5_moe_text-a");
+  ASSERT_FALSE(src.empty());
+  Checkpoint ck(src);
+  std::vector<std::vector<float>> bufs;
+  std::vector<TensorToWrite> out;
+  auto ends_with = [](const std::string& a, const std::string& b) {
+    return a.size() >= b.size() && a.compare(a.size() - b.size(), b.size(), b) == 0;
+  };
+  for (auto& [name, t] : ck.tensors()) {
+    std::string n = name == "lm_head.weight" ? "language_model.lm_head.weight" : "language_model." + name;
+    TensorToWrite w{n, t->dtype, t->shape, t->data, t->nbytes};
+    if (ends_with(name, "conv1d.weight")) w.shape = {t->shape[0], t->shape[2], 1};
+    const bool shifted = ends_with(name, "input_layernorm.weight") || ends_with(name, "post_attention_layernorm.weight") ||
+                         ends_with(name, "q_norm.weight") || ends_with(name, "k_norm.weight") || name == "model.norm.weight";
+    if (shifted) {
+      std::vector<float> v(static_cast<size_t>(t->numel()));
+      for (size_t i = 0; i < v.size(); ++i) {
+        uint16_t h;
+        std::memcpy(&h, t->data + 2 * i, 2);
+        uint32_t u = uint32_t(h) << 16;
+        std::memcpy(&v[i], &u, 4);
+        v[i] += 1.0f;
+      }
+      bufs.push_back(std::move(v));
+      w = {n, DType::F32, t->shape, bufs.back().data(), bufs.back().size() * 4};
+    }
+    out.push_back(w);
+  }
+  auto dir = scratch("mlx");
+  write_safetensors((dir / "model.safetensors").string(), out);
+  fs::copy_file(src + "/config.json", dir / "config.json");
+  auto ids = prompt_of(src);
+  EXPECT_LE(max_diff(logits_of(src, ids), logits_of(dir.string(), ids)), 1e-5);
+  fs::remove_all(dir);
+}
+
 TEST(Layout, Qwen3NextIntervalConfig) {
   const std::string src = test::golden_dir("qwen3_next-a");
   ASSERT_FALSE(src.empty());
