@@ -1,7 +1,7 @@
 // Opens the chat page in headless Chromium (DevTools protocol over --remote-debugging-pipe, no npm
 // packages), lets it send one message (?q=...), and waits until the streamed answer is complete.
 // Usage: node chromium_page.mjs CHROMIUM URL USER_DATA_DIR
-// Prints one JSON line: {done, chunks, content, error, partial} where `partial` says a poll saw the
+// Prints one line "RESULT {done, chunks, content, error, partial}" (JSON) where `partial` says a poll saw the
 // answer while it was still streaming. Exits 1 on timeout.
 import { spawn } from "node:child_process";
 
@@ -12,7 +12,7 @@ const chrome = spawn(browser, [
 ], { stdio: ["ignore", "ignore", "ignore", "pipe", "pipe"] });
 const toChrome = chrome.stdio[3], fromChrome = chrome.stdio[4];
 const done = (code, line) => { if (line) console.log(line); chrome.kill("SIGKILL"); process.exit(code); };
-setTimeout(() => done(1, JSON.stringify({ error: "timeout" })), 60_000);
+setTimeout(() => done(1, "RESULT " + JSON.stringify({ error: "timeout" })), 60_000);
 
 let nextId = 0, buf = Buffer.alloc(0);
 const waiting = new Map();
@@ -45,6 +45,6 @@ for (;;) {
   const r = await send("Runtime.evaluate", { expression: probe, returnByValue: true }, sessionId);
   const v = r.result && r.result.result && r.result.result.value;
   if (v && !v.done && v.content.length > 0) partial = true;
-  if (v && v.done) done(0, JSON.stringify({ ...v, partial }));
+  if (v && v.done) done(0, "RESULT " + JSON.stringify({ ...v, partial }));
   await new Promise((res) => setTimeout(res, 20));
 }

@@ -66,7 +66,10 @@ TEST(Clients, ChatPageStreamsInHeadlessChromium) {
   std::string rm;
   run(fmt::format("rm -rf '{}'", tmpl), rm);
   ASSERT_EQ(rc, 0) << out;
-  json r = json::parse(out.substr(out.rfind('{')), nullptr, false);
+  size_t at = out.rfind("RESULT ");
+  ASSERT_NE(at, std::string::npos) << out;
+  size_t eol = out.find('\n', at);
+  json r = json::parse(out.substr(at + 7, eol == std::string::npos ? std::string::npos : eol - at - 7), nullptr, false);
   ASSERT_TRUE(r.is_object()) << out;
   EXPECT_TRUE(r["done"].get<bool>()) << out;
   EXPECT_FALSE(r["error"].get<bool>()) << out;
