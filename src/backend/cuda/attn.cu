@@ -113,12 +113,24 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const float* __restr
   const uint16_t* vh = vc + int64_t(h) * cap * HD;
   for (int64_t k0 = kb; k0 < ke; k0 += BKEYS) {
     __syncthreads();
-    for (int e = tid; e < BKEYS * HD; e += kAttnThreads) {
-      const int kk = e / HD, d = e % HD;
+    // 16-byte loads: 8 bf16 of one key row per thread and load (rows are HD·2 bytes, 16-byte aligned)
+#pragma unroll 4
+    for (int e = tid; e < BKEYS * HD / 8; e += kAttnThreads) {
+      const int kk = e / (HD / 8), d = (e % (HD / 8)) * 8;
       const int64_t key = k0 + kk;
-      const bool live = key < ke;
-      Ks[kk * (HD + 1) + d] = live ? bf(kh[key * HD + d]) : 0.f;
-      Vs[kk * HD + d] = live ? bf(vh[key * HD + d]) : 0.f;
+      float kf[8], vf[8];
+      if (key < ke) {
+        bf8(__ldg(reinterpret_cast<const uint4*>(kh + key * HD + d)), kf);
+        bf8(__ldg(reinterpret_cast<const uint4*>(vh + key * HD + d)), vf);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) kf[j] = vf[j] = 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        Ks[kk * (HD + 1) + d + j] = kf[j];
+        Vs[kk * HD + d + j] = vf[j];
+      }
     }
     __syncthreads();
     for (int e = tid; e < BR * BKEYS; e += kAttnThreads) {
