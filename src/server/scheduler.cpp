@@ -38,7 +38,9 @@ Scheduler::Scheduler(Engine& engine, const SchedulerOptions& opt)
   thread_ = std::thread([this] { run(); });
 }
 
-Scheduler::~Scheduler() {
+Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::stop() {
   {
     std::lock_guard lk(mu_);
     stop_ = true;

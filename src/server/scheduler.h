@@ -81,7 +81,11 @@ struct SchedulerStats {
 class Scheduler {
  public:
   Scheduler(Engine& engine, const SchedulerOptions& opt);
-  ~Scheduler();  // stops the thread; queued and active jobs finish as "cancelled"
+  ~Scheduler();  // stop()
+
+  // Ends the thread after the current step; queued and active jobs finish as "cancelled" and later
+  // submissions are refused.
+  void stop();
 
   // Queues a job; false when the queue is full (nothing is called on the job then).
   bool submit(std::shared_ptr<Job> job);

@@ -1175,6 +1175,8 @@ void Server::start() {
 }
 
 void Server::stop() {
+  // Generation ends first, so that streams close and the HTTP threads are free to finish.
+  if (sched_) sched_->stop();
   if (http_) http_->stop();
   if (thread_.joinable()) thread_.join();
 }
