@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cxxabi.h>
+
+#include <cstdlib>
 #include <map>
 
 #include "cli/registry.h"
@@ -14,6 +17,20 @@
 
 namespace lily::cli {
 namespace {
+
+// "lily::cuda::(anonymous namespace)::gemv_kernel<4>(...)" -> "gemv_kernel<4>"
+std::string short_name(const std::string& mangled) {
+  int status = 0;
+  char* d = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+  std::string s = status == 0 && d ? d : mangled;
+  std::free(d);
+  for (size_t p; (p = s.find("(anonymous namespace)::")) != std::string::npos;) s.erase(p, 23);
+  const size_t paren = s.find('(');
+  if (paren != std::string::npos) s = s.substr(0, paren);
+  const size_t colon = s.rfind("::", s.find('<') == std::string::npos ? std::string::npos : s.find('<'));
+  if (colon != std::string::npos) s = s.substr(colon + 2);
+  return s;
+}
 
 Register reg("inspect", "Show the kernels of one decode step on a backend (launch shapes per layer)", [](CLI::App& app) {
   auto model = std::make_shared<std::string>();
@@ -43,7 +60,7 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
       j["kernels_per_step"] = ks.size();
       nlohmann::json arr = nlohmann::json::array();
       for (const auto& k : ks)
-        arr.push_back({{"name", k.name}, {"layer", k.layer}, {"block", k.block},
+        arr.push_back({{"name", short_name(k.name)}, {"layer", k.layer}, {"block", k.block},
                        {"grid", {k.grid[0], k.grid[1], k.grid[2]}}, {"block_dim", {k.threads[0], k.threads[1], k.threads[2]}},
                        {"smem", k.smem}});
       j["kernels"] = arr;
@@ -62,7 +79,7 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
         last = k.layer;
         last_block = k.block;
       }
-      std::string name = k.name;
+      std::string name = short_name(k.name);
       if (name.size() > 60) name = name.substr(0, 57) + "...";
       fmt::print("    {:<60} grid ({},{},{}) block ({},{},{}) smem {}\n", name, k.grid[0], k.grid[1], k.grid[2], k.threads[0],
                  k.threads[1], k.threads[2], k.smem);
