@@ -11,7 +11,15 @@ const chrome = spawn(browser, [
   "--disable-sync", "--no-first-run", `--user-data-dir=${userDir}`, "--remote-debugging-pipe", "about:blank",
 ], { stdio: ["ignore", "ignore", "ignore", "pipe", "pipe"] });
 const toChrome = chrome.stdio[3], fromChrome = chrome.stdio[4];
-const done = (code, line) => { if (line) console.log(line); chrome.kill("SIGKILL"); process.exit(code); };
+// stdout is a pipe: process.exit() right after an asynchronous write can cut the line short, so exit
+// from the write's callback.
+let finished = false;
+const done = (code, line) => {
+  if (finished) return;
+  finished = true;
+  chrome.kill("SIGKILL");
+  process.stdout.write((line || "") + "\n", () => process.exit(code));
+};
 setTimeout(() => done(1, "RESULT " + JSON.stringify({ error: "timeout" })), 60_000);
 
 let nextId = 0, buf = Buffer.alloc(0);
@@ -45,6 +53,9 @@ for (;;) {
   const r = await send("Runtime.evaluate", { expression: probe, returnByValue: true }, sessionId);
   const v = r.result && r.result.result && r.result.result.value;
   if (v && !v.done && v.content.length > 0) partial = true;
-  if (v && v.done) done(0, "RESULT " + JSON.stringify({ ...v, partial }));
+  if (v && v.done) {
+    done(0, "RESULT " + JSON.stringify({ ...v, partial }));
+    break;
+  }
   await new Promise((res) => setTimeout(res, 20));
 }
