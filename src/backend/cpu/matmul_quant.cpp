@@ -10,6 +10,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_observer.h"
+#include "backend/cpu/simd.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
@@ -30,8 +31,61 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return r;
 }
 
+// Few activation rows, 4- or 8-bit codes: codes are unpacked in registers one group at a time and each
+// row computes Σ_g s_g·(q_g·x_g) + b_g·Σx_g, so no dequantised row is written.
+template <int BITS>
+void affine_matmul_few_rows(const quant::AffineWeight& q, const float* x, int64_t T, float* y) {
+  const int64_t out = q.out, in = q.in, G = q.groups(), gs = q.group_size, nv = gs / 8;
+  std::vector<float> xsum(static_cast<size_t>(T * G));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < G; ++g) {
+      float sx = 0;
+      for (int64_t i = 0; i < gs; ++i) sx += x[t * in + g * gs + i];
+      xsum[size_t(t * G + g)] = sx;
+    }
+  const int64_t grain = std::max<int64_t>(4, (int64_t(1) << 15) / std::max<int64_t>(1, in));
+  ThreadPool::global().parallel_for(out, grain, [&](int64_t o0, int64_t o1) {
+    v8f cv[16];
+    for (int64_t o = o0; o < o1; ++o) {
+      const uint8_t* row = reinterpret_cast<const uint8_t*>(q.packed + o * q.row_words);
+      v8f acc[8] = {};
+      float bias_acc[8] = {};
+      for (int64_t g = 0; g < G; ++g) {
+        for (int64_t v = 0; v < nv; ++v) {
+          if constexpr (BITS == 4) {
+            uint32_t w;
+            std::memcpy(&w, row + (g * gs + v * 8) / 2, 4);
+            const v8u32 wv = {w, w, w, w, w, w, w, w};
+            const v8u32 sh = {0, 4, 8, 12, 16, 20, 24, 28};
+            cv[v] = __builtin_convertvector((wv >> sh) & 15u, v8f);
+          } else {
+            typedef uint8_t v8u8 __attribute__((vector_size(8)));
+            v8u8 b;
+            std::memcpy(&b, row + g * gs + v * 8, 8);
+            cv[v] = __builtin_convertvector(b, v8f);
+          }
+        }
+        const float s = quant::affine_scale(q, o, g), b = quant::affine_bias(q, o, g);
+        const v8f sv = {s, s, s, s, s, s, s, s};
+        for (int64_t t = 0; t < T; ++t) {
+          const float* xg = x + t * in + g * gs;
+          v8f a = {};
+          for (int64_t v = 0; v < nv; ++v) a += cv[v] * load8(xg + v * 8);
+          acc[t] += sv * a;
+          bias_acc[t] += b * xsum[size_t(t * G + g)];
+        }
+      }
+      for (int64_t t = 0; t < T; ++t) y[t * out + o] = hsum(acc[t]) + bias_acc[t];
+    }
+  });
+}
+
 void affine_matmul(const quant::AffineWeight& q, const float* x, int64_t T, float* y) {
   const int64_t out = q.out, in = q.in;
+  if (T <= 8 && q.group_size % 8 == 0 && q.group_size <= 128) {
+    if (q.bits == 4) return affine_matmul_few_rows<4>(q, x, T, y);
+    if (q.bits == 8) return affine_matmul_few_rows<8>(q, x, T, y);
+  }
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, in / 64));
   ThreadPool::global().parallel_for(out, grain, [&](int64_t b, int64_t e) {
     std::vector<float> row(static_cast<size_t>(in));
