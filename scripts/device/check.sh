@@ -8,15 +8,16 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/lily-check}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
-if [ -x .devbin/test_cuda ]; then
-  export LD_LIBRARY_PATH="$PWD/.devbin/lib:${LD_LIBRARY_PATH:-}"
-  BIN=.devbin/test_cuda
+D=${DEVBIN:-.devbin}
+if [ -x "$D/test_cuda" ]; then
+  export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
+  BIN=$D/test_cuda
 else
   cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_NATIVE=OFF > "$OUT/build.log" 2>&1 &&
     cmake --build build-dev --target test_cuda -j16 >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   BIN=build-dev/tests/test_cuda
 fi
-export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/.devbin/golden"
+export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/$D/golden"
 T0=$(date +%s)
 timeout 220 "$BIN" --gtest_filter="${LILY_TEST_FILTER:-CudaOps.*:Golden/*:CudaModel.*}" > "$OUT/tests.log" 2>&1
 TRC=$?
@@ -27,8 +28,8 @@ if [ "${LILY_SKIP_BENCH:-0}" != 1 ]; then
   BRC=$?
 fi
 T2=$(date +%s)
-if [ -x .devbin/lily ]; then
-  .devbin/lily inspect --model .devbin/golden/qwen3_5_moe_text-r --context 4096 > "$OUT/inspect.txt" 2>&1
+if [ -x "$D/lily" ]; then
+  "$D/lily" inspect --model "$D/golden/qwen3_5_moe_text-r" --context 4096 > "$OUT/inspect.txt" 2>&1
 fi
 echo "=== failures / prints ==="
 grep -E "Failure|Expected|Which is|actual|\[  FAILED|^\[.*\] (prompt|decode)|error" "$OUT/tests.log" | head -60
