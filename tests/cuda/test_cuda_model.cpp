@@ -180,7 +180,10 @@ TEST_P(CudaGolden, AffineMatchesCpuBackend) {
     auto g = read_golden(dir);
     const int64_t T = 100, V = w->cfg.vocab;
     std::vector<int32_t> ids(g.prompt.begin(), g.prompt.begin() + T);
-    cpu::CpuBackend cpu(w);
+    // The CUDA affine kernels take float activations: the CPU reference is the exact path, not int8.
+    cpu::CpuOptions copt;
+    copt.affine = cpu::AffinePath::Exact;
+    cpu::CpuBackend cpu(w, copt);
     auto gpu = make_cuda_backend(w);
     auto sc = cpu.new_state(T + 8);
     auto sg = gpu->new_state(T + 8);

@@ -94,11 +94,11 @@ void CpuBackend::gdn_mixer(int layer) {
   c_.resize(static_cast<size_t>(T * Hv * dv));  // z
   d_.resize(static_cast<size_t>(T * Hv * 2));   // b | a per row
   e_.resize(static_cast<size_t>(T * Hv * dv));  // core output
-  matmul(G.in_qkv, u_.data(), T, a_.data());
-  matmul(G.in_z, u_.data(), T, c_.data());
+  mm(G.in_qkv, u_.data(), T, a_.data());
+  mm(G.in_z, u_.data(), T, c_.data());
   std::vector<float> bb(static_cast<size_t>(T * Hv)), aa(static_cast<size_t>(T * Hv));
-  matmul(G.in_b, u_.data(), T, bb.data());
-  matmul(G.in_a, u_.data(), T, aa.data());
+  mm(G.in_b, u_.data(), T, bb.data());
+  mm(G.in_a, u_.data(), T, aa.data());
 
   causal_conv_silu(a_.data(), T, C, K, G.conv.data(), S.conv.data(), b_.data());
 
@@ -142,7 +142,7 @@ void CpuBackend::gdn_mixer(int layer) {
       for (int64_t d = 0; d < dv; ++d) o[d] = o[d] * inv * G.norm[size_t(d)] * silu(z[d]);
     }
   std::vector<float> out(static_cast<size_t>(T * H));
-  matmul(G.out, e_.data(), T, out.data());
+  mm(G.out, e_.data(), T, out.data());
   for (size_t i = 0; i < out.size(); ++i) x_[i] += out[i];
 }
 
@@ -159,9 +159,9 @@ void CpuBackend::attn_mixer(int layer) {
   a_.resize(static_cast<size_t>(T * Hq * 2 * hd));
   b_.resize(static_cast<size_t>(T * kvw));
   c_.resize(static_cast<size_t>(T * kvw));
-  matmul(A.q, u_.data(), T, a_.data());
-  matmul(A.k, u_.data(), T, b_.data());
-  matmul(A.v, u_.data(), T, c_.data());
+  mm(A.q, u_.data(), T, a_.data());
+  mm(A.k, u_.data(), T, b_.data());
+  mm(A.v, u_.data(), T, c_.data());
 
   // q/k RMSNorm per head over hd, then partial RoPE; append k, v to the cache.
   e_.resize(static_cast<size_t>(T * Hq * hd));  // q, then attention output
@@ -207,17 +207,17 @@ void CpuBackend::attn_mixer(int layer) {
     }
   });
   std::vector<float> out(static_cast<size_t>(T * H));
-  matmul(A.o, d_.data(), T, out.data());
+  mm(A.o, d_.data(), T, out.data());
   for (size_t i = 0; i < out.size(); ++i) x_[i] += out[i];
 }
 
 void CpuBackend::expert_mlp(const Expert& e, const float* u, int64_t rows, float* out) {
   const int64_t I = e.gate.out;
   std::vector<float> g(static_cast<size_t>(rows * I)), up(static_cast<size_t>(rows * I));
-  matmul(e.gate, u, rows, g.data());
-  matmul(e.up, u, rows, up.data());
+  mm(e.gate, u, rows, g.data());
+  mm(e.up, u, rows, up.data());
   for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * up[i];
-  matmul(e.down, g.data(), rows, out);
+  mm(e.down, g.data(), rows, out);
 }
 
 void CpuBackend::ffn(int layer) {
@@ -234,7 +234,7 @@ void CpuBackend::ffn(int layer) {
   }
   const int64_t E = cfg.n_experts, k = cfg.top_k;
   std::vector<float> logits(static_cast<size_t>(T * E));
-  matmul(F.router, u_.data(), T, logits.data());
+  mm(F.router, u_.data(), T, logits.data());
   // Softmax over all experts (fp32), top-k by probability (ties: lower index), renormalise.
   std::vector<std::vector<std::pair<int64_t, float>>> assigned(static_cast<size_t>(E));  // expert -> (row, weight)
   std::vector<int64_t> idx(static_cast<size_t>(E));
@@ -277,7 +277,7 @@ void CpuBackend::ffn(int layer) {
     y.resize(static_cast<size_t>(T * H));
     expert_mlp(F.shared, u_.data(), T, y.data());
     std::vector<float> sg(static_cast<size_t>(T));
-    matmul(F.shared_gate, u_.data(), T, sg.data());
+    mm(F.shared_gate, u_.data(), T, sg.data());
     for (int64_t t = 0; t < T; ++t) {
       const float gt = sigmoid(sg[size_t(t)]);
       for (int64_t h = 0; h < H; ++h) out[size_t(t * H + h)] += gt * y[size_t(t * H + h)];
@@ -291,7 +291,7 @@ void CpuBackend::head(int64_t rows, float* logits) {
   const int64_t H = cfg.hidden;
   std::vector<float> h(static_cast<size_t>(rows * H));
   rms_norm(x_.data() + (T_ - rows) * H, w_->final_norm.data(), rows, H, float(cfg.rms_eps), h.data());
-  matmul(w_->lm_head, h.data(), rows, logits);
+  mm(w_->lm_head, h.data(), rows, logits);
 }
 
 void CpuBackend::end() {

@@ -6,12 +6,15 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/matmul.h"
 
 namespace lily::cpu {
 
 struct CpuOptions {
   // Steps of at most this many rows use the recurrent delta rule; longer ones the chunked form.
   int64_t recurrent_max_rows = 16;
+  // Affine 4/8-bit products: int8 activations (fast) or float activations (exact; see matmul.h).
+  AffinePath affine = affine_path_default();
 };
 
 class CpuBackend final : public Backend {
@@ -36,6 +39,7 @@ class CpuBackend final : public Backend {
 
  private:
   void expert_mlp(const Expert& e, const float* u, int64_t rows, float* out);
+  void mm(const Linear& W, const float* x, int64_t T, float* y) const { matmul(W, x, T, y, opt_.affine); }
 
   std::shared_ptr<const ModelWeights> w_;
   CpuOptions opt_;

@@ -126,13 +126,13 @@ void matmul_dense(const Linear& W, const float* x, int64_t T, float* y) {
 
 }  // namespace
 
-void matmul(const Linear& W, const float* x, int64_t T, float* y) {
+void matmul(const Linear& W, const float* x, int64_t T, float* y, AffinePath path) {
   if (T <= 0 || W.out == 0) return;
   observe_matmul(W, x, T);  // calibration capture (backend/cpu/matmul_observer.h); no-op unless set
   if (W.format == WeightFormat::Dense)
     matmul_dense(W, x, T, y);
   else
-    matmul_quantized(W, x, T, y);
+    matmul_quantized(W, x, T, y, path);
 }
 
 void matmul_ref(const Linear& W, const float* x, int64_t T, float* y) {

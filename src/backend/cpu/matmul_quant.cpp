@@ -1,13 +1,18 @@
 // CPU products against quantized weights, straight from the packed bytes (no dequantised copy of W):
-//   affine: each thread dequantises one weight row at a time into a small buffer and dots it with all
-//           T activation rows (one decode per row per call, whatever T is);
+//   affine: 4/8-bit with AffinePath::Int8 go to the int8-activation kernels (affine_int8.h). The exact
+//           (float activation) path: up to 8 rows unpack 4/8-bit codes in registers per group; otherwise
+//           each thread dequantises one weight row at a time and dots it with all T activation rows;
 //   exl3:   x is rotated once (x ⊙ suh, Hadamard per 128 block); each thread owns output tile columns,
 //           decodes one 16x16 tile at a time and applies it to all T rows; the output Hadamard, svh,
 //           bias and the output-row gather follow.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "backend/cpu/affine_int8.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_observer.h"
 #include "backend/cpu/simd.h"
@@ -80,8 +85,9 @@ void affine_matmul_few_rows(const quant::AffineWeight& q, const float* x, int64_
   });
 }
 
-void affine_matmul(const quant::AffineWeight& q, const float* x, int64_t T, float* y) {
+void affine_matmul(const quant::AffineWeight& q, const float* x, int64_t T, float* y, AffinePath path) {
   const int64_t out = q.out, in = q.in;
+  if (path == AffinePath::Int8 && affine_int8_supported(q)) return affine_matmul_int8(q, x, T, y);
   if (T <= 8 && q.group_size % 8 == 0 && q.group_size <= 128) {
     if (q.bits == 4) return affine_matmul_few_rows<4>(q, x, T, y);
     if (q.bits == 8) return affine_matmul_few_rows<8>(q, x, T, y);
@@ -164,10 +170,32 @@ void check(const Linear& W) {
 
 }  // namespace
 
-void matmul_quantized(const Linear& W, const float* x, int64_t T, float* y) {
+namespace {
+AffinePath env_affine_path() {
+  const char* e = std::getenv("LILY_CPU_AFFINE");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "int8") return AffinePath::Int8;
+  if (v == "exact") return AffinePath::Exact;
+  fail("LILY_CPU_AFFINE='{}': expected 'int8' or 'exact'", v);
+}
+std::atomic<int> g_affine_path{-1};  // -1: not read from the environment yet
+}  // namespace
+
+AffinePath affine_path_default() {
+  int p = g_affine_path.load(std::memory_order_relaxed);
+  if (p < 0) {
+    p = int(env_affine_path());
+    g_affine_path.store(p, std::memory_order_relaxed);
+  }
+  return AffinePath(p);
+}
+
+void set_affine_path_default(AffinePath p) { g_affine_path.store(int(p), std::memory_order_relaxed); }
+
+void matmul_quantized(const Linear& W, const float* x, int64_t T, float* y, AffinePath path) {
   check(W);
   if (T <= 0) return;
-  if (W.format == WeightFormat::Affine) affine_matmul(*W.affine, x, T, y);
+  if (W.format == WeightFormat::Affine) affine_matmul(*W.affine, x, T, y, path);
   else exl3_matmul(*W.exl3, x, T, y);
 }
 

@@ -1,0 +1,559 @@
+// Affine 4/8-bit × int8 activation products (contract in affine_int8.h).
+//
+// Activation layout (built once per product, per token row):
+//   q  [T][in] int8. 8-bit weights: natural order. 4-bit weights: the row is cut into chunks of 128 inputs
+//      (then one of 64 and one of 32 for the remainder); inside a chunk of width w the even inputs come
+//      first, then the odd ones: input cb+i sits at cb + (i even ? i/2 : w/2 + i/2). The low nibbles of
+//      the chunk's w/2 packed bytes are exactly the even codes and the high nibbles the odd codes, so the
+//      kernels unpack with one AND and one shift and never interleave.
+//   d  [T][in/32 · rep] the block scale d_b repeated rep times (rep 4 for 4-bit, 8 for 8-bit): that is the
+//      block of each int32 lane of a vpdpbusd over the layout above, so one load gives the lane scales.
+//   xs [T][gp] exact float Σx per weight group, zero-padded to gp = multiple of 16 groups.
+// Weight scales and biases of the rows in flight are converted to float once per row block.
+#include "backend/cpu/affine_int8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define LILY_X86 1
+#else
+#define LILY_X86 0
+#endif
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/thread_pool.h"
+
+namespace lily::cpu {
+
+namespace {
+
+struct Acts {
+  int64_t T = 0, in = 0, dl = 0, gp = 0;  // dl: d floats per token; gp: padded groups per token
+  std::vector<int8_t> qv;
+  std::vector<float> dv, xsv;
+  const int8_t* q = nullptr;
+  const float* d = nullptr;
+  const float* xs = nullptr;
+};
+
+// Position of input i in the 4-bit layout.
+inline int64_t pos4(int64_t i, int64_t in) {
+  const int64_t full = in / 128 * 128;
+  int64_t cb, w;
+  if (i < full) {
+    cb = i / 128 * 128;
+    w = 128;
+  } else if (in - full >= 64 && i < full + 64) {
+    cb = full;
+    w = 64;
+  } else {
+    cb = in - 32;
+    w = 32;
+  }
+  const int64_t o = i - cb;
+  return cb + ((o & 1) ? w / 2 + o / 2 : o / 2);
+}
+
+// Sizes the buffers of `a` for T rows; quantize_token_* fill one row each.
+void prepare_acts(int64_t T, int64_t in, int bits, int64_t gs, Acts& a) {
+  const int rep = bits == 4 ? 4 : 8;
+  const int64_t G = in / gs;
+  a.T = T;
+  a.in = in;
+  a.dl = in / 32 * rep;
+  a.gp = (G + 15) / 16 * 16;
+  a.qv.resize(size_t(T * in));
+  a.dv.resize(size_t(T * a.dl));
+  a.xsv.assign(size_t(T * a.gp), 0.0f);
+  a.q = a.qv.data();
+  a.d = a.dv.data();
+  a.xs = a.xsv.data();
+}
+
+// Plain quantiser of one row (pos: the 4-bit layout positions, or null for 8-bit).
+void quantize_token_plain(const float* xt, int64_t in, int bits, int64_t gs, const int64_t* pos, int8_t* qt,
+                          float* dt, float* st) {
+  const int rep = bits == 4 ? 4 : 8;
+  for (int64_t b = 0; b < in / 32; ++b) {
+    const float* xb = xt + b * 32;
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int k = 0; k < rep; ++k) dt[b * rep + k] = d;
+    int8_t qb[32];
+    for (int i = 0; i < 32; ++i) {
+      const float v = xb[i] * id;  // |v| ≤ 127 (+ rounding), round half away from zero
+      qb[i] = int8_t(std::clamp(int(v + (v >= 0 ? 0.5f : -0.5f)), -127, 127));
+    }
+    if (bits == 4)
+      for (int i = 0; i < 32; ++i) qt[pos[b * 32 + i]] = qb[i];
+    else
+      std::memcpy(qt + b * 32, qb, 32);
+  }
+  for (int64_t g = 0; g < in / gs; ++g) {
+    float s = 0;
+    for (int64_t i = 0; i < gs; ++i) s += xt[g * gs + i];
+    st[g] = s;
+  }
+}
+
+// One block of weight rows for a kernel: code bytes per row, float scales / biases [rows][ld].
+struct KArgs {
+  const uint8_t* w[4] = {};
+  const float* s = nullptr;
+  const float* b = nullptr;
+  int64_t ld = 0;
+  const Acts* a = nullptr;
+  int64_t in = 0, gs = 0;
+};
+
+// Scalar kernel: integer block sums in int32, float accumulation in double. One row, all tokens.
+void scalar_row(int bits, const KArgs& k, int64_t T, float* y, int64_t ys, const int64_t* pos) {
+  const Acts& a = *k.a;
+  const int rep = bits == 4 ? 4 : 8;
+  const int64_t in = k.in, nb = in / 32, G = in / k.gs;
+  for (int64_t t = 0; t < T; ++t) {
+    const int8_t* q = a.q + t * in;
+    const float* d = a.d + t * a.dl;
+    double acc = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+      int32_t isum = 0;
+      for (int64_t i = b * 32; i < b * 32 + 32; ++i) {
+        const int32_t c = bits == 4 ? (k.w[0][i / 2] >> (4 * (i & 1))) & 15 : k.w[0][i];
+        isum += c * int32_t(q[bits == 4 ? pos[i] : i]);
+      }
+      acc += double(k.s[b * 32 / k.gs]) * double(d[b * rep]) * double(isum);
+    }
+    for (int64_t g = 0; g < G; ++g) acc += double(k.b[g]) * double(a.xs[t * a.gp + g]);
+    y[t * ys] = float(acc);
+  }
+}
+
+#if LILY_X86
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+// GCC 12's AVX-512 headers seed masked builtins with _mm512_undefined_*(), which -Wuninitialized
+// reports inside inlined intrinsics (GCC bug 105593); nothing here reads an uninitialised value.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace zmm {
+
+constexpr int kRows = 4;
+
+inline __m512 zext(__m256 v) { return _mm512_insertf32x8(_mm512_setzero_ps(), v, 0); }
+
+// R weight rows × NT tokens; 4-bit: 128 codes (64 bytes) per step, 8-bit: 64 codes per step; the int32
+// lane l of a step covers block l/rep of it. Tails (64 or 32 codes for 4-bit, 32 for 8-bit) use ymm.
+template <int BITS, int R, int NT>
+void kernel(const KArgs& k, int64_t t0, float* y, int64_t ys) {
+  const Acts& a = *k.a;
+  const int64_t in = k.in, gs = k.gs;
+  constexpr int rep = BITS == 4 ? 4 : 8;
+  constexpr int64_t cw = BITS == 4 ? 128 : 64;  // codes per zmm step
+  __m512 acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  const int8_t* xq[NT];
+  const float* xd[NT];
+  for (int t = 0; t < NT; ++t) {
+    xq[t] = a.q + (t0 + t) * in;
+    xd[t] = a.d + (t0 + t) * a.dl;
+  }
+  int lane_grp[16];
+  for (int l = 0; l < 16; ++l) lane_grp[l] = int((l / rep) * 32 / gs);
+  const __m512i vidx = _mm512_loadu_si512(lane_grp);
+  const __m256i vidx8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lane_grp));
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m256i m4y = _mm256_set1_epi8(0x0F);
+  const int64_t nfull = in / cw;
+  for (int64_t c = 0; c < nfull; ++c) {
+    __m512i lo[R], hi[R];
+    __m512 sv[R];
+    for (int r = 0; r < R; ++r) {
+      const __m512i P = _mm512_loadu_si512(k.w[r] + c * 64);
+      if constexpr (BITS == 4) {
+        lo[r] = _mm512_and_si512(P, m4);
+        hi[r] = _mm512_and_si512(_mm512_srli_epi16(P, 4), m4);
+      } else {
+        lo[r] = P;
+      }
+      sv[r] = _mm512_permutexvar_ps(vidx, _mm512_loadu_ps(k.s + r * k.ld + c * cw / gs));
+    }
+    for (int t = 0; t < NT; ++t) {
+      const __m512i xl = _mm512_loadu_si512(xq[t] + c * cw);
+      const __m512 dv = _mm512_loadu_ps(xd[t] + c * 16);
+      if constexpr (BITS == 4) {
+        const __m512i xh = _mm512_loadu_si512(xq[t] + c * cw + 64);
+        for (int r = 0; r < R; ++r) {
+          const __m512i i = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xl), hi[r], xh);
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(sv[r], dv), acc[r][t]);
+        }
+      } else {
+        for (int r = 0; r < R; ++r) {
+          const __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xl);
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(sv[r], dv), acc[r][t]);
+        }
+      }
+    }
+  }
+  int64_t off = nfull * cw;
+  if (in - off >= (BITS == 4 ? 64 : 32)) {  // one ymm step: 4-bit chunk of 64 ([evens | odds]) / 8-bit block
+    __m256i lo[R], hi[R];
+    __m256 sv[R];
+    for (int r = 0; r < R; ++r) {
+      const __m256i P = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.w[r] + off * BITS / 8));
+      if constexpr (BITS == 4) {
+        lo[r] = _mm256_and_si256(P, m4y);
+        hi[r] = _mm256_and_si256(_mm256_srli_epi16(P, 4), m4y);
+      } else {
+        lo[r] = P;
+      }
+      sv[r] = _mm256_permutexvar_ps(vidx8, _mm256_loadu_ps(k.s + r * k.ld + off / gs));
+    }
+    for (int t = 0; t < NT; ++t) {
+      const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + off));
+      const __m256 dv = _mm256_loadu_ps(xd[t] + off / 32 * rep);
+      for (int r = 0; r < R; ++r) {
+        __m256i i = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[r], xl);
+        if constexpr (BITS == 4)
+          i = _mm256_dpbusd_epi32(i, hi[r], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + off + 32)));
+        acc[r][t] = _mm512_add_ps(acc[r][t], zext(_mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sv[r], dv))));
+      }
+    }
+    off += BITS == 4 ? 64 : 32;
+  }
+  if (BITS == 4 && in - off == 32) {  // last 4-bit block: [evens | odds] of 32 codes
+    __m256i L[R];
+    __m256 sv[R];
+    const __m128i m4x = _mm_set1_epi8(0x0F);
+    for (int r = 0; r < R; ++r) {
+      const __m128i P = _mm_loadu_si128(reinterpret_cast<const __m128i*>(k.w[r] + off / 2));
+      L[r] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(P, 4), m4x), _mm_and_si128(P, m4x));
+      sv[r] = _mm256_set1_ps(k.s[r * k.ld + off / gs]);
+    }
+    for (int t = 0; t < NT; ++t) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + off));
+      const __m256 dv = _mm256_set1_ps(xd[t][off / 32 * 4]);
+      for (int r = 0; r < R; ++r) {
+        const __m256i i = _mm256_dpbusd_epi32(_mm256_setzero_si256(), L[r], x);
+        acc[r][t] = _mm512_add_ps(acc[r][t], zext(_mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sv[r], dv))));
+      }
+    }
+  }
+  for (int64_t g = 0; g < a.gp; g += 16) {  // bias term: Σ_g b_g · Σx_g (zero-padded)
+    for (int r = 0; r < R; ++r) {
+      const __m512 bv = _mm512_loadu_ps(k.b + r * k.ld + g);
+      for (int t = 0; t < NT; ++t)
+        acc[r][t] = _mm512_fmadd_ps(bv, _mm512_loadu_ps(a.xs + (t0 + t) * a.gp + g), acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) y[t * ys + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+// One token row of quantize_acts (same per-element float operations as the scalar loop, so the same
+// codes and block scales; the group sums Σx are added in another order).
+void quantize_token(const float* xt, int64_t in, int bits, int64_t gs, int8_t* qt, float* dt, float* st) {
+  const int rep = bits == 4 ? 4 : 8;
+  const __m512 signm = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f);
+  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const int64_t full = in / 128 * 128;
+  for (int64_t cb = 0; cb < in;) {
+    const int64_t w = cb < full ? 128 : (in - cb >= 64 ? 64 : 32);
+    __m512i I[8];
+    for (int64_t p = 0; p < w / 16; p += 2) {  // block (cb + 16p) / 32
+      const float* xb = xt + cb + p * 16;
+      const __m512 a0 = _mm512_loadu_ps(xb), a1 = _mm512_loadu_ps(xb + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a0), _mm512_abs_ps(a1)));
+      const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+      float* db = dt + (cb + p * 16) / 32 * rep;
+      for (int k = 0; k < rep; ++k) db[k] = d;
+      __m512 v0 = _mm512_mul_ps(a0, _mm512_set1_ps(id)), v1 = _mm512_mul_ps(a1, _mm512_set1_ps(id));
+      v0 = _mm512_add_ps(v0, _mm512_or_ps(_mm512_and_ps(v0, signm), half));  // round half away from zero
+      v1 = _mm512_add_ps(v1, _mm512_or_ps(_mm512_and_ps(v1, signm), half));
+      I[p] = _mm512_cvttps_epi32(v0);
+      I[p + 1] = _mm512_cvttps_epi32(v1);
+    }
+    if (bits == 8) {
+      for (int64_t p = 0; p < w / 16; ++p)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qt + cb + 16 * p), _mm512_cvtsepi32_epi8(I[p]));
+    } else {  // evens of the chunk first, then odds
+      for (int64_t j = 0; j < w / 32; ++j) {
+        const __m512i e = _mm512_permutex2var_epi32(I[2 * j], ie, I[2 * j + 1]);
+        const __m512i o = _mm512_permutex2var_epi32(I[2 * j], io, I[2 * j + 1]);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qt + cb + 16 * j), _mm512_cvtsepi32_epi8(e));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qt + cb + w / 2 + 16 * j), _mm512_cvtsepi32_epi8(o));
+      }
+    }
+    cb += w;
+  }
+  for (int64_t g = 0; g < in / gs; ++g) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < gs; i += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(xt + g * gs + i));
+    st[g] = _mm512_reduce_add_ps(acc);
+  }
+}
+
+// Float scales / biases of rows o0 .. o0+n−1 into [n][ld] (ld ≥ groups, multiple of 16), zero-padded.
+void load_row_params(const quant::AffineWeight& w, int64_t o0, int n, int64_t ld, float* s, float* b) {
+  const int64_t G = w.groups();
+  for (int r = 0; r < n; ++r)
+    for (int which = 0; which < 2; ++which) {
+      const void* src = which ? w.biases : w.scales;
+      float* dst = (which ? b : s) + r * ld;
+      for (int64_t g = 0; g < ld; g += 16) {
+        const __mmask16 m = g >= G ? 0 : G - g >= 16 ? 0xFFFF : __mmask16((1u << (G - g)) - 1);
+        const int64_t i = (o0 + r) * G + g;
+        __m512 v;
+        if (w.scale_dtype == DType::F32) {
+          v = _mm512_maskz_loadu_ps(m, static_cast<const float*>(src) + i);
+        } else {
+          const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(src) + i);
+          v = w.scale_dtype == DType::BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                                           : _mm512_cvtph_ps(h);
+        }
+        _mm512_storeu_ps(dst + g, v);
+      }
+    }
+}
+
+template <int BITS, int R>
+void run_tokens(const KArgs& k, int64_t T, float* y, int64_t ys) {
+  int64_t t = 0;
+  for (; t + 3 <= T; t += 3) kernel<BITS, R, 3>(k, t, y + t * ys, ys);
+  if (T - t == 2) kernel<BITS, R, 2>(k, t, y + t * ys, ys);
+  else if (T - t == 1) kernel<BITS, R, 1>(k, t, y + t * ys, ys);
+}
+
+void run_block(int bits, int R, const KArgs& k, int64_t T, float* y, int64_t ys) {
+  if (bits == 4) R == kRows ? run_tokens<4, kRows>(k, T, y, ys) : run_tokens<4, 1>(k, T, y, ys);
+  else R == kRows ? run_tokens<8, kRows>(k, T, y, ys) : run_tokens<8, 1>(k, T, y, ys);
+}
+
+}  // namespace zmm
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+namespace ymm_vnni {
+constexpr int kRows = 2;
+#define LILY_YMM_VNNI 1
+#include "backend/cpu/affine_int8_ymm.inc"
+#undef LILY_YMM_VNNI
+}  // namespace ymm_vnni
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace ymm_avx2 {
+constexpr int kRows = 2;
+#define LILY_YMM_VNNI 0
+#include "backend/cpu/affine_int8_ymm.inc"
+#undef LILY_YMM_VNNI
+}  // namespace ymm_avx2
+#pragma GCC pop_options
+
+#endif  // LILY_X86
+
+int rows_per_block(Int8Isa isa) {
+#if LILY_X86
+  switch (isa) {
+    case Int8Isa::Avx512Vnni: return zmm::kRows;
+    case Int8Isa::AvxVnni: return ymm_vnni::kRows;
+    case Int8Isa::Avx2: return ymm_avx2::kRows;
+    default: break;
+  }
+#endif
+  return 1;
+}
+
+// Float scales and biases of `n` rows from `o0`, zero-padded to ld per row.
+void load_row_params_plain(const quant::AffineWeight& w, int64_t o0, int n, int64_t ld, float* s, float* b) {
+  const int64_t G = w.groups();
+  for (int r = 0; r < n; ++r) {
+    float* sr = s + r * ld;
+    float* br = b + r * ld;
+    if (w.scale_dtype == DType::BF16) {
+      const uint16_t* ps = static_cast<const uint16_t*>(w.scales) + (o0 + r) * G;
+      const uint16_t* pb = static_cast<const uint16_t*>(w.biases) + (o0 + r) * G;
+      for (int64_t g = 0; g < G; ++g) {
+        sr[g] = bf16_to_f32(ps[g]);
+        br[g] = bf16_to_f32(pb[g]);
+      }
+    } else {
+      for (int64_t g = 0; g < G; ++g) {
+        sr[g] = quant::affine_scale(w, o0 + r, g);
+        br[g] = quant::affine_bias(w, o0 + r, g);
+      }
+    }
+    std::fill(sr + G, sr + ld, 0.0f);
+    std::fill(br + G, br + ld, 0.0f);
+  }
+}
+
+}  // namespace
+
+const char* int8_isa_name(Int8Isa isa) {
+  switch (isa) {
+    case Int8Isa::Scalar: return "scalar";
+    case Int8Isa::Avx2: return "avx2";
+    case Int8Isa::AvxVnni: return "avx-vnni";
+    case Int8Isa::Avx512Vnni: return "avx512-vnni";
+  }
+  return "?";
+}
+
+bool int8_isa_available(Int8Isa isa) {
+#if LILY_X86
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  switch (isa) {
+    case Int8Isa::Scalar: return true;
+    case Int8Isa::Avx2: return avx2;
+    case Int8Isa::AvxVnni: return avx2 && __builtin_cpu_supports("avxvnni");
+    case Int8Isa::Avx512Vnni:
+      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vnni");
+  }
+  return false;
+#else
+  return isa == Int8Isa::Scalar;
+#endif
+}
+
+Int8Isa int8_isa_best() {
+  static const Int8Isa best = [] {
+    for (Int8Isa i : {Int8Isa::Avx512Vnni, Int8Isa::AvxVnni, Int8Isa::Avx2})
+      if (int8_isa_available(i)) return i;
+    return Int8Isa::Scalar;
+  }();
+  return best;
+}
+
+bool affine_int8_supported(const quant::AffineWeight& w) {
+  return (w.bits == 4 || w.bits == 8) && (w.group_size == 32 || w.group_size == 64 || w.group_size == 128) &&
+         w.in % 32 == 0 && w.in % w.group_size == 0 && w.in > 0;
+}
+
+void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T, float* y, Int8Isa isa) {
+  LILY_CHECK(affine_int8_supported(w), "int8 affine path: unsupported bits {} / group {} / in {}", w.bits,
+             w.group_size, w.in);
+  LILY_CHECK(int8_isa_available(isa), "int8 affine path: {} is not available on this CPU", int8_isa_name(isa));
+  if (T <= 0 || w.out <= 0) return;
+  thread_local Acts acts;  // on the calling thread, alive while the pool runs the blocks
+  prepare_acts(T, w.in, w.bits, w.group_size, acts);
+  const Acts& a = acts;
+  // The activations are quantised the same way whichever kernel runs (the AVX-512 quantiser gives the
+  // plain one's codes and scales), so the kernels can be compared on identical inputs.
+  static const bool zmm_quant = int8_isa_available(Int8Isa::Avx512Vnni);
+  std::vector<int64_t> pos;
+  if (w.bits == 4 && (!zmm_quant || isa == Int8Isa::Scalar)) {
+    pos.resize(size_t(w.in));
+    for (int64_t i = 0; i < w.in; ++i) pos[size_t(i)] = pos4(i, w.in);
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    int8_t* qt = acts.qv.data() + t * w.in;
+    float* dt = acts.dv.data() + t * a.dl;
+    float* st = acts.xsv.data() + t * a.gp;
+#if LILY_X86
+    if (zmm_quant) {
+      zmm::quantize_token(x + t * w.in, w.in, w.bits, w.group_size, qt, dt, st);
+      continue;
+    }
+#endif
+    quantize_token_plain(x + t * w.in, w.in, w.bits, w.group_size, pos.data(), qt, dt, st);
+  }
+  const int R = rows_per_block(isa);
+  const int64_t out = w.out, ld = a.gp + 16, row_bytes = w.row_words * 4;
+  const int64_t nblk = (out + R - 1) / R;
+  // Blocks of less than ~64K multiply-adds per call are not worth a hand-off to the pool.
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, R * w.in * T));
+  ThreadPool::global().parallel_for(nblk, grain, [&](int64_t b0, int64_t b1) {
+    thread_local std::vector<float> sb;
+    sb.resize(size_t(2 * 4 * ld));
+    KArgs k;
+    k.s = sb.data();
+    k.b = sb.data() + 4 * ld;
+    k.ld = ld;
+    k.a = &a;
+    k.in = w.in;
+    k.gs = w.group_size;
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t o0 = blk * R;
+      const int n = int(std::min<int64_t>(R, out - o0));
+      for (int r0 = 0; r0 < n;) {
+        const int rr = (n == R) ? R : 1;  // full block, or the last rows one at a time
+#if LILY_X86
+        if (isa == Int8Isa::Avx512Vnni)
+          zmm::load_row_params(w, o0 + r0, rr, ld, sb.data(), sb.data() + 4 * ld);
+        else
+#endif
+          load_row_params_plain(w, o0 + r0, rr, ld, sb.data(), sb.data() + 4 * ld);
+        for (int r = 0; r < rr; ++r)
+          k.w[r] = reinterpret_cast<const uint8_t*>(w.packed) + (o0 + r0 + r) * row_bytes;
+        float* yo = y + o0 + r0;
+        switch (isa) {
+#if LILY_X86
+          case Int8Isa::Avx512Vnni: zmm::run_block(w.bits, rr, k, T, yo, out); break;
+          case Int8Isa::AvxVnni: ymm_vnni::run_block(w.bits, rr, k, T, yo, out); break;
+          case Int8Isa::Avx2: ymm_avx2::run_block(w.bits, rr, k, T, yo, out); break;
+#endif
+          default: scalar_row(w.bits, k, T, yo, out, pos.data()); break;
+        }
+        r0 += rr;
+      }
+    }
+  });
+}
+
+void affine_int8_quantize_row(const float* x, int64_t in, int bits, int group_size, bool simd, int8_t* q, float* d,
+                              float* xsum) {
+  LILY_CHECK((bits == 4 || bits == 8) && in % 32 == 0 && in % group_size == 0, "bad int8 quantiser shape");
+#if LILY_X86
+  if (simd) {
+    LILY_CHECK(int8_isa_available(Int8Isa::Avx512Vnni), "the AVX-512 quantiser needs AVX-512 VNNI");
+    return zmm::quantize_token(x, in, bits, group_size, q, d, xsum);
+  }
+#else
+  LILY_CHECK(!simd, "no SIMD quantiser on this architecture");
+#endif
+  std::vector<int64_t> pos(static_cast<size_t>(in));
+  for (int64_t i = 0; i < in; ++i) pos[size_t(i)] = pos4(i, in);
+  quantize_token_plain(x, in, bits, group_size, pos.data(), q, d, xsum);
+}
+
+void affine_int8_error_bound(const quant::AffineWeight& w, const float* x, int64_t T, float* bound) {
+  const int64_t nb = w.in / 32;
+  std::vector<double> sw(static_cast<size_t>(nb));
+  for (int64_t o = 0; o < w.out; ++o) {
+    const uint32_t* row = w.packed + o * w.row_words;
+    for (int64_t b = 0; b < nb; ++b) {  // Σ|s·code| per block: the part of W that multiplies rounded inputs
+      double s = 0;
+      for (int64_t i = b * 32; i < b * 32 + 32; ++i)
+        s += std::fabs(double(quant::affine_scale(w, o, i / w.group_size)) * quant::affine_code(row, w.bits, i));
+      sw[size_t(b)] = s;
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      double e = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        float amax = 0;
+        for (int64_t i = b * 32; i < b * 32 + 32; ++i) amax = std::max(amax, std::fabs(x[t * w.in + i]));
+        e += sw[size_t(b)] * double(amax / 127.0f) / 2;
+      }
+      bound[t * w.out + o] = float(e);
+    }
+  }
+}
+
+}  // namespace lily::cpu

@@ -1,0 +1,46 @@
+// Affine 4/8-bit products with int8 activations (the fast CPU path; lossy in the activations only).
+//
+// Each activation row is quantised once per product in blocks of 32 consecutive inputs:
+//   d_b = max|x| / 127, q_i = round(x_i / d_b) ∈ [−127, 127]
+// and the exact float sum Σx of every weight group is kept for the bias term, so
+//   y[t, o] = Σ_b s_{g(b)} · d_b · (Σ_{i∈b} code_i · q_i) + Σ_g b_g · Σ_{i∈g} x_i
+// where the integer block sums are exact (unsigned codes × signed int8, vpdpbusd / maddubs / scalar).
+// The only error against the float product is the activation rounding (the bias term uses exact sums):
+//   |Δy| ≤ Σ_i |s_{g(i)} · code_i| · d_{b(i)} / 2.
+//
+// Kernels: AVX-512 VNNI (zmm, 4 weight rows × up to 3 tokens per register tile), AVX-VNNI and AVX2
+// (ymm, 2 rows × 2 tokens), and a scalar one (any machine; the reference the others are tested against:
+// same quantised activations, same integer sums, only the float summation order differs). The best
+// kernel is picked at run time from the CPU's features, whatever flags the binary was built with.
+#pragma once
+#include <cstdint>
+
+#include "quant/affine/affine.h"
+
+namespace lily::cpu {
+
+enum class Int8Isa { Scalar, Avx2, AvxVnni, Avx512Vnni };
+
+const char* int8_isa_name(Int8Isa isa);
+bool int8_isa_available(Int8Isa isa);  // compiled in and supported by this CPU
+Int8Isa int8_isa_best();
+
+// bits 4 or 8, group size 32/64/128, in % 32 == 0.
+bool affine_int8_supported(const quant::AffineWeight& w);
+
+// y[T, out] = x[T, in] · Wᵀ through int8 activations with the given kernel (tests force each one).
+void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T, float* y, Int8Isa isa);
+inline void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T, float* y) {
+  affine_matmul_int8(w, x, T, y, int8_isa_best());
+}
+
+// One activation row in the kernels' layout (q [in], d [in/32 · (bits == 4 ? 4 : 8)], xsum [in/group_size])
+// by the plain quantiser or (simd) the AVX-512 one; they must agree (tests).
+void affine_int8_quantize_row(const float* x, int64_t in, int bits, int group_size, bool simd, int8_t* q, float* d,
+                              float* xsum);
+
+// Σ_i |s_{g(i)} · code_i| · d_{b(i)}(x_t) / 2 per output: the bound on |int8 path − exact product| from activation
+// rounding alone (tests use it; plain loops).
+void affine_int8_error_bound(const quant::AffineWeight& w, const float* x, int64_t T, float* bound);
+
+}  // namespace lily::cpu
