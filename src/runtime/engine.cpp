@@ -41,4 +41,16 @@ std::unique_ptr<Engine> Engine::from_weights(std::shared_ptr<const ModelWeights>
   return e;
 }
 
+std::unique_ptr<Engine> Engine::from_backend(std::shared_ptr<const ModelWeights> w, std::unique_ptr<Backend> backend,
+                                             const EngineOptions& opt) {
+  LILY_CHECK(opt.ctx_size > 0, "--ctx-size must be positive (got {})", opt.ctx_size);
+  LILY_CHECK(opt.prefill_chunk > 0, "--prefill-chunk must be positive (got {})", opt.prefill_chunk);
+  LILY_ASSERT(backend != nullptr && &backend->weights() == w.get());
+  auto e = std::unique_ptr<Engine>(new Engine());
+  e->weights_ = std::move(w);
+  e->backend_ = std::move(backend);
+  e->opt_ = opt;
+  return e;
+}
+
 }  // namespace lily

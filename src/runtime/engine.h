@@ -20,6 +20,9 @@ class Engine {
   // Loads DIR and builds the backend. Throws InputError for bad files or an unavailable backend.
   static std::unique_ptr<Engine> open(const std::string& model_dir, const EngineOptions& opt);
   static std::unique_ptr<Engine> from_weights(std::shared_ptr<const ModelWeights> w, const EngineOptions& opt);
+  // An engine over a backend the caller built for these weights (opt.backend is not read).
+  static std::unique_ptr<Engine> from_backend(std::shared_ptr<const ModelWeights> w, std::unique_ptr<Backend> backend,
+                                              const EngineOptions& opt);
 
   const ModelConfig& config() const { return weights_->cfg; }
   const ModelWeights& weights() const { return *weights_; }

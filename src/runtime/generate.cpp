@@ -7,6 +7,20 @@
 
 namespace lily {
 
+DeviceSampling device_sampling(const SamplingParams& p) {
+  validate(p);
+  DeviceSampling d;
+  d.temperature = p.temperature;
+  d.top_k = p.top_k;
+  d.top_p = p.top_p;
+  d.min_p = p.min_p;
+  d.repetition_penalty = p.repetition_penalty;
+  d.presence_penalty = p.presence_penalty;
+  d.frequency_penalty = p.frequency_penalty;
+  d.seed = p.seed ? *p.seed : (uint64_t(std::random_device{}()) << 32 | std::random_device{}());
+  return d;
+}
+
 GenerateResult generate(Session& s, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const TokenCallback& on_token) {
   LILY_CHECK(opt.max_tokens >= 0, "max_tokens must be >= 0 (got {})", opt.max_tokens);
@@ -27,6 +41,19 @@ GenerateResult generate(Session& s, std::span<const int32_t> prompt, const Gener
   std::vector<int32_t> history;
   if (opt.penalize_prompt) history = s.tokens();
   res.finish_reason = "length";
+  if (opt.allow_device && !opt.need_logits && opt.max_tokens > 0 && s.can_decode_on_device()) {
+    DeviceDecode req;
+    req.sampling = device_sampling(opt.sampling);
+    req.history = history;
+    req.stop_ids = opt.stop_ids;
+    req.max_tokens = opt.max_tokens;
+    DeviceDecodeResult r = s.decode_on_device(req, [&](int32_t tok) { return on_token ? on_token(tok, {}) : true; });
+    res.tokens = std::move(r.tokens);
+    res.finish_reason = r.stopped ? "stop" : "length";
+    s.engine().backend().synchronize();
+    res.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+    return res;
+  }
   for (int64_t i = 0; i < opt.max_tokens; ++i) {
     const int32_t tok = sampler.sample(logits, history);
     res.tokens.push_back(tok);

@@ -1,5 +1,14 @@
 // The decode loop: prefill a prompt on a session, then sample token by token until a stop id,
-// max_tokens, or the callback says stop.
+// max_tokens, a full context, or the callback says stop.
+//
+// Two paths with the same emitted tokens semantics (which tokens, which finish reason):
+//  - device (the backend can_decode_on_device(), e.g. CUDA, and !need_logits): sampling runs on the
+//    device inside the decode step, the host only receives ids. The session ends after every emitted
+//    token that fit, the last one included (s.tokens() == prompt + tokens unless the context filled).
+//  - host (otherwise): logits come to the host each step and runtime/sampler.h draws. The last emitted
+//    token is not absorbed (s.tokens() == prompt + tokens[0:n-1]).
+// Either way s.tokens() and s.last_logits() describe the state exactly. A seed reproduces the tokens
+// of its path (the device draws with its own counter-based generator).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -17,6 +26,8 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these (it is included)
   bool penalize_prompt = false;   // whether penalties see the prompt tokens too
+  bool need_logits = false;       // the callback reads each token's logits row: forces the host path
+  bool allow_device = true;       // false: always the host path
 };
 
 struct GenerateResult {
@@ -26,8 +37,12 @@ struct GenerateResult {
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
-// Called after each sampled token with its logits row (V floats); return false to stop.
+// Called after each sampled token with its logits row (V floats; empty on the device path, see
+// GenerateOptions::need_logits); return false to stop.
 using TokenCallback = std::function<bool(int32_t token, std::span<const float> logits)>;
+
+// The device form of sampling parameters (validated; an unset seed drawn from std::random_device).
+DeviceSampling device_sampling(const SamplingParams& p);
 
 // Appends `prompt` to the session (which may already hold a cached prefix) and generates.
 GenerateResult generate(Session& s, std::span<const int32_t> prompt, const GenerateOptions& opt,

@@ -24,7 +24,7 @@ Sampler::Sampler(const SamplingParams& p) : p_(p) {
   rng_.seed(p.seed ? *p.seed : std::random_device{}());
 }
 
-int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+size_t Sampler::keep(std::span<const float> logits, std::span<const int32_t> history) {
   const int64_t V = int64_t(logits.size());
   LILY_ASSERT(V > 0);
   cand_.resize(static_cast<size_t>(V));
@@ -44,7 +44,9 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     int64_t best = 0;
     for (int64_t i = 1; i < V; ++i)
       if (cand_[size_t(i)].first > cand_[size_t(best)].first) best = i;
-    return cand_[size_t(best)].second;
+    std::swap(cand_[0], cand_[size_t(best)]);
+    prob_.assign(1, 1.0);
+    return 1;
   }
   auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
   size_t n = cand_.size();
@@ -56,25 +58,33 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   }
   // Probabilities at temperature T over the kept candidates.
   const float mx = cand_[0].first;
-  std::vector<double> prob(n);
+  std::vector<double>& prob = prob_;
+  prob.assign(n, 0.0);
   double sum = 0;
   for (size_t i = 0; i < n; ++i) sum += (prob[i] = std::exp(double(cand_[i].first - mx) / p_.temperature));
   for (auto& v : prob) v /= sum;
   if (p_.min_p > 0.0f) {
     const double cut = prob[0] * p_.min_p;
-    size_t keep = 1;
-    while (keep < n && prob[keep] >= cut) ++keep;
-    n = keep;
+    size_t k = 1;
+    while (k < n && prob[k] >= cut) ++k;
+    n = k;
   }
   if (p_.top_p < 1.0f) {
     double c = 0;
-    size_t keep = 0;
-    while (keep < n) {
-      c += prob[keep++];
+    size_t k = 0;
+    while (k < n) {
+      c += prob[k++];
       if (c >= p_.top_p) break;
     }
-    n = std::max<size_t>(1, keep);
+    n = std::max<size_t>(1, k);
   }
+  return n;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  const size_t n = keep(logits, history);
+  if (p_.temperature == 0.0f) return cand_[0].second;
+  const std::vector<double>& prob = prob_;
   double total = 0;
   for (size_t i = 0; i < n; ++i) total += prob[i];
   std::uniform_real_distribution<double> U(0.0, total);
@@ -84,6 +94,15 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     if (r < acc) return cand_[i].second;
   }
   return cand_[n - 1].second;
+}
+
+std::vector<std::pair<int32_t, double>> Sampler::distribution(std::span<const float> logits, std::span<const int32_t> history) {
+  const size_t n = keep(logits, history);
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += prob_[i];
+  std::vector<std::pair<int32_t, double>> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = {cand_[i].second, prob_[i] / total};
+  return out;
 }
 
 float token_logprob(std::span<const float> logits, int32_t token) {

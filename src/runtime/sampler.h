@@ -28,12 +28,19 @@ class Sampler {
   explicit Sampler(const SamplingParams& p);
   // `history`: tokens the penalties apply to (prompt + generated, as the caller chooses).
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history = {});
+  // The distribution sample() would draw from (no draw is made): the kept ids in draw order and their
+  // probabilities renormalised over the kept set; greedy: the one id with probability 1.
+  std::vector<std::pair<int32_t, double>> distribution(std::span<const float> logits, std::span<const int32_t> history = {});
   const SamplingParams& params() const { return p_; }
 
  private:
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;
+  std::vector<double> prob_;
+  // Penalties and filters: cand_[0:n] are the kept (logit, id) in draw order, prob_[0:n] their
+  // probabilities (normalised over the top-k set). Returns n; greedy: n = 1.
+  size_t keep(std::span<const float> logits, std::span<const int32_t> history);
 };
 
 // log-softmax of `logits` at `token`, and the top-n (token, logprob) pairs, highest first.

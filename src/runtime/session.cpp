@@ -48,6 +48,19 @@ void Session::decode(int32_t token, float* logits) {
   if (logits) std::copy(last_logits_.begin(), last_logits_.end(), logits);
 }
 
+DeviceDecodeResult Session::decode_on_device(const DeviceDecode& req, const std::function<bool(int32_t)>& on_token) {
+  LILY_CHECK(!last_logits_.empty(), "nothing to generate from: the session holds no tokens");
+  DeviceDecode r = req;
+  r.first_logits = last_logits_.data();
+  std::vector<float> after(last_logits_.size());
+  DeviceDecodeResult res = engine_->backend().decode_on_device(*state_, r, on_token, after.data());
+  LILY_ASSERT(res.absorbed >= 0 && res.absorbed <= int64_t(res.tokens.size()));
+  tokens_.insert(tokens_.end(), res.tokens.begin(), res.tokens.begin() + std::ptrdiff_t(res.absorbed));
+  if (res.absorbed > 0) last_logits_ = std::move(after);
+  LILY_ASSERT(state_->n_tokens() == n_tokens());
+  return res;
+}
+
 Snapshot Session::snapshot() const {
   Snapshot s;
   s.tokens = tokens_;

@@ -36,6 +36,12 @@ class Session {
   // Appends one token and writes the logits that predict the next one.
   void decode(int32_t token, float* logits);
 
+  // Whether the backend can generate with sampling on the device (Backend::decode_on_device).
+  bool can_decode_on_device() { return engine_->backend().can_decode_on_device(); }
+  // Generates from last_logits() on the device (req.first_logits is ignored). The session then holds
+  // every absorbed token (tokens[0:absorbed]: all emitted ones that fit) and the logits after the last.
+  DeviceDecodeResult decode_on_device(const DeviceDecode& req, const std::function<bool(int32_t)>& on_token);
+
   Snapshot snapshot() const;
   void restore(const Snapshot& s);
   void reset();

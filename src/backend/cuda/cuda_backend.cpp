@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/ops.h"
+#include "backend/cuda/sample.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "quant/affine/affine.h"
@@ -75,7 +76,7 @@ class CudaState final : public SequenceState {
   std::vector<float*> conv, S;            // per layer (DeltaNet layers)
   void* region = nullptr;
   size_t region_bytes = 0, fixed_bytes_ = 0, kv_bytes_per_token_ = 0;
-  std::map<int, cudaGraphExec_t> graphs;  // decode graph per context bucket (key: bucket, +1000 greedy)
+  std::map<int, cudaGraphExec_t> graphs;  // decode graph per context bucket (key: bucket, +1000 argmax-fed, +2000 sampler-fed)
   uint64_t graph_gen = 0;
   void drop_graphs();
 };
@@ -99,6 +100,16 @@ class CudaBackend final : public Backend {
 
   // greedy mode: the step's input token is already in d_tokens_[0]; head writes the argmax there.
   void set_greedy(bool on) { greedy_ = on; }
+  // with greedy mode: head runs the device sampler (sample.h) instead of the argmax
+  bool sampler_ = false;
+  SampleDev samp_;
+  void* samp_mem_ = nullptr;
+  size_t samp_bytes_ = 0;
+  void ensure_sampler();
+  void fed_step(SequenceState& st);  // one decode step whose input id is already in d_tokens_[0]
+  bool can_decode_on_device() const override { return true; }
+  DeviceDecodeResult decode_on_device(SequenceState& st, const DeviceDecode& req, const std::function<bool(int32_t)>& on_token,
+                                      float* last_logits) override;
   std::vector<KernelLaunch> describe(int64_t ctx);
 
   std::shared_ptr<const ModelWeights> w_;
@@ -263,6 +274,7 @@ CudaBackend::~CudaBackend() {
   for (auto& [p, n] : weight_allocs_) mem_.free(p, n);
   mem_.free(work_, scratch_bytes_);
   mem_.free(logits_, size_t(logits_rows_) * size_t(w_->cfg.vocab) * 4);
+  mem_.free(samp_mem_, samp_bytes_);
   cudaStreamDestroy(stream_);
   cudaStreamDestroy(side_);
   cudaEventDestroy(fork_);
@@ -433,7 +445,7 @@ void CudaBackend::begin(SequenceState& st, int64_t T) {
   for (const DevLayer& D : layers_)
     if (D.kind == LayerKind::FullAttention) { nsplit_ = attn_splits(D.attn, T_, ctx_max); break; }
   if ((opt_.graphs && !opt_.profile && T == 1) || recording_) {
-    bucket_key_ = bucket + (greedy_ ? 1000 : 0);
+    bucket_key_ = bucket + (greedy_ ? (sampler_ ? 2000 : 1000) : 0);
     auto it = cs->graphs.find(bucket_key_);
     if (it != cs->graphs.end() && !recording_) replay_ = true;
     else capture_ = true;
@@ -519,7 +531,10 @@ void CudaBackend::head(int64_t rows, float* logits) {
     rmsnorm(xr, H, final_norm_, int(rows), H, eps, u_, H, stream_);
     linear(lm_head_, V, H, u_, H, int(rows), logits_, V, false, stream_);
   }
-  if (greedy_) argmax(logits_ + size_t(rows - 1) * V, 1, V, d_tokens_, stream_);  // next step's input slot
+  if (greedy_) {  // the next step's input slot
+    if (sampler_) sample(samp_, logits_ + size_t(rows - 1) * V, d_tokens_, stream_);
+    else argmax(logits_ + size_t(rows - 1) * V, 1, V, d_tokens_, stream_);
+  }
 }
 
 void CudaBackend::end() {
@@ -704,6 +719,113 @@ void CudaState::restore(const SequenceState& snapshot) {
   if (s->n_ > cap_) fail("cannot restore a snapshot of {} tokens into a context of {}", s->n_, cap_);
   copy_state(*s, *this, be_.stream_);
   LILY_CU(cudaStreamSynchronize(be_.stream_));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding with the sampler on the device.
+void CudaBackend::ensure_sampler() {
+  if (samp_mem_) return;
+  const int V = int(w_->cfg.vocab);
+  if (V > kSampleMaxVocab) fail("CUDA sampling: a vocabulary of {} ids exceeds the sampler's {}", V, kSampleMaxVocab);
+  samp_bytes_ = sample_bytes(V);
+  samp_mem_ = mem_.alloc(samp_bytes_);
+  samp_ = sample_layout(samp_mem_, V);
+}
+
+void CudaBackend::fed_step(SequenceState& st) {
+  const ModelConfig& c = w_->cfg;
+  begin(st, 1);
+  embed(nullptr);
+  for (int l = 0; l < int(c.layers); ++l) {
+    if (c.layer_kinds[size_t(l)] == LayerKind::LinearAttention) gdn_mixer(l);
+    else attn_mixer(l);
+    ffn(l);
+  }
+  head(1, nullptr);
+  end();
+}
+
+// Pipeline: step s_i absorbs t_i and draws t_{i+1} into d_tokens_[0] (graph replay, no host round trip);
+// it is enqueued as soon as t_i is known to be emitted (t_0..t_{i-1} passed the host's checks), i.e.
+// before the host has seen t_i, so the device runs s_i while the host checks t_i. A stop at t_i therefore
+// leaves the state exactly after t_i; the draw of t_{i+1} is discarded.
+DeviceDecodeResult CudaBackend::decode_on_device(SequenceState& st, const DeviceDecode& req,
+                                                 const std::function<bool(int32_t)>& on_token, float* last_logits) {
+  auto* cs = dynamic_cast<CudaState*>(&st);
+  if (!cs || &cs->be_ != this) throw InternalError("CudaBackend::decode_on_device: state from another backend");
+  if (!req.first_logits) throw InternalError("CudaBackend::decode_on_device: no logits to draw the first token from");
+  DeviceDecodeResult res;
+  if (req.max_tokens <= 0) return res;
+  const int V = int(w_->cfg.vocab);
+  ensure_scratch(1);
+  ensure_sampler();
+  const DeviceSampling& q = req.sampling;
+  SampleParams p;
+  p.temperature = q.temperature;
+  p.top_k = q.top_k;
+  p.top_p = q.top_p;
+  p.min_p = q.min_p;
+  p.repetition_penalty = q.repetition_penalty;
+  p.presence_penalty = q.presence_penalty;
+  p.frequency_penalty = q.frequency_penalty;
+  p.seed = q.seed;
+  std::vector<int32_t> counts(size_t(V), 0);
+  for (int32_t t : req.history)
+    if (t >= 0 && t < V) ++counts[size_t(t)];
+  sample_setup(samp_, p, counts.data(), 0, stream_);
+  // greedy without penalties: the plain argmax graph (the same token, fewer kernels)
+  const bool argmax_only = q.temperature == 0.0f && q.repetition_penalty == 1.0f && q.presence_penalty == 0.0f &&
+                           q.frequency_penalty == 0.0f;
+
+  // ids come back through a pinned ring: slot i % 4 holds t_i, at most two are in flight
+  struct Ring {
+    cudaStream_t s;
+    int32_t* ids = nullptr;
+    cudaEvent_t ev[4] = {};
+    ~Ring() {
+      cudaStreamSynchronize(s);
+      for (auto& e : ev)
+        if (e) cudaEventDestroy(e);
+      if (ids) cudaFreeHost(ids);
+    }
+  } ring{stream_};
+  LILY_CU(cudaMallocHost(&ring.ids, 4 * sizeof(int32_t)));
+  for (auto& e : ring.ev) LILY_CU(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  struct Mode {
+    CudaBackend* b;
+    ~Mode() { b->greedy_ = b->sampler_ = false; }
+  } mode{this};
+
+  // t_0: drawn by the same kernels from the host's row
+  LILY_CU(cudaMemcpyAsync(logits_, req.first_logits, sizeof(float) * size_t(V), cudaMemcpyHostToDevice, stream_));
+  sample(samp_, logits_, d_tokens_, stream_);
+  LILY_CU(cudaMemcpyAsync(ring.ids, d_tokens_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  LILY_CU(cudaEventRecord(ring.ev[0], stream_));
+
+  greedy_ = true;
+  sampler_ = !argmax_only;
+  for (int64_t i = 0;; ++i) {
+    const bool fits = cs->n_ + 1 <= cs->cap_;
+    if (fits) {  // s_i: absorb t_i, draw t_{i+1}
+      fed_step(st);
+      LILY_CU(cudaMemcpyAsync(ring.ids + (i + 1) % 4, d_tokens_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+      LILY_CU(cudaEventRecord(ring.ev[(i + 1) % 4], stream_));
+      ++res.absorbed;
+    }
+    LILY_CU(cudaEventSynchronize(ring.ev[i % 4]));
+    const int32_t tok = ring.ids[i % 4];
+    res.tokens.push_back(tok);
+    // the host loop's checks, in its order (runtime/generate.cpp)
+    const bool is_stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end();
+    if (on_token && !on_token(tok)) { res.stopped = true; break; }
+    if (is_stop) { res.stopped = true; break; }
+    if (i + 1 == req.max_tokens) break;
+    if (!fits) break;  // context full: t_i could not be absorbed
+  }
+  if (res.absorbed > 0 && last_logits)
+    LILY_CU(cudaMemcpyAsync(last_logits, logits_, sizeof(float) * size_t(V), cudaMemcpyDeviceToHost, stream_));
+  LILY_CU(cudaStreamSynchronize(stream_));
+  return res;
 }
 
 }  // namespace

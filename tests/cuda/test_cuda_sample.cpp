@@ -1,0 +1,545 @@
+// Device sampling (backend/cuda/sample.h) against the host Sampler (runtime/sampler.h): the kept set and
+// its probabilities on crafted logits, the distribution of many draws, seeds, greedy, graph capture; and
+// generation on the device (Backend::decode_on_device through runtime::generate) on a golden model
+// against the host path: the same tokens and stops, and the state after the run.
+#include <gtest/gtest.h>
+
+#ifndef LILY_HAVE_CUDA
+TEST(CudaSample, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
+#else
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/sample.h"
+#include "core/mapped_file.h"
+#include "cuda_test_util.h"
+#include "runtime/engine.h"
+#include "runtime/generate.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+
+namespace fs = std::filesystem;
+using namespace lily;
+using namespace lily::cudatest;
+
+namespace {
+
+cuda::SampleParams to_device(const SamplingParams& p) {
+  cuda::SampleParams d;
+  d.temperature = p.temperature;
+  d.top_k = p.top_k;
+  d.top_p = p.top_p;
+  d.min_p = p.min_p;
+  d.repetition_penalty = p.repetition_penalty;
+  d.presence_penalty = p.presence_penalty;
+  d.frequency_penalty = p.frequency_penalty;
+  d.seed = p.seed.value_or(0);
+  return d;
+}
+
+// One sampler's device buffers (default stream).
+struct DevSampler {
+  int V;
+  void* mem = nullptr;
+  cuda::SampleDev d;
+  Dev<float> logits;
+  Dev<int32_t> out;
+  Dev<double> probs;
+  DevSampler(int v, int max_draws = 1) : V(v), logits(size_t(v)), out(size_t(max_draws)), probs(size_t(v)) {
+    LILY_CU(cudaMalloc(&mem, cuda::sample_bytes(V)));
+    d = cuda::sample_layout(mem, V);
+  }
+  ~DevSampler() { cudaFree(mem); }
+  void setup(const SamplingParams& p, const std::vector<int32_t>& history = {}, uint64_t step = 0) {
+    std::vector<int32_t> counts(size_t(V), 0);
+    for (int32_t t : history)
+      if (t >= 0 && t < V) ++counts[size_t(t)];
+    cuda::sample_setup(d, to_device(p), counts.data(), step, nullptr);
+  }
+  // k-th draw into out[k] (no sync)
+  void draw_async(int k = 0) { cuda::sample(d, logits.p, out.p + k, nullptr); }
+  int32_t draw() {
+    draw_async(0);
+    return out.down()[0];
+  }
+  std::vector<double> distribution() {
+    cuda::sample_probs(d, probs.p, nullptr);
+    return probs.down();
+  }
+  uint64_t step() const {
+    uint64_t s = 0;
+    LILY_CU(cudaDeviceSynchronize());
+    LILY_CU(cudaMemcpy(&s, d.step, 8, cudaMemcpyDeviceToHost));
+    return s;
+  }
+  std::vector<int32_t> counts() const {
+    std::vector<int32_t> c(static_cast<size_t>(V));
+    LILY_CU(cudaDeviceSynchronize());
+    LILY_CU(cudaMemcpy(c.data(), d.counts, 4 * size_t(V), cudaMemcpyDeviceToHost));
+    return c;
+  }
+};
+
+std::vector<float> random_logits(int V, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  return randn(size_t(V), rng, scale);
+}
+
+// Host kept set as id -> probability (renormalised over the kept set).
+std::map<int32_t, double> host_dist(const SamplingParams& p, const std::vector<float>& logits, const std::vector<int32_t>& hist) {
+  SamplingParams q = p;
+  q.seed = 1;
+  std::map<int32_t, double> m;
+  for (auto [id, pr] : Sampler(q).distribution(logits, hist)) m[id] = pr;
+  return m;
+}
+
+// True when moving top_p or min_p by one float step flips the host's cut: the host's cumulative sum sits
+// within ~6e-8 of the threshold, closer than the device's fixed-point sums are promised to agree
+// (~1e-12), so such a case says nothing about exactness.
+bool borderline(const SamplingParams& p, const std::vector<float>& logits, const std::vector<int32_t>& hist) {
+  const size_t n = host_dist(p, logits, hist).size();
+  for (float dir : {0.0f, 2.0f}) {
+    SamplingParams q = p;
+    if (q.top_p < 1.0f) q.top_p = std::min(1.0f, std::nextafter(q.top_p, dir));
+    if (q.min_p > 0.0f) q.min_p = std::min(1.0f, std::nextafter(q.min_p, dir));
+    if (host_dist(q, logits, hist).size() != n) return true;
+  }
+  return false;
+}
+
+struct Case {
+  std::string name;
+  SamplingParams p;
+  std::vector<float> logits;
+  std::vector<int32_t> history;
+};
+
+std::vector<Case> cases(int V) {
+  std::vector<Case> cs;
+  auto P = [](float T, int k, float tp, float mp) {
+    SamplingParams p;
+    p.temperature = T;
+    p.top_k = k;
+    p.top_p = tp;
+    p.min_p = mp;
+    p.seed = 99;
+    return p;
+  };
+  const auto base = random_logits(V, 1000u + uint32_t(V), 3.0f);
+  cs.push_back({"chat defaults (T 0.7, top-k 20, top-p 0.8)", P(0.7f, 20, 0.8f, 0), base, {}});
+  cs.push_back({"plain temperature 1", P(1.0f, 0, 1.0f, 0), base, {}});
+  cs.push_back({"plain temperature 0.05", P(0.05f, 0, 1.0f, 0), base, {}});
+  cs.push_back({"top-k 1", P(1.0f, 1, 1.0f, 0), base, {}});
+  cs.push_back({"top-k V", P(1.0f, V, 1.0f, 0), base, {}});
+  cs.push_back({"top-k V+5", P(1.0f, V + 5, 0.9f, 0), base, {}});
+  cs.push_back({"top-p tiny", P(1.0f, 0, 1e-6f, 0), base, {}});
+  cs.push_back({"top-p 0.95 alone", P(1.3f, 0, 0.95f, 0), base, {}});
+  cs.push_back({"min-p 0.05", P(1.3f, 0, 1.0f, 0.05f), base, {}});
+  cs.push_back({"min-p 1", P(1.0f, 0, 1.0f, 1.0f), base, {}});
+  cs.push_back({"min-p + top-p + top-k", P(0.9f, 100, 0.9f, 0.02f), base, {}});
+  // ties: few distinct values, so top-k and top-p cut inside groups of equal logits (lowest ids first)
+  std::vector<float> tied(base);
+  for (auto& x : tied) x = std::round(x);
+  cs.push_back({"ties, top-k 50", P(1.0f, 50, 1.0f, 0), tied, {}});
+  cs.push_back({"ties, top-p 0.45", P(1.0f, 0, 0.45f, 0), tied, {}});
+  cs.push_back({"ties, top-k 37, top-p 0.63", P(0.8f, 37, 0.63f, 0), tied, {}});
+  std::vector<float> flat(size_t(V), 1.5f);
+  cs.push_back({"all equal, top-k V/3, top-p 0.45", P(1.0f, V / 3, 0.45f, 0), flat, {}});
+  cs.push_back({"all equal, plain", P(1.0f, 0, 1.0f, 0), flat, {}});
+  std::vector<float> zeros(size_t(V), 0.0f);
+  for (int i = 0; i < V; i += 3) zeros[size_t(i)] = -0.0f;  // -0 and +0 are one tie group
+  cs.push_back({"signed zeros, top-k 7", P(1.0f, 7, 1.0f, 0), zeros, {}});
+  cs.push_back({"signed zeros, greedy", P(0.0f, 0, 1.0f, 0), zeros, {}});
+  // penalties with repeated history ids, including the most likely ones (exact in float: 1.25, .5, .25)
+  std::vector<int32_t> hist;
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (int i = 0; i < V; ++i) order[size_t(i)] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return base[size_t(a)] > base[size_t(b)]; });
+  for (int j = 0; j < std::min(V, 12); ++j)
+    for (int r = 0; r <= j % 4; ++r) hist.push_back(order[size_t(j)]);
+  hist.push_back(-1);  // out of range: ignored, as on the host
+  hist.push_back(V + 7);
+  SamplingParams pen = P(0.9f, 40, 1.0f, 0);
+  pen.repetition_penalty = 1.25f;
+  pen.presence_penalty = 0.5f;
+  pen.frequency_penalty = 0.25f;
+  cs.push_back({"penalties, top-k 40", pen, base, hist});
+  pen.temperature = 0.0f;
+  cs.push_back({"penalties, greedy", pen, base, hist});
+  SamplingParams neg = P(1.0f, 0, 0.9f, 0);
+  neg.repetition_penalty = 0.8f;
+  neg.presence_penalty = -0.5f;
+  neg.frequency_penalty = -0.25f;
+  cs.push_back({"negative penalties, top-p 0.9", neg, base, hist});
+  return cs;
+}
+
+class CudaSampleV : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaSampleV, KeptSetAndProbabilitiesMatchHost) {
+  LILY_REQUIRE_GPU();
+  const int V = GetParam();
+  DevSampler ds(V);
+  int checked = 0;
+  for (const Case& c : cases(V)) {
+    SCOPED_TRACE(c.name + ", V " + std::to_string(V));
+    if (borderline(c.p, c.logits, c.history)) {
+      std::printf("[V %d] %s: host cut within 1e-9 of flipping, skipped\n", V, c.name.c_str());
+      continue;
+    }
+    const auto host = host_dist(c.p, c.logits, c.history);
+    ds.logits.up(c.logits);
+    ds.setup(c.p, c.history);
+    const int32_t tok = ds.draw();
+    const auto dev = ds.distribution();
+    EXPECT_TRUE(host.count(tok)) << "drawn id " << tok << " is outside the host's kept set";
+    size_t kept = 0;
+    double worst = 0;
+    for (int i = 0; i < V; ++i) {
+      const bool in_dev = dev[size_t(i)] >= 0.0, in_host = host.count(i) > 0;
+      ASSERT_EQ(in_dev, in_host) << "id " << i << " (logit " << c.logits[size_t(i)] << ")";
+      if (!in_host) continue;
+      ++kept;
+      const double hp = host.at(i);
+      worst = std::max(worst, std::abs(dev[size_t(i)] - hp));
+      // fixed point: |Δ| <= a few 2^-44 per unit of mass, relative to the kept total
+      ASSERT_NEAR(dev[size_t(i)], hp, 1e-9 + 1e-7 * hp) << "id " << i;
+    }
+    EXPECT_EQ(kept, host.size());
+    ++checked;
+  }
+  EXPECT_GT(checked, 15);
+}
+
+TEST_P(CudaSampleV, GreedyIsHostArgmax) {
+  LILY_REQUIRE_GPU();
+  const int V = GetParam();
+  DevSampler ds(V);
+  Dev<int32_t> am(1);
+  for (uint32_t seed = 0; seed < 3; ++seed) {
+    auto l = random_logits(V, seed, 2.0f);
+    for (auto& x : l) x = std::round(x * 4) / 4;  // ties
+    SamplingParams p;  // temperature 0
+    const int32_t host = Sampler(p).sample(l);
+    ds.logits.up(l);
+    ds.setup(p);
+    EXPECT_EQ(ds.draw(), host);
+    cuda::argmax(ds.logits.p, 1, V, am.p, nullptr);
+    EXPECT_EQ(am.down()[0], host) << "the argmax kernel the greedy graph uses";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Vocab, CudaSampleV, ::testing::Values(1, 2, 17, 151936, 248320));
+
+// Many draws (the step counter advances) against the host probabilities: chi-square at p ~ 1e-4, fixed seed.
+TEST(CudaSample, DrawsFollowTheDistribution) {
+  LILY_REQUIRE_GPU();
+  struct D { int V; SamplingParams p; };
+  auto P = [](float T, int k, float tp, float mp) {
+    SamplingParams p;
+    p.temperature = T; p.top_k = k; p.top_p = tp; p.min_p = mp; p.seed = 2024;
+    return p;
+  };
+  for (const D& c : {D{17, P(1.0f, 0, 1.0f, 0)}, D{1000, P(0.8f, 50, 0.9f, 0)}, D{151936, P(1.0f, 0, 0.95f, 0.01f)},
+                     D{248320, P(1.2f, 0, 1.0f, 0)}}) {
+    SCOPED_TRACE("V " + std::to_string(c.V));
+    const int N = 20000;
+    auto l = random_logits(c.V, 7u, c.V > 1000 ? 3.0f : 1.0f);
+    const auto host = host_dist(c.p, l, {});
+    DevSampler ds(c.V, N);
+    ds.logits.up(l);
+    ds.setup(c.p);
+    for (int k = 0; k < N; ++k) ds.draw_async(k);
+    const auto ids = ds.out.down();
+    EXPECT_EQ(ds.step(), uint64_t(N));
+    std::map<int32_t, int> seen;
+    for (int32_t t : ids) {
+      ASSERT_TRUE(host.count(t)) << "id " << t << " outside the kept set";
+      ++seen[t];
+    }
+    // bins with expected count >= 5, the rest pooled
+    double chi2 = 0, pool_e = 0, pool_o = 0;
+    int df = -1;
+    for (auto [id, pr] : host) {
+      const double e = pr * N, o = seen.count(id) ? seen[id] : 0;
+      if (e >= 5) { chi2 += (o - e) * (o - e) / e; ++df; }
+      else { pool_e += e; pool_o += o; }
+    }
+    if (pool_e > 0) { chi2 += (pool_o - pool_e) * (pool_o - pool_e) / std::max(pool_e, 1e-9); ++df; }
+    ASSERT_GE(df, 1);
+    const double z = 3.72, a = 2.0 / (9.0 * df);
+    const double crit = df * std::pow(1 - a + z * std::sqrt(a), 3);  // Wilson-Hilferty, upper 1e-4
+    std::printf("[V %d] chi2 %.1f, df %d, critical %.1f\n", c.V, chi2, df, crit);
+    EXPECT_LT(chi2, crit);
+  }
+}
+
+TEST(CudaSample, SeedReproducesAndHistoryUpdates) {
+  LILY_REQUIRE_GPU();
+  const int V = 151936, N = 200;
+  auto l = random_logits(V, 5u, 2.0f);
+  SamplingParams p;
+  p.temperature = 1.0f; p.top_k = 40; p.top_p = 0.95f;
+  p.repetition_penalty = 1.3f; p.frequency_penalty = 0.5f;  // later draws depend on earlier ones
+  std::vector<int32_t> hist = {3, 3, 9};
+  auto run = [&](uint64_t seed) {
+    DevSampler ds(V, N);
+    ds.logits.up(l);
+    p.seed = seed;
+    ds.setup(p, hist);
+    for (int k = 0; k < N; ++k) ds.draw_async(k);
+    auto ids = ds.out.down();
+    EXPECT_EQ(ds.step(), uint64_t(N));
+    std::vector<int32_t> want(size_t(V), 0);
+    for (int32_t t : hist) ++want[size_t(t)];
+    for (int32_t t : ids) ++want[size_t(t)];
+    EXPECT_EQ(ds.counts(), want) << "counts = history + every draw";
+    return ids;
+  };
+  const auto a = run(11), b = run(11), c = run(12);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  // the generator: 53-bit uniform in [0, 1), different per step and per seed
+  EXPECT_NE(cuda::sample_uniform(1, 0), cuda::sample_uniform(1, 1));
+  EXPECT_NE(cuda::sample_uniform(1, 0), cuda::sample_uniform(2, 0));
+  for (uint64_t s = 0; s < 1000; ++s) {
+    const double u = cuda::sample_uniform(77, s);
+    ASSERT_TRUE(u >= 0.0 && u < 1.0);
+  }
+}
+
+// The draw captured in a graph and replayed gives the same ids as eager launches (no host sync inside,
+// parameters, history and step read from the device at run time).
+TEST(CudaSample, CapturedGraphMatchesEager) {
+  LILY_REQUIRE_GPU();
+  const int V = 248320, N = 64;
+  auto l = random_logits(V, 9u, 3.0f);
+  SamplingParams p;
+  p.temperature = 0.8f; p.top_k = 20; p.top_p = 0.8f; p.presence_penalty = 1.0f; p.seed = 5;
+  DevSampler eager(V, N);
+  eager.logits.up(l);
+  eager.setup(p);
+  for (int k = 0; k < N; ++k) eager.draw_async(k);
+  const auto want = eager.out.down();
+
+  DevSampler g(V, N);
+  g.logits.up(l);
+  g.setup(p);
+  cudaStream_t s;
+  LILY_CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Dev<int32_t> slot(1);
+  cudaGraph_t graph;
+  LILY_CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  cuda::sample(g.d, g.logits.p, slot.p, s);
+  LILY_CU(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t ex;
+  LILY_CU(cudaGraphInstantiate(&ex, graph, 0));
+  std::vector<int32_t> got;
+  for (int k = 0; k < N; ++k) {
+    LILY_CU(cudaGraphLaunch(ex, s));
+    int32_t t;
+    LILY_CU(cudaMemcpyAsync(&t, slot.p, 4, cudaMemcpyDeviceToHost, s));
+    LILY_CU(cudaStreamSynchronize(s));
+    got.push_back(t);
+  }
+  EXPECT_EQ(got, want);
+  // new parameters without re-capture: greedy
+  SamplingParams gp;
+  g.setup(gp);
+  LILY_CU(cudaGraphLaunch(ex, s));
+  LILY_CU(cudaStreamSynchronize(s));
+  EXPECT_EQ(slot.down()[0], Sampler(gp).sample(l));
+  cudaGraphExecDestroy(ex);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generation on a golden model: the device path (runtime::generate on the CUDA backend) against the host
+// path on the same backend (allow_device = false).
+std::string find_golden(const std::string& name) {
+  for (auto& p : {fs::path(LILY_TEST_DATA) / "golden" / name, fs::path(LILY_SOURCE_DIR) / ".." / "shared" / "golden" / name})
+    if (fs::exists(p / "model.safetensors")) return p.string();
+  return "";
+}
+
+struct GoldenRun {
+  std::unique_ptr<Engine> e;
+  std::vector<int32_t> prompt, greedy;
+};
+
+GoldenRun open_golden(const std::string& dir, int64_t ctx) {
+  GoldenRun g;
+  auto j = nlohmann::json::parse(read_text_file(dir + "/golden.json"));
+  auto ids = j["prompt_ids"].get<std::vector<int32_t>>();
+  g.prompt.assign(ids.begin(), ids.begin() + j["greedy_prompt_len"].get<int64_t>());
+  g.greedy = j["greedy_ids"].get<std::vector<int32_t>>();
+  EngineOptions eo;
+  eo.backend = "cuda";
+  eo.ctx_size = ctx;
+  g.e = Engine::open(dir, eo);
+  return g;
+}
+
+struct Outcome {
+  GenerateResult r;
+  std::vector<int32_t> seen;  // ids the callback received
+  std::vector<int32_t> session_tokens;
+  std::vector<float> last_logits;
+};
+
+Outcome run(Engine& e, const std::vector<int32_t>& prompt, GenerateOptions go, bool device, int stop_after = -1,
+            int64_t ctx = 0) {
+  Session s(e, ctx);
+  go.allow_device = device;
+  Outcome o;
+  o.r = generate(s, prompt, go, [&](int32_t t, std::span<const float>) {
+    o.seen.push_back(t);
+    return stop_after < 0 || int(o.seen.size()) < stop_after;
+  });
+  o.session_tokens = s.tokens();
+  o.last_logits = s.last_logits();
+  return o;
+}
+
+// Logits after absorbing exactly `ids` (prefill + one decode step per token, the host path's steps).
+std::vector<float> logits_after(Engine& e, const std::vector<int32_t>& prompt, const std::vector<int32_t>& gen) {
+  Session s(e);
+  std::vector<float> l(size_t(e.config().vocab));
+  s.prefill(prompt, l.data());
+  for (int32_t t : gen) s.decode(t, l.data());
+  return l;
+}
+
+void expect_state(Engine& e, const std::vector<int32_t>& prompt, const Outcome& o, size_t absorbed) {
+  std::vector<int32_t> want = prompt;
+  want.insert(want.end(), o.r.tokens.begin(), o.r.tokens.begin() + std::ptrdiff_t(absorbed));
+  EXPECT_EQ(o.session_tokens, want) << "session tokens = prompt + the absorbed emitted tokens";
+  const auto ref = logits_after(e, prompt, std::vector<int32_t>(want.begin() + std::ptrdiff_t(prompt.size()), want.end()));
+  ASSERT_EQ(o.last_logits.size(), ref.size());
+  double d = 0, rms = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    d = std::max(d, double(std::abs(o.last_logits[i] - ref[i])));
+    rms += double(ref[i]) * ref[i];
+  }
+  rms = std::sqrt(rms / double(ref.size()));
+  EXPECT_LT(d, 1e-3 * std::max(1.0, rms)) << "last_logits = the logits after exactly those tokens";
+}
+
+TEST(CudaSampleGenerate, DevicePathMatchesHostPath) {
+  LILY_REQUIRE_GPU();
+  const std::string dir = find_golden("qwen3_5_moe_text-a");
+  if (dir.empty()) GTEST_SKIP() << "golden model not present";
+  auto g = open_golden(dir, 256);
+  Engine& e = *g.e;
+  const auto& prompt = g.prompt;
+  const int64_t n = int64_t(g.greedy.size());
+
+  // greedy: both paths give the reference ids; the device session absorbed all of them
+  GenerateOptions go;
+  go.max_tokens = n;
+  Outcome dev = run(e, prompt, go, true), host = run(e, prompt, go, false);
+  EXPECT_EQ(dev.r.tokens, g.greedy);
+  EXPECT_EQ(host.r.tokens, g.greedy);
+  EXPECT_EQ(dev.seen, dev.r.tokens);
+  EXPECT_EQ(dev.r.finish_reason, "length");
+  EXPECT_EQ(host.r.finish_reason, "length");
+  expect_state(e, prompt, dev, size_t(n));
+  expect_state(e, prompt, host, size_t(n - 1));
+
+  // greedy with penalties (the sampler graph at temperature 0) against the host sampler
+  GenerateOptions pen = go;
+  pen.sampling.repetition_penalty = 1.5f;
+  pen.sampling.frequency_penalty = 0.5f;
+  pen.penalize_prompt = true;
+  dev = run(e, prompt, pen, true);
+  host = run(e, prompt, pen, false);
+  EXPECT_EQ(dev.r.tokens, host.r.tokens) << "penalised greedy";
+
+  // a stop id: emitted, then the end; the device state holds it
+  GenerateOptions st = go;
+  const int32_t stop = g.greedy[5];
+  st.stop_ids = {stop};
+  dev = run(e, prompt, st, true);
+  host = run(e, prompt, st, false);
+  EXPECT_EQ(dev.r.tokens, host.r.tokens);
+  EXPECT_EQ(dev.r.tokens.back(), stop);
+  EXPECT_EQ(dev.r.finish_reason, "stop");
+  EXPECT_EQ(host.r.finish_reason, "stop");
+  expect_state(e, prompt, dev, dev.r.tokens.size());
+
+  // the callback stops after 3 ids (draws the device made ahead are discarded)
+  dev = run(e, prompt, go, true, 3);
+  host = run(e, prompt, go, false, 3);
+  EXPECT_EQ(dev.r.tokens.size(), 3u);
+  EXPECT_EQ(dev.r.tokens, host.r.tokens);
+  EXPECT_EQ(dev.r.finish_reason, "stop");
+  expect_state(e, prompt, dev, 3);
+
+  // max_tokens 1 and 4
+  for (int64_t m : {1, 4}) {
+    GenerateOptions mt = go;
+    mt.max_tokens = m;
+    dev = run(e, prompt, mt, true);
+    host = run(e, prompt, mt, false);
+    EXPECT_EQ(dev.r.tokens, host.r.tokens);
+    EXPECT_EQ(int64_t(dev.r.tokens.size()), m);
+    EXPECT_EQ(dev.r.finish_reason, "length");
+    expect_state(e, prompt, dev, size_t(m));
+  }
+
+  // context full: room for 3 more tokens; the 4th emitted id cannot be absorbed
+  const int64_t ctx = int64_t(prompt.size()) + 3;
+  dev = run(e, prompt, go, true, -1, ctx);
+  host = run(e, prompt, go, false, -1, ctx);
+  EXPECT_EQ(dev.r.tokens, host.r.tokens);
+  EXPECT_EQ(dev.r.tokens.size(), 4u);
+  EXPECT_EQ(dev.r.finish_reason, "length");
+  expect_state(e, prompt, dev, 3);
+}
+
+TEST(CudaSampleGenerate, SampledTokensReproduceAndStayInTheHostSet) {
+  LILY_REQUIRE_GPU();
+  const std::string dir = find_golden("qwen3_5_moe_text-a");
+  if (dir.empty()) GTEST_SKIP() << "golden model not present";
+  auto g = open_golden(dir, 256);
+  Engine& e = *g.e;
+  GenerateOptions go;
+  go.max_tokens = 48;
+  go.sampling.temperature = 0.9f;
+  go.sampling.top_k = 20;
+  go.sampling.top_p = 0.9f;
+  go.sampling.presence_penalty = 0.5f;
+  go.sampling.seed = 1234;
+  const Outcome a = run(e, g.prompt, go, true), b = run(e, g.prompt, go, true);
+  EXPECT_EQ(a.r.tokens, b.r.tokens) << "same seed, same tokens";
+  EXPECT_EQ(int64_t(a.r.tokens.size()), go.max_tokens);
+  go.sampling.seed = 4321;
+  const Outcome c = run(e, g.prompt, go, true);
+  EXPECT_NE(a.r.tokens, c.r.tokens);
+  expect_state(e, g.prompt, a, a.r.tokens.size());
+  // every id lies in the host sampler's kept set at its step (logits through the host path's steps)
+  Session s(e);
+  std::vector<float> l(size_t(e.config().vocab));
+  s.prefill(g.prompt, l.data());
+  Sampler host(go.sampling);
+  std::vector<int32_t> hist;
+  for (int32_t t : a.r.tokens) {
+    bool in = false;
+    for (auto [id, pr] : host.distribution(l, hist)) in |= id == t;
+    EXPECT_TRUE(in) << "id " << t << " at step " << hist.size();
+    hist.push_back(t);
+    s.decode(t, l.data());
+  }
+}
+
+}  // namespace
+#endif
