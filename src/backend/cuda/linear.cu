@@ -1,6 +1,7 @@
 // Linear layers on bf16 or MLX-affine weights: a row-parallel GEMV for decode (16-byte weight loads,
 // affine codes dequantised in registers against an input row staged in shared memory) and a tiled
 // SIMT GEMM for prompts (weights dequantised while the tile is staged).
+#include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/kernels.cuh"
 
 namespace lily::cuda {
@@ -229,6 +230,8 @@ void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const floa
 void gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
                 bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s) {
   if (max_tiles <= 0) return;
+  if (gemm_tc(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, gemm_tc_default_precision(), s))
+    return;  // tensor cores; the SIMT kernel below takes the shapes they cannot
   dim3 grid(cdiv(out, kGemmBN), max_tiles);
   gemm_kernel<<<grid, 256, 0, s>>>(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, T);
   LILY_CU_LAUNCH();

@@ -1,0 +1,348 @@
+// Tensor-core GEMM for prompt products: y[r, 0:out] (= or +=) x[gather[r], 0:in] · Wᵀ.
+//
+// Block tile BM rows x 128 output columns x 64 in-elements per k-step, 256 threads = 8 warps laid out
+// 2 (rows) x 4 (columns); each warp owns BM/2 x 32 outputs as (BM/32) x 4 mma.sync m16n8k16 tiles.
+// Shared memory holds two stages of { A: BM x 64 bf16 (hi, and lo when split), B: 128 x 64 bf16 (hi, and lo
+// for split affine) }, rows padded to 72 elements (144 bytes) so that ldmatrix and the staging stores are
+// free of bank conflicts. Per k-step: the next tile's fp32 activations (and affine codes) are loaded into
+// registers and bf16 weights copied with cp.async into the other stage while the tensor cores work on
+// the current one; then the registers are converted (fp32 -> bf16, codes -> s·q + b) into that stage.
+// Dense products use BM = 128 (grid x over row tiles, so the blocks in flight share weight columns);
+// expert tile maps use BM = kGemmBM = 64 (grid x over column tiles of the same expert tile).
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/gemm_tc.h"
+#include "backend/cuda/kernels.cuh"
+
+namespace lily::cuda {
+namespace {
+
+constexpr int kBN = 128;
+constexpr int kBK = 64;
+constexpr int kLds = kBK + 8;  // shared row stride in bf16 elements
+constexpr int kThreads = 256;
+static_assert(kGemmBM == 64, "the tile-map instantiation assumes tiles of at most 64 rows");
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 16-byte asynchronous copy; valid == false zero-fills the destination without reading src.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// (v0, v1) -> packed bf16 pair hi (v0 in the low half) and the pair of remainders lo = bf16(v - hi).
+__device__ __forceinline__ void split2(float v0, float v1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat16 h0 = __float2bfloat16_rn(v0), h1 = __float2bfloat16_rn(v1);
+  const __nv_bfloat16 l0 = __float2bfloat16_rn(v0 - __bfloat162float(h0));
+  const __nv_bfloat16 l1 = __float2bfloat16_rn(v1 - __bfloat162float(h1));
+  hi = uint32_t(__bfloat16_as_ushort(h0)) | (uint32_t(__bfloat16_as_ushort(h1)) << 16);
+  lo = uint32_t(__bfloat16_as_ushort(l0)) | (uint32_t(__bfloat16_as_ushort(l1)) << 16);
+}
+
+template <int WB, bool SPLIT, int BM>
+struct Cfg {
+  static constexpr int NA = SPLIT ? 2 : 1;                // A planes (hi, lo)
+  static constexpr int NB = (SPLIT && WB != 0) ? 2 : 1;   // B planes (bf16 weights are exact: hi only)
+  static constexpr int A_ELEMS = BM * kLds;
+  static constexpr int B_ELEMS = kBN * kLds;
+  static constexpr int STAGE = NA * A_ELEMS + NB * B_ELEMS;
+  static constexpr size_t SMEM = 2 * size_t(STAGE) * sizeof(uint16_t);
+  static constexpr int MT = BM / 32;                      // m16 tiles per warp
+  static constexpr int A_PER = BM * (kBK / 4) / kThreads;  // float4 of activations staged per thread
+};
+
+// WB: 0 bf16 weights, 4 / 8 affine bits. SPLIT: see GemmPrec. BM: rows per block tile.
+template <int WB, bool SPLIT, int BM>
+__global__ void __launch_bounds__(kThreads) gemm_tc_kernel(const Mat W, int out, int in, const float* __restrict__ x,
+    int64_t ldx, const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy, bool accumulate,
+    const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T) {
+  using C = Cfg<WB, SPLIT, BM>;
+  extern __shared__ __align__(16) uint16_t smem[];
+  __shared__ int rows_src[BM];
+
+  const int tile = tiles ? blockIdx.y : blockIdx.x;
+  const int n0 = (tiles ? blockIdx.x : blockIdx.y) * kBN;
+  int e = 0, row0, nrows;
+  if (tiles) {
+    if (tile >= *n_tiles) return;
+    e = tiles[3 * tile]; row0 = tiles[3 * tile + 1]; nrows = min(tiles[3 * tile + 2], BM);
+  } else {
+    row0 = tile * BM; nrows = min(BM, T - row0);
+  }
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp >> 2, wn = warp & 3;
+  for (int i = tid; i < BM; i += kThreads) rows_src[i] = i < nrows ? (gather ? gather[row0 + i] : row0 + i) : -1;
+  __syncthreads();
+
+  // ---- staging: activations (fp32 -> bf16 hi/lo) ----
+  float4 areg[C::A_PER];
+  auto load_a = [&](int k0) {
+#pragma unroll
+    for (int i = 0; i < C::A_PER; ++i) {
+      const int idx = tid + kThreads * i, r = idx >> 4, k = k0 + ((idx & 15) << 2);
+      const int src = rows_src[r];
+      areg[i] = (src >= 0 && k < in) ? __ldg(reinterpret_cast<const float4*>(x + int64_t(src) * ldx + k))
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  auto store_a = [&](uint16_t* st) {
+#pragma unroll
+    for (int i = 0; i < C::A_PER; ++i) {
+      const int idx = tid + kThreads * i, r = idx >> 4, kk = (idx & 15) << 2;
+      uint32_t h0, h1, l0, l1;
+      split2(areg[i].x, areg[i].y, h0, l0);
+      split2(areg[i].z, areg[i].w, h1, l1);
+      *reinterpret_cast<uint2*>(st + r * kLds + kk) = make_uint2(h0, h1);
+      if constexpr (SPLIT) *reinterpret_cast<uint2*>(st + C::A_ELEMS + r * kLds + kk) = make_uint2(l0, l1);
+    }
+  };
+
+  // ---- staging: bf16 weights by cp.async (rows past `out` or k past `in` are zero-filled) ----
+  auto issue_b_bf16 = [&](uint16_t* st, int k0) {
+    const uint16_t* wb = W.w + int64_t(e) * W.estride;
+    uint16_t* bs = st + C::NA * C::A_ELEMS;
+#pragma unroll
+    for (int i = 0; i < kBN * kBK / 8 / kThreads; ++i) {
+      const int idx = tid + kThreads * i, n = idx >> 3, kk = (idx & 7) << 3;
+      const bool ok = n0 + n < out && k0 + kk < in;
+      cp_async16(bs + n * kLds + kk, ok ? wb + int64_t(n0 + n) * W.ld + k0 + kk : W.w, ok);
+    }
+  };
+
+  // ---- staging: affine codes; thread t holds row t/2, in-elements [k0 + 32 (t % 2), +32): one group ----
+  constexpr int QW = WB == 8 ? 8 : 4;  // uint32 words of 32 codes
+  uint32_t qreg[QW] = {};
+  uint16_t sreg = 0, breg = 0;
+  bool bok = false;
+  auto load_b_aff = [&](int k0) {
+    const int n = tid >> 1, k = k0 + ((tid & 1) << 5);
+    bok = n0 + n < out && k < in;
+    if (bok) {
+      const uint4* q4 = reinterpret_cast<const uint4*>(W.q + int64_t(e) * W.qstride + int64_t(n0 + n) * W.row_words +
+                                                       ((k * WB) >> 5));
+#pragma unroll
+      for (int j = 0; j < QW / 4; ++j) {
+        const uint4 v = __ldg(q4 + j);
+        qreg[4 * j] = v.x; qreg[4 * j + 1] = v.y; qreg[4 * j + 2] = v.z; qreg[4 * j + 3] = v.w;
+      }
+      const int64_t gi = int64_t(e) * W.sstride + int64_t(n0 + n) * (in / W.gs) + k / W.gs;
+      sreg = W.s[gi]; breg = W.b[gi];
+    }
+  };
+  auto store_b_aff = [&](uint16_t* st) {
+    uint16_t* dst = st + C::NA * C::A_ELEMS + (tid >> 1) * kLds + ((tid & 1) << 5);
+    const float sc = bf(sreg), bi = bf(breg);
+    uint32_t hi[16], lo[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      float v[2];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int c = 2 * j + u;
+        uint32_t code;
+        if constexpr (WB == 8) code = (qreg[c >> 2] >> ((c & 3) * 8)) & 255u;
+        else code = (qreg[c >> 3] >> ((c & 7) * 4)) & 15u;
+        v[u] = bok ? sc * float(code) + bi : 0.f;
+      }
+      split2(v[0], v[1], hi[j], lo[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      reinterpret_cast<uint4*>(dst)[j] = make_uint4(hi[4 * j], hi[4 * j + 1], hi[4 * j + 2], hi[4 * j + 3]);
+      if constexpr (C::NB == 2)
+        reinterpret_cast<uint4*>(dst + C::B_ELEMS)[j] = make_uint4(lo[4 * j], lo[4 * j + 1], lo[4 * j + 2], lo[4 * j + 3]);
+    }
+  };
+
+  // ---- tensor-core step over one staged k-tile ----
+  float acc[C::MT][4][4];
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.f;
+  auto compute = [&](const uint16_t* st) {
+    const uint16_t* as = st + (wm * (BM / 2) + (lane & 15)) * kLds + ((lane >> 4) << 3);
+    const uint16_t* bs = st + C::NA * C::A_ELEMS + (wn * 32 + (lane & 7) + ((lane >> 4) << 3)) * kLds + (((lane >> 3) & 1) << 3);
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      uint32_t a[C::NA][C::MT][4], b[C::NB][4][2];
+#pragma unroll
+      for (int p = 0; p < C::NA; ++p)
+#pragma unroll
+        for (int mt = 0; mt < C::MT; ++mt) ldsm_x4(a[p][mt], as + p * C::A_ELEMS + mt * 16 * kLds + ks * 16);
+#pragma unroll
+      for (int p = 0; p < C::NB; ++p)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          uint32_t r[4];
+          ldsm_x4(r, bs + p * C::B_ELEMS + j * 16 * kLds + ks * 16);
+          b[p][2 * j][0] = r[0]; b[p][2 * j][1] = r[1];
+          b[p][2 * j + 1][0] = r[2]; b[p][2 * j + 1][1] = r[3];
+        }
+#pragma unroll
+      for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          if constexpr (SPLIT) mma_bf16(acc[mt][nt], a[C::NA - 1][mt], b[0][nt]);  // x_lo · w_hi
+          if constexpr (C::NB == 2) mma_bf16(acc[mt][nt], a[0][mt], b[1][nt]);     // x_hi · w_lo
+          mma_bf16(acc[mt][nt], a[0][mt], b[0][nt]);
+        }
+    }
+  };
+
+  // ---- main loop: two stages, one barrier per k-tile ----
+  const int nk = (in + kBK - 1) / kBK;
+  load_a(0);
+  if constexpr (WB == 0) issue_b_bf16(smem, 0); else load_b_aff(0);
+  store_a(smem);
+  if constexpr (WB != 0) store_b_aff(smem);
+  cp_async_wait_all();
+  __syncthreads();
+  for (int kt = 0; kt < nk; ++kt) {
+    uint16_t* cur = smem + (kt & 1) * C::STAGE;
+    uint16_t* nxt = smem + ((kt + 1) & 1) * C::STAGE;
+    const bool more = kt + 1 < nk;
+    if (more) {
+      load_a((kt + 1) * kBK);
+      if constexpr (WB == 0) issue_b_bf16(nxt, (kt + 1) * kBK); else load_b_aff((kt + 1) * kBK);
+    }
+    compute(cur);
+    if (more) {
+      store_a(nxt);
+      if constexpr (WB != 0) store_b_aff(nxt);
+      cp_async_wait_all();
+    }
+    __syncthreads();
+  }
+
+  // ---- epilogue: c0,c1 at (row g, cols 2q, 2q+1), c2,c3 at row g + 8 ----
+#pragma unroll
+  for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wm * (BM / 2) + mt * 16 + (lane >> 2) + 8 * h;
+      if (r >= nrows) continue;
+      float* yr = y + int64_t(row0 + r) * ldy;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int c = n0 + wn * 32 + nt * 8 + ((lane & 3) << 1);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          if (c + j < out) {
+            const float v = acc[mt][nt][2 * h + j];
+            yr[c + j] = accumulate ? yr[c + j] + v : v;
+          }
+      }
+    }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Raises the kernel's dynamic shared-memory limit on the current device, once per device (bit d of `raised`):
+// from init_kernels before any capture, and again lazily for callers that skipped it (tests).
+template <int WB, bool SPLIT, int BM>
+void raise_smem() {
+  static std::atomic<uint64_t> raised{0};
+  int dev = 0;
+  LILY_CU(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (raised.load() & bit) return;
+  LILY_CU(cudaFuncSetAttribute(gemm_tc_kernel<WB, SPLIT, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(Cfg<WB, SPLIT, BM>::SMEM)));
+  raised.fetch_or(bit);
+}
+
+template <int WB>
+void raise_smem_all() {
+  raise_smem<WB, false, 64>(); raise_smem<WB, false, 128>();
+  raise_smem<WB, true, 64>(); raise_smem<WB, true, 128>();
+}
+
+template <int WB, bool SPLIT, int BM>
+void launch(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
+            bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s) {
+  using C = Cfg<WB, SPLIT, BM>;
+  raise_smem<WB, SPLIT, BM>();
+  const dim3 grid = tiles ? dim3(cdiv(out, kBN), unsigned(max_tiles)) : dim3(cdiv(T, BM), cdiv(out, kBN));
+  gemm_tc_kernel<WB, SPLIT, BM><<<grid, kThreads, C::SMEM, s>>>(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles,
+                                                                 n_tiles, T);
+  LILY_CU_LAUNCH();
+}
+
+template <int WB, bool SPLIT>
+void launch_rows(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
+                 int64_t ldy, bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T,
+                 cudaStream_t s) {
+  if (tiles || T < 128)
+    launch<WB, SPLIT, 64>(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s);
+  else
+    launch<WB, SPLIT, 128>(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s);
+}
+
+template <int WB>
+void launch_prec(GemmPrec prec, const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather,
+                 float* y, int64_t ldy, bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles,
+                 int T, cudaStream_t s) {
+  if (prec == GemmPrec::kSplit)
+    launch_rows<WB, true>(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s);
+  else
+    launch_rows<WB, false>(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s);
+}
+
+}  // namespace
+
+void init_gemm_tc_kernels() {
+  raise_smem_all<0>();
+  raise_smem_all<4>();
+  raise_smem_all<8>();
+}
+
+GemmPrec gemm_tc_default_precision() {
+  static const GemmPrec p = [] {
+    const char* v = std::getenv("LILY_GEMM_BF16");
+    return v && std::strcmp(v, "1") == 0 ? GemmPrec::kBf16 : GemmPrec::kSplit;
+  }();
+  return p;
+}
+
+bool gemm_tc(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
+             bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, GemmPrec prec,
+             cudaStream_t s) {
+  if (in <= 0 || in % 32 != 0 || ldx % 4 != 0 || !aligned16(x)) return false;
+  if (W.affine) {
+    if ((W.bits != 4 && W.bits != 8) || W.gs <= 0 || W.gs % 32 != 0 || in % W.gs != 0 || W.row_words % 4 != 0 ||
+        W.qstride % 4 != 0 || !aligned16(W.q))
+      return false;
+  } else if (W.ld % 8 != 0 || W.estride % 8 != 0 || !aligned16(W.w)) {
+    return false;
+  }
+  if (max_tiles <= 0 || out <= 0 || (!tiles && T <= 0)) return true;
+  if (!W.affine)
+    launch_prec<0>(prec, W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s);
+  else if (W.bits == 4)
+    launch_prec<4>(prec, W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s);
+  else
+    launch_prec<8>(prec, W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s);
+  return true;
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,309 @@
+// Tensor-core GEMM (gemm_tc) against a double-precision CPU reference: dense rows and gathered expert tile
+// maps, bf16 and MLX affine 4/8-bit weights (groups 32/64/128), both precisions, = and +=.
+// Error bound per output: c · Σ_i |x_i|·|w_i| (the row's own scale), c from the rounding of each mode.
+// CudaGemmBench.RealShapes (LILY_CUDA_BENCH=1) prints TFLOP/s on the Qwen3.5-35B-A3B prompt shapes.
+#include <gtest/gtest.h>
+
+#ifndef LILY_HAVE_CUDA
+TEST(CudaGemm, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
+#else
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "backend/cuda/gemm_tc.h"
+#include "cuda_test_util.h"
+#include "quant/affine/affine.h"
+
+namespace {
+using lily::cuda::GemmPrec;
+using lily::cuda::Mat;
+using lily::cudatest::Dev;
+using lily::cudatest::randn;
+using lily::cudatest::randn_bf16;
+using lily::cudatest::rel_err;
+
+// E stacked [out, in] matrices on the device and their exact float values (dequantised for affine).
+struct Weights {
+  int bits = 0, gs = 0, E = 0, out = 0, in = 0;
+  std::vector<float> f;  // [E, out, in]
+  std::unique_ptr<Dev<uint16_t>> w, s, b;
+  std::unique_ptr<Dev<uint32_t>> q;
+  Mat m;
+  std::string name() const {
+    return bits ? "affine" + std::to_string(bits) + "-g" + std::to_string(gs) : std::string("bf16");
+  }
+};
+
+Weights make_weights(int bits, int gs, int E, int out, int in, std::mt19937& rng) {
+  Weights W;
+  W.bits = bits; W.gs = gs; W.E = E; W.out = out; W.in = in;
+  const size_t n = size_t(E) * out * in;
+  if (bits == 0) {
+    auto [b, f] = randn_bf16(n, rng, 1.f / std::sqrt(float(in)));
+    W.f = f;
+    W.w = std::make_unique<Dev<uint16_t>>(b);
+    W.m = Mat::bf16(W.w->p, in, int64_t(out) * in);
+    return W;
+  }
+  auto wf = randn(n, rng, 1.f / std::sqrt(float(in)));
+  auto qz = lily::quant::affine_quantize(wf.data(), int64_t(E) * out, in, bits, gs);
+  auto view = qz.view();
+  W.f.resize(n);
+  for (int64_t r = 0; r < int64_t(E) * out; ++r) lily::quant::affine_dequant_row_ref(view, r, W.f.data() + size_t(r) * in);
+  W.q = std::make_unique<Dev<uint32_t>>(qz.packed);
+  W.s = std::make_unique<Dev<uint16_t>>(qz.scales);
+  W.b = std::make_unique<Dev<uint16_t>>(qz.biases);
+  Mat& m = W.m;
+  m.affine = true; m.q = W.q->p; m.s = W.s->p; m.b = W.b->p; m.bits = bits; m.gs = gs;
+  m.row_words = int64_t(in) * bits / 32;
+  m.qstride = int64_t(out) * m.row_words;
+  m.sstride = int64_t(out) * (in / gs);
+  return W;
+}
+
+// Output row r uses expert ex[r] and input row src[r] of x (ldx apart).
+struct Ref {
+  std::vector<double> y, scale;  // [rows, out]
+};
+Ref reference(const Weights& W, const std::vector<float>& x, int64_t ldx, const std::vector<int>& ex,
+              const std::vector<int>& src) {
+  const size_t rows = ex.size();
+  Ref R;
+  R.y.resize(rows * W.out);
+  R.scale.resize(rows * W.out);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* xr = x.data() + size_t(src[r]) * ldx;
+    for (int o = 0; o < W.out; ++o) {
+      const float* w = W.f.data() + (size_t(ex[r]) * W.out + o) * W.in;
+      double s = 0, a = 0;
+      for (int i = 0; i < W.in; ++i) {
+        s += double(w[i]) * xr[i];
+        a += std::fabs(double(w[i]) * xr[i]);
+      }
+      R.y[r * W.out + o] = s;
+      R.scale[r * W.out + o] = a;
+    }
+  }
+  return R;
+}
+
+// |y - (y0 + ref)| <= c · scale per element (NaN fails), plus the norm-relative error of the whole output
+// (>= 256 outputs).
+void expect_close(const std::vector<float>& y, int64_t ldy, const Ref& R, const std::vector<float>* y0, int out,
+                  GemmPrec prec, const std::string& what) {
+  const double c = prec == GemmPrec::kBf16 ? 1.01 * std::ldexp(1.0, -8) : std::ldexp(1.0, -15);
+  const double rel_max = prec == GemmPrec::kBf16 ? 4e-3 : 2e-5;
+  const size_t rows = R.y.size() / size_t(out);
+  std::vector<float> got(R.y.size());
+  std::vector<double> want(R.y.size());
+  int bad = 0;
+  double worst = 0;
+  for (size_t r = 0; r < rows; ++r)
+    for (int o = 0; o < out; ++o) {
+      const size_t i = r * out + o, j = r * size_t(ldy) + o;
+      want[i] = R.y[i] + (y0 ? (*y0)[j] : 0.0);
+      got[i] = y[j];
+      const double err = std::fabs(double(got[i]) - want[i]);
+      const double lim = c * R.scale[i] + 1e-30;
+      if (!(err <= lim)) ++bad;
+      if (std::isfinite(err)) worst = std::max(worst, err / lim);
+      else worst = INFINITY;
+    }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " outputs past " << c << "·Σ|x||w| (worst " << worst << "x)";
+  // the norm-relative error is a statistical measure: only over enough outputs (a handful can cancel to ~0)
+  if (got.size() >= 256) EXPECT_LT(rel_err(got, want), rel_max) << what;
+}
+
+const char* prec_name(GemmPrec p) { return p == GemmPrec::kBf16 ? "bf16" : "split"; }
+
+struct Format {
+  int bits, gs;
+};
+const Format kFormats[] = {{0, 0}, {4, 32}, {4, 64}, {4, 128}, {8, 32}, {8, 64}, {8, 128}};
+
+TEST(CudaGemm, DenseMatchesReference) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  const std::pair<int, int> shapes[] = {{130, 256}, {7, 96}, {257, 128}, {1, 32}};
+  for (auto [bits, gs] : kFormats)
+    for (auto [out, in] : shapes) {
+      if (bits && in % gs) continue;
+      Weights W = make_weights(bits, gs, 1, out, in, rng);
+      std::vector<int> rows_list = {1, 2, 3, 16, 17, 33, 63, 64, 65, 129};
+      if ((bits == 0 || (bits == 4 && gs == 64)) && out == 130) rows_list.push_back(2048);
+      for (int T : rows_list) {
+        const int64_t ldx = in + 8, ldy = out + 3;  // strided rows on both sides
+        auto x = randn(size_t(T) * ldx, rng);
+        std::vector<int> ex(T, 0), src(T);
+        for (int t = 0; t < T; ++t) src[t] = t;
+        const Ref R = reference(W, x, ldx, ex, src);
+        Dev<float> dx(x), dy(size_t(T) * ldy);
+        for (GemmPrec prec : {GemmPrec::kSplit, GemmPrec::kBf16}) {
+          const std::string what = W.name() + " " + prec_name(prec) + " " + std::to_string(out) + "x" +
+                                   std::to_string(in) + " T=" + std::to_string(T);
+          dy.poison();
+          ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, ldx, nullptr, dy.p, ldy, false, nullptr, nullptr,
+                                          (T + 63) / 64, T, prec, nullptr));
+          auto y1 = dy.down();
+          expect_close(y1, ldy, R, nullptr, out, prec, what);
+          // accumulate onto arbitrary values
+          auto y0 = randn(size_t(T) * ldy, rng);
+          dy.up(y0);
+          ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, ldx, nullptr, dy.p, ldy, true, nullptr, nullptr,
+                                          (T + 63) / 64, T, prec, nullptr));
+          expect_close(dy.down(), ldy, R, &y0, out, prec, what + " +=");
+        }
+      }
+    }
+}
+
+// Expert tile map as moe.cu's route_kernel builds it: experts in order, tiles of <= 64 rows, rows of an
+// expert contiguous; tiles past *n_tiles hold garbage that must not be read.
+TEST(CudaGemm, ExpertTilesMatchReference) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(12);
+  const int counts[] = {0, 1, 64, 0, 65, 200, 3};  // experts with no rows, one tile, several tiles
+  const int E = int(std::size(counts));
+  const int tokens = 97;
+  std::vector<int> ex, tiles;
+  for (int e = 0, o = 0; e < E; ++e) {
+    for (int r = 0; r < counts[e]; r += 64) tiles.insert(tiles.end(), {e, o + r, std::min(64, counts[e] - r)});
+    for (int r = 0; r < counts[e]; ++r) ex.push_back(e);
+    o += counts[e];
+  }
+  const int n = int(ex.size()), live = int(tiles.size() / 3);
+  for (int g = 0; g < 3; ++g) tiles.insert(tiles.end(), {1 << 20, 1 << 28, 64});  // never read
+  const int max_tiles = int(tiles.size() / 3);
+  std::vector<int> gather(n);
+  for (auto& v : gather) v = int(rng() % tokens);
+  Dev<int32_t> dt(tiles), dn(std::vector<int32_t>{live}), dg(gather);
+  for (auto [bits, gs] : kFormats)
+    for (auto [out, in] : {std::pair{130, 256}, std::pair{64, 128}}) {
+      Weights W = make_weights(bits, gs, E, out, in, rng);
+      for (bool gathered : {true, false}) {
+        const int xrows = gathered ? tokens : n;
+        auto x = randn(size_t(xrows) * in, rng);
+        std::vector<int> src(n);
+        for (int r = 0; r < n; ++r) src[r] = gathered ? gather[r] : r;
+        const Ref R = reference(W, x, in, ex, src);
+        Dev<float> dx(x), dy(size_t(n) * out);
+        for (GemmPrec prec : {GemmPrec::kSplit, GemmPrec::kBf16}) {
+          const std::string what = W.name() + " " + prec_name(prec) + " tiles " + std::to_string(out) + "x" +
+                                   std::to_string(in) + (gathered ? " gathered" : "");
+          dy.poison();
+          ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, gathered ? dg.p : nullptr, dy.p, out, false, dt.p,
+                                          dn.p, max_tiles, n, prec, nullptr));
+          expect_close(dy.down(), out, R, nullptr, out, prec, what);
+          auto y0 = randn(size_t(n) * out, rng);
+          dy.up(y0);
+          ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, gathered ? dg.p : nullptr, dy.p, out, true, dt.p,
+                                          dn.p, max_tiles, n, prec, nullptr));
+          expect_close(dy.down(), out, R, &y0, out, prec, what + " +=");
+        }
+      }
+    }
+}
+
+// Shapes the tensor-core path declines (the SIMT kernel takes them through gemm_tiles).
+TEST(CudaGemm, DeclinesUnsupportedShapes) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(13);
+  Weights W = make_weights(0, 0, 1, 8, 136, rng);
+  Dev<float> dx(size_t(4) * 136), dy(size_t(4) * 8);
+  EXPECT_FALSE(lily::cuda::gemm_tc(W.m, 8, 136, dx.p, 136, nullptr, dy.p, 8, false, nullptr, nullptr, 1, 4,
+                                   GemmPrec::kSplit, nullptr));                   // in % 32 != 0
+  EXPECT_FALSE(lily::cuda::gemm_tc(W.m, 8, 128, dx.p + 1, 136, nullptr, dy.p, 8, false, nullptr, nullptr, 1, 4,
+                                   GemmPrec::kSplit, nullptr));                   // unaligned x
+  Weights A = make_weights(4, 64, 1, 8, 128, rng);
+  Mat m = A.m;
+  m.bits = 3;
+  EXPECT_FALSE(lily::cuda::gemm_tc(m, 8, 128, dx.p, 136, nullptr, dy.p, 8, false, nullptr, nullptr, 1, 4,
+                                   GemmPrec::kSplit, nullptr));                   // 3-bit codes
+}
+
+// ---- timing (LILY_CUDA_BENCH=1) ----
+struct BenchMat {
+  Dev<uint16_t> w, s, b;
+  Dev<uint32_t> q;
+  Mat m;
+  BenchMat(int bits, int E, int out, int in)
+      : w(bits ? 1 : size_t(E) * out * in), s(bits ? size_t(E) * out * (in / 64) : 1),
+        b(bits ? size_t(E) * out * (in / 64) : 1), q(bits ? size_t(E) * out * in * bits / 32 : 1) {
+    if (bits == 0) {
+      LILY_CU(cudaMemset(w.p, 0x3c, w.n * 2));  // bf16 0x3c3c ≈ 0.0115
+      m = Mat::bf16(w.p, in, int64_t(out) * in);
+      return;
+    }
+    LILY_CU(cudaMemset(q.p, 0x5a, q.n * 4));
+    LILY_CU(cudaMemset(s.p, 0x3c, s.n * 2));
+    LILY_CU(cudaMemset(b.p, 0xbc, b.n * 2));
+    m.affine = true; m.q = q.p; m.s = s.p; m.b = b.p; m.bits = bits; m.gs = 64;
+    m.row_words = int64_t(in) * bits / 32;
+    m.qstride = int64_t(out) * m.row_words;
+    m.sstride = int64_t(out) * (in / 64);
+  }
+};
+
+TEST(CudaGemmBench, RealShapes) {
+  const char* env = std::getenv("LILY_CUDA_BENCH");
+  if (!env || std::string(env) != "1") GTEST_SKIP() << "set LILY_CUDA_BENCH=1";
+  LILY_REQUIRE_GPU();
+  cudaEvent_t e0, e1;
+  LILY_CU(cudaEventCreate(&e0));
+  LILY_CU(cudaEventCreate(&e1));
+  struct Shape {
+    const char* name;
+    int out, in, rows, E;  // E > 0: E experts × `rows` rows each through a tile map
+  };
+  const Shape shapes[] = {{"GDN in-proj T=4096", 12352, 2048, 4096, 0},
+                          {"attn q|gate T=4096", 8192, 2048, 4096, 0},
+                          {"o-proj T=4096", 2048, 4096, 4096, 0},
+                          {"experts gate|up 256x128", 1024, 2048, 128, 256},
+                          {"experts down 256x128", 2048, 512, 128, 256}};
+  std::printf("| shape | weights | precision | ms | TFLOP/s |\n|---|---|---|---|---|\n");
+  for (int bits : {0, 4})
+    for (const Shape& sh : shapes) {
+      const int E = std::max(sh.E, 1);
+      const int n = sh.E ? sh.E * sh.rows : sh.rows;
+      const int tokens = sh.E ? n / 8 : n;  // experts: top-8 slots of n/8 tokens
+      BenchMat W(bits, E, sh.out, sh.in);
+      Dev<float> dx(size_t(tokens) * sh.in), dy(size_t(n) * sh.out);
+      LILY_CU(cudaMemset(dx.p, 0x3c, dx.n * 4));
+      std::vector<int32_t> tiles, gather(n);
+      for (int e = 0; e < sh.E; ++e)
+        for (int r = 0; r < sh.rows; r += 64) tiles.insert(tiles.end(), {e, e * sh.rows + r, std::min(64, sh.rows - r)});
+      for (int r = 0; r < n; ++r) gather[r] = sh.E ? int((int64_t(r) * 7919) % tokens) : r;
+      const int nt = int(tiles.size() / 3);
+      Dev<int32_t> dt(tiles.empty() ? std::vector<int32_t>{0} : tiles), dn(std::vector<int32_t>{nt}), dg(gather);
+      for (GemmPrec prec : {GemmPrec::kSplit, GemmPrec::kBf16}) {
+        auto run = [&] {
+          if (sh.E)
+            lily::cuda::gemm_tc(W.m, sh.out, sh.in, dx.p, sh.in, dg.p, dy.p, sh.out, false, dt.p, dn.p, nt, n, prec, nullptr);
+          else
+            lily::cuda::gemm_tc(W.m, sh.out, sh.in, dx.p, sh.in, nullptr, dy.p, sh.out, false, nullptr, nullptr,
+                                (n + 63) / 64, n, prec, nullptr);
+        };
+        run();
+        LILY_CU(cudaDeviceSynchronize());
+        const int reps = 10;
+        LILY_CU(cudaEventRecord(e0));
+        for (int i = 0; i < reps; ++i) run();
+        LILY_CU(cudaEventRecord(e1));
+        LILY_CU(cudaEventSynchronize(e1));
+        float ms = 0;
+        LILY_CU(cudaEventElapsedTime(&ms, e0, e1));
+        ms /= reps;
+        const double flop = 2.0 * n * double(sh.out) * sh.in;
+        std::printf("| %s (%dx%d, %d rows) | %s | %s | %.3f | %.1f |\n", sh.name, sh.out, sh.in, n,
+                    bits ? "affine4-g64" : "bf16", prec_name(prec), ms, flop / (ms * 1e-3) / 1e12);
+      }
+    }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+}  // namespace
+#endif
