@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "quant/affine/affine.h"
+#include "quant/exl3/exl3.h"
 
 namespace lily {
 namespace {
@@ -155,6 +156,8 @@ class CudaBackend final : public Backend {
   // Uploads the matrices (same format and `in`) concatenated along their rows into one device matrix.
   Mat upload(const std::vector<const Linear*>& parts);
   Mat upload(const Linear& l) { return upload(std::vector<const Linear*>{&l}); }
+  // EXL3 parts (one Exl3Part each); rows restart at 0 every `per_expert` parts (one expert's parts).
+  Mat upload_exl3(const std::vector<const Linear*>& parts, int per_expert);
   // Consecutive parts of one format share an upload; each run is (matrix, rows).
   std::vector<std::pair<Mat, int>> upload_runs(const std::vector<const Linear*>& parts);
   void* alloc_w(size_t bytes) {
@@ -188,10 +191,14 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
   init_kernels();
   const ModelConfig& c = w_->cfg;
   const int H = int(c.hidden);
+  if (w_->embed.format == WeightFormat::Exl3)
+    fail("CUDA backend: embedding '{}' is EXL3; the CUDA backend gathers embedding rows from bf16/f16/f32 or affine tables",
+         w_->embed.name);
   embed_ = upload(w_->embed);
   const bool tied = w_->lm_head.format == w_->embed.format &&
-                    (w_->lm_head.format == WeightFormat::Dense ? w_->lm_head.dense.data == w_->embed.dense.data
-                                                               : w_->lm_head.affine == w_->embed.affine);
+                    (w_->lm_head.format == WeightFormat::Dense    ? w_->lm_head.dense.data == w_->embed.dense.data
+                     : w_->lm_head.format == WeightFormat::Affine ? w_->lm_head.affine == w_->embed.affine
+                                                                  : w_->lm_head.exl3 == w_->embed.exl3);
   lm_head_ = tied ? embed_ : upload(w_->lm_head);
   final_norm_ = upload_f32(w_->final_norm);
   layers_.resize(size_t(c.layers));
@@ -250,8 +257,9 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
         gu.push_back(&ex.up);
         dn.push_back(&ex.down);
       }
-      m.gate_up = upload(gu);
-      m.down = upload(dn);
+      const bool ex3 = F.experts.at(0).gate.format == WeightFormat::Exl3;
+      m.gate_up = ex3 ? upload_exl3(gu, 2) : upload(gu);
+      m.down = ex3 ? upload_exl3(dn, 1) : upload(dn);
       // expert strides: one expert = 2I rows of gate_up, H rows of down
       for (auto [mp, rows, in] : {std::tuple{&m.gate_up, int64_t(2) * m.I, int64_t(H)}, std::tuple{&m.down, int64_t(H), int64_t(m.I)}}) {
         mp->estride = rows * mp->ld;
@@ -283,6 +291,8 @@ CudaBackend::~CudaBackend() {
 
 bool same_format(const Linear& a, const Linear& b) {
   if (a.in != b.in || a.format != b.format) return false;
+  if (a.format == WeightFormat::Exl3)
+    return a.exl3->K == b.exl3->K && a.exl3->codebook == b.exl3->codebook && a.exl3->in_p == b.exl3->in_p;
   if (a.format != WeightFormat::Affine) return true;
   return a.affine->bits == b.affine->bits && a.affine->group_size == b.affine->group_size;
 }
@@ -321,6 +331,7 @@ Mat CudaBackend::upload(const std::vector<const Linear*>& parts) {
     }
     return m;
   }
+  if (f.format == WeightFormat::Exl3) return upload_exl3(parts, int(parts.size()));
   if (f.format != WeightFormat::Affine)
     fail("CUDA backend: weight '{}' is in format {}, which the CUDA backend does not run yet (bf16/f16/f32, affine 4/8 bit)",
          f.name, format_name(f.format));
@@ -347,6 +358,66 @@ Mat CudaBackend::upload(const std::vector<const Linear*>& parts) {
   m.affine = true;
   m.q = q; m.s = sc; m.b = bi;
   m.bits = a0.bits; m.gs = a0.group_size; m.row_words = int64_t(words);
+  return m;
+}
+
+Mat CudaBackend::upload_exl3(const std::vector<const Linear*>& parts, int per_expert) {
+  const Linear& f = *parts.at(0);
+  if (per_expert <= 0 || parts.size() % size_t(per_expert) != 0)
+    throw InternalError("CudaBackend::upload_exl3: parts do not divide into experts");
+  auto al = [](size_t b) { return (b + 255) & ~size_t(255); };  // 256-byte aligned pieces (16-byte loads)
+  size_t total = 0;
+  for (const Linear* p : parts) {
+    if (p->format != WeightFormat::Exl3 || !p->exl3) throw InternalError("CudaBackend::upload_exl3: not an EXL3 weight");
+    const quant::Exl3Weight& w = *p->exl3;
+    if (!same_format(*p, f))
+      fail("CUDA backend: EXL3 weight '{}' (K={}, {}, in {}) cannot share a device matrix with '{}' (K={}, {}, in {})",
+           p->name, w.K, quant::exl3_codebook_name(w.codebook), w.in_p, f.name, f.exl3->K,
+           quant::exl3_codebook_name(f.exl3->codebook), f.exl3->in_p);
+    if (w.out != p->out || w.in != p->in) throw InternalError("CudaBackend::upload_exl3: Linear and EXL3 sizes differ");
+    total += al(size_t(w.in_p) * size_t(w.out_p) * size_t(w.K) / 8) + al(2 * size_t(w.in_p)) + 2 * al(2 * size_t(w.out_p)) +
+             al(4 * size_t(w.out));
+  }
+  char* dev = static_cast<char*>(alloc_w(total));
+  std::vector<Exl3Part> host(parts.size());
+  size_t off = 0;
+  auto put = [&](const void* src, size_t bytes) {
+    char* d = dev + off;
+    LILY_CU(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));
+    off += al(bytes);
+    return d;
+  };
+  int col_blocks = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Linear& l = *parts[i];
+    const quant::Exl3Weight& w = *l.exl3;
+    const size_t pe = i % size_t(per_expert);
+    const Exl3Part& first = host[pe];
+    Exl3Part& h = host[i];
+    h.in_p = int(w.in_p);
+    h.out_p = int(w.out_p);
+    h.rows = int(w.out);
+    h.row0 = pe == 0 ? 0 : host[i - 1].row0 + host[i - 1].rows;
+    if (i >= size_t(per_expert) && (h.out_p != first.out_p || h.rows != first.rows))
+      fail("CUDA backend: EXL3 expert weight '{}' has shape [{} (padded {}), {}], unlike the first expert's", l.name, w.out,
+           w.out_p, w.in);
+    if (i < size_t(per_expert)) col_blocks += h.out_p / 128;
+    h.trellis = reinterpret_cast<const uint16_t*>(put(w.trellis, size_t(w.in_p) * size_t(w.out_p) * size_t(w.K) / 8));
+    h.suh = reinterpret_cast<const uint16_t*>(put(w.suh, 2 * size_t(w.in_p)));
+    h.svh = reinterpret_cast<const uint16_t*>(put(w.svh, 2 * size_t(w.out_p)));
+    if (w.bias) h.bias = reinterpret_cast<const uint16_t*>(put(w.bias, 2 * size_t(w.out_p)));
+    if (w.out_rows) h.out_rows = reinterpret_cast<const int32_t*>(put(w.out_rows, 4 * size_t(w.out)));
+  }
+  auto* dparts = static_cast<Exl3Part*>(alloc_w(sizeof(Exl3Part) * host.size()));
+  LILY_CU(cudaMemcpy(dparts, host.data(), sizeof(Exl3Part) * host.size(), cudaMemcpyHostToDevice));
+  Mat m;
+  m.exl3 = true;
+  m.parts = dparts;
+  m.nparts = per_expert;
+  m.K = f.exl3->K;
+  m.cb = int(f.exl3->codebook);
+  m.col_blocks = col_blocks;
+  m.in_p = int(f.exl3->in_p);
   return m;
 }
 

@@ -7,7 +7,15 @@ namespace lily::cuda {
 constexpr int kGemmBM = 64;  // rows of x per GEMM tile
 constexpr int kGemmBN = 64;  // output columns per GEMM tile
 
-inline bool has(const Mat& m) { return m.affine ? m.q != nullptr : m.w != nullptr; }
+inline bool has(const Mat& m) { return m.exl3 ? m.parts != nullptr : m.affine ? m.q != nullptr : m.w != nullptr; }
+
+// EXL3 launchers (exl3.cu): same contracts as gemv_slots / gemm_tiles (ops.h).
+void exl3_gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv,
+                     int slots, float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s,
+                     const float* norm_w, float eps);
+void exl3_gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
+                     int64_t ldy, bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T,
+                     cudaStream_t s);
 
 // Element (r, i) of expert e of W as float (scalar path: GEMM staging, embedding gather).
 __device__ __forceinline__ float mat_at(const Mat& m, int e, int64_t r, int64_t i, int in) {

@@ -202,6 +202,10 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
                 float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps) {
+  if (W.exl3) {
+    exl3_gemv_slots(W, expert, out, in, x, ldx, xdiv, slots, y, ldy, accumulate, swiglu_I, s, norm_w, eps);
+    return;
+  }
   if (slots <= 0) return;
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
   dim3 grid(cdiv(nrows, kGemvWarps * kGemvRowsPerWarp), slots);
@@ -229,6 +233,10 @@ void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const floa
 
 void gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
                 bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s) {
+  if (W.exl3) {
+    exl3_gemm_tiles(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s);
+    return;
+  }
   if (max_tiles <= 0) return;
   if (gemm_tc(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, gemm_tc_default_precision(), s))
     return;  // tensor cores; the SIMT kernel below takes the shapes they cannot

@@ -60,11 +60,13 @@ __global__ void advance_kernel(int64_t* pos, int T) { *pos += T; }
 
 void init_attn_kernels();
 void init_gdn_kernels();
+void init_exl3_kernels();
 void init_gemm_tc_kernels();
 
 void init_kernels() {
   init_attn_kernels();
   init_gdn_kernels();
+  init_exl3_kernels();
   init_gemm_tc_kernels();
 }
 

@@ -25,8 +25,26 @@ void init_kernels();
 //   affine: MLX affine (bits 4 or 8, group gs, bf16 scales/biases), read packed: row r is
 //           q + r·row_words (uint32 words, codes little-endian in the row's bit stream), its group g
 //           scale s[r·(in/gs) + g] and bias b[...]; expert e at q + e·qstride, s/b + e·sstride.
+//   exl3:   EXL3 trellis (see Exl3Part): parts[e·nparts + p] (device array) is part p of expert e; the
+//           matrix rows are the parts' logical outputs in order. All parts share K, codebook and in_p;
+//           the experts of a stack have the same part shapes. Host copies: col_blocks = Σ_p out_p/128 over
+//           one expert's parts, in_p.
+// One EXL3 Linear on the device (quant/exl3/exl3.h): trellis [in_p/16][out_p/16][16K] uint16, suh fp16
+// [in_p], svh fp16 [out_p], bias fp16 [out_p] or null; its logical output j (0 <= j < rows) is padded
+// column out_rows[j] (null: j) and matrix row row0 + j.
+struct Exl3Part {
+  const uint16_t* trellis = nullptr;
+  const uint16_t* suh = nullptr;
+  const uint16_t* svh = nullptr;
+  const uint16_t* bias = nullptr;
+  const int32_t* out_rows = nullptr;
+  int in_p = 0, out_p = 0, rows = 0, row0 = 0;
+};
 struct Mat {
   bool affine = false;
+  bool exl3 = false;
+  const Exl3Part* parts = nullptr;
+  int nparts = 0, K = 0, cb = 0, col_blocks = 0, in_p = 0;
   const uint16_t* w = nullptr;
   int64_t ld = 0, estride = 0;
   const uint32_t* q = nullptr;
@@ -40,6 +58,9 @@ struct Mat {
     return m;
   }
 };
+
+// EXL3 tile decode: W_hat [in_p, out_p] (k-major, fp16 bits) of a whole trellis (tests; bit-exact).
+void exl3_decode_tiles(const uint16_t* trellis, int K, int cb, int in_p, int out_p, uint16_t* w_hat, cudaStream_t s);
 
 // ---- linear algebra -------------------------------------------------------------------------
 // y[t, 0:out] (= or +=) x[t, 0:in] · Wᵀ for t < T.

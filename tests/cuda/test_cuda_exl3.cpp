@@ -1,0 +1,558 @@
+// EXL3 on the CUDA backend: bit-exact tile decode against the golden vectors, GEMV / GEMM / MoE slots and
+// tiles against exl3_forward_ref (float64) at awkward sizes, every K and codebook, and whole models (a
+// golden model quantized to EXL3 K4, a tiny synthetic EXL3 model) against the CPU backend.
+#include <gtest/gtest.h>
+
+#ifndef LILY_HAVE_CUDA
+TEST(CudaExl3, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
+#else
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <span>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "cuda_test_util.h"
+#include "io/safetensors.h"
+#include "model/qwen_hybrid.h"
+#include "model/weights.h"
+#include "quant/exl3/exl3.h"
+#include "tools/quantize.h"
+#include "tools/synth.h"
+
+namespace fs = std::filesystem;
+using namespace lily;
+using lily::cudatest::Dev;
+using lily::cudatest::randn;
+using lily::cudatest::rel_err;
+using quant::Exl3Codebook;
+using quant::Exl3Weight;
+
+namespace {
+
+const int kRows[] = {1, 2, 3, 17, 63, 64, 65, 129};
+
+// A random EXL3 linear on the host (every trellis bit pattern is a valid code stream).
+struct HostExl3 {
+  std::vector<uint16_t> trellis, suh, svh, bias;
+  std::vector<int32_t> out_rows;
+  Exl3Weight w;
+  HostExl3(int K, Exl3Codebook cb, int64_t in, int64_t out, std::mt19937& rng, bool with_bias = false) {
+    w.K = K;
+    w.codebook = cb;
+    w.in = in;
+    w.out = out;
+    w.in_p = (in + 127) / 128 * 128;
+    w.out_p = (out + 127) / 128 * 128;
+    trellis.resize(size_t(w.in_p * w.out_p * K / 16));
+    for (auto& t : trellis) t = uint16_t(rng());
+    std::uniform_real_distribution<float> u(0.5f, 1.5f);
+    const float s = 1.f / std::sqrt(float(w.in_p));
+    suh.resize(size_t(w.in_p));
+    svh.resize(size_t(w.out_p));
+    for (auto& v : suh) v = f32_to_f16((rng() & 1 ? -1.f : 1.f) * u(rng));
+    for (auto& v : svh) v = f32_to_f16((rng() & 1 ? -s : s) * u(rng));
+    if (with_bias) {
+      bias.resize(size_t(w.out_p));
+      for (auto& v : bias) v = f32_to_f16(u(rng) - 1.f);
+    }
+    fix();
+  }
+  HostExl3(const HostExl3& o) : trellis(o.trellis), suh(o.suh), svh(o.svh), bias(o.bias), out_rows(o.out_rows), w(o.w) { fix(); }
+  void fix() {
+    w.trellis = trellis.data();
+    w.suh = suh.data();
+    w.svh = svh.data();
+    w.bias = bias.empty() ? nullptr : bias.data();
+    w.out_rows = out_rows.empty() ? nullptr : out_rows.data();
+  }
+  std::vector<double> ref(const std::vector<float>& x, int T) const {
+    std::vector<float> y(size_t(T) * size_t(w.out));
+    quant::exl3_forward_ref(w, x.data(), T, y.data());
+    return std::vector<double>(y.begin(), y.end());
+  }
+};
+
+// Device copy of several EXL3 linears as one cuda::Mat (parts[e·per_expert + p]).
+struct DevExl3 {
+  std::vector<std::unique_ptr<Dev<uint16_t>>> u16;
+  std::vector<std::unique_ptr<Dev<int32_t>>> i32;
+  std::unique_ptr<Dev<uint8_t>> parts;
+  cuda::Mat m;
+  DevExl3(const std::vector<const HostExl3*>& ps, int per_expert) {
+    std::vector<cuda::Exl3Part> h(ps.size());
+    auto up16 = [&](const std::vector<uint16_t>& v) -> const uint16_t* {
+      if (v.empty()) return nullptr;
+      u16.push_back(std::make_unique<Dev<uint16_t>>(v));
+      return u16.back()->p;
+    };
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const HostExl3& q = *ps[i];
+      h[i].trellis = up16(q.trellis);
+      h[i].suh = up16(q.suh);
+      h[i].svh = up16(q.svh);
+      h[i].bias = up16(q.bias);
+      if (!q.out_rows.empty()) {
+        i32.push_back(std::make_unique<Dev<int32_t>>(q.out_rows));
+        h[i].out_rows = i32.back()->p;
+      }
+      h[i].in_p = int(q.w.in_p);
+      h[i].out_p = int(q.w.out_p);
+      h[i].rows = int(q.w.out);
+      h[i].row0 = i % size_t(per_expert) == 0 ? 0 : h[i - 1].row0 + h[i - 1].rows;
+    }
+    std::vector<uint8_t> bytes(sizeof(cuda::Exl3Part) * h.size());
+    std::memcpy(bytes.data(), h.data(), bytes.size());
+    parts = std::make_unique<Dev<uint8_t>>(bytes);
+    m.exl3 = true;
+    m.parts = reinterpret_cast<const cuda::Exl3Part*>(parts->p);
+    m.nparts = per_expert;
+    m.K = ps[0]->w.K;
+    m.cb = int(ps[0]->w.codebook);
+    m.in_p = int(ps[0]->w.in_p);
+    for (int p = 0; p < per_expert; ++p) m.col_blocks += int(ps[size_t(p)]->w.out_p / 128);
+  }
+};
+
+const TensorInfo& tensor(const SafeTensorsFile& f, const std::string& n) {
+  auto it = f.tensors().find(n);
+  if (it == f.tensors().end()) throw std::runtime_error("missing " + n);
+  return it->second;
+}
+
+TEST(CudaExl3, DecodeGoldenBitExact) {
+  LILY_REQUIRE_GPU();
+  SafeTensorsFile f(std::string(LILY_TEST_DATA) + "/golden/exl3/vectors.safetensors");
+  int cases = 0;
+  for (int K = 1; K <= 8; ++K)
+    for (int cb = 0; cb < 3; ++cb) {
+      std::string p = "k";
+      p += std::to_string(K);
+      p += "_cb";
+      p += std::to_string(cb);
+      p += ".";
+      const auto& tr = tensor(f, p + "trellis");
+      const auto& what = tensor(f, p + "w_hat");
+      const size_t nw = size_t(8 * 16 * 16 * K);
+      const auto* tw = reinterpret_cast<const uint16_t*>(tr.data);
+      Dev<uint16_t> dt(std::vector<uint16_t>(tw, tw + nw));
+      Dev<uint16_t> dw(size_t(128 * 256));
+      cuda::exl3_decode_tiles(dt.p, K, cb, 128, 256, dw.p, nullptr);
+      auto got = dw.down();
+      const auto* want = reinterpret_cast<const uint16_t*>(what.data);
+      int bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[i];
+      EXPECT_EQ(bad, 0) << p;
+      // the golden y = x · W (float64) through the GEMV (rows 1, 2) and the GEMM (3 rows)
+      std::mt19937 rng(1);
+      HostExl3 h(K, Exl3Codebook(cb), 128, 256, rng);
+      h.trellis.assign(tw, tw + nw);
+      const auto* su = reinterpret_cast<const uint16_t*>(tensor(f, p + "suh").data);
+      const auto* sv = reinterpret_cast<const uint16_t*>(tensor(f, p + "svh").data);
+      h.suh.assign(su, su + 128);
+      h.svh.assign(sv, sv + 256);
+      h.fix();
+      DevExl3 d({&h}, 1);
+      const auto* xs = reinterpret_cast<const float*>(tensor(f, p + "x").data);
+      const auto* ys = reinterpret_cast<const float*>(tensor(f, p + "y").data);
+      for (int T : {1, 2, 3}) {
+        Dev<float> dx(std::vector<float>(xs, xs + 128 * T)), dy(size_t(256 * T));
+        cuda::linear(d.m, 256, 128, dx.p, 128, T, dy.p, 256, false, nullptr);
+        EXPECT_LT(rel_err(dy.down(), std::vector<double>(ys, ys + 256 * T)), 1e-5) << p << " T " << T;
+      }
+      ++cases;
+    }
+  EXPECT_EQ(cases, 24);
+}
+
+// linear() (GEMV for 1-2 rows, GEMM above) against the float64 reference, every K and codebook.
+TEST(CudaExl3, LinearMatchesReference) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(3);
+  for (int K = 2; K <= 8; ++K)
+    for (int cb = 0; cb < 3; ++cb) {
+      const int in = K % 2 ? 200 : 256, out = K % 3 ? 300 : 128;  // padded and unpadded widths
+      HostExl3 h(K, Exl3Codebook(cb), in, out, rng, K == 5);
+      DevExl3 d({&h}, 1);
+      for (int T : kRows) {
+        auto x = randn(size_t(T) * in, rng);
+        Dev<float> dx(x), dy(size_t(T) * out);
+        dy.poison();
+        cuda::linear(d.m, out, in, dx.p, in, T, dy.p, out, false, nullptr);
+        const double e = rel_err(dy.down(), h.ref(x, T));
+        EXPECT_LT(e, 2e-5) << "K " << K << " cb " << cb << " T " << T;
+      }
+    }
+}
+
+// Bias, a logical column map (out_rows), accumulate, strided x / y and a fused RMSNorm.
+TEST(CudaExl3, RemapAccumulateNorm) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  HostExl3 h(4, Exl3Codebook::Mul1, 384, 256, rng, true);
+  h.w.out = 150;
+  for (int j = 0; j < 150; ++j) h.out_rows.push_back(int32_t((j * 37 + 11) % 256));
+  h.fix();
+  DevExl3 d({&h}, 1);
+  const int in = 384, out = 150, ldx = 400, ldy = 160;
+  for (int T : kRows) {
+    auto x = randn(size_t(T) * ldx, rng);
+    auto y0 = randn(size_t(T) * ldy, rng);
+    std::vector<float> xc(size_t(T) * in);
+    for (int t = 0; t < T; ++t) std::copy_n(x.begin() + t * ldx, in, xc.begin() + t * in);
+    auto r = h.ref(xc, T);
+    Dev<float> dx(x), dy(y0);
+    cuda::linear(d.m, out, in, dx.p, ldx, T, dy.p, ldy, true, nullptr);
+    auto y = dy.down();
+    std::vector<float> got(size_t(T) * out);
+    std::vector<double> want(size_t(T) * out);
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < out; ++j) {
+        got[size_t(t * out + j)] = y[size_t(t * ldy + j)];
+        want[size_t(t * out + j)] = r[size_t(t * out + j)] + y0[size_t(t * ldy + j)];
+      }
+    EXPECT_LT(rel_err(got, want), 2e-5) << "T " << T;
+    for (int t = 0; t < T; ++t)
+      for (int j = out; j < ldy; ++j) EXPECT_EQ(y[size_t(t * ldy + j)], y0[size_t(t * ldy + j)]) << "padding written";
+  }
+  // fused RMSNorm (GEMV rows only)
+  for (int T : {1, 2}) {
+    auto x = randn(size_t(T) * in, rng, 3.f);
+    auto nw = randn(size_t(in), rng);
+    std::vector<float> xn(x.size());
+    for (int t = 0; t < T; ++t) {
+      double ss = 0;
+      for (int i = 0; i < in; ++i) ss += double(x[size_t(t * in + i)]) * x[size_t(t * in + i)];
+      const double inv = 1.0 / std::sqrt(ss / in + 1e-6);
+      for (int i = 0; i < in; ++i) xn[size_t(t * in + i)] = float(x[size_t(t * in + i)] * inv * nw[size_t(i)]);
+    }
+    Dev<float> dx(x), dn(nw), dy(size_t(T) * out);
+    cuda::linear(d.m, out, in, dx.p, in, T, dy.p, out, false, nullptr, dn.p, 1e-6f);
+    EXPECT_LT(rel_err(dy.down(), h.ref(xn, T)), 2e-5) << "norm T " << T;
+  }
+}
+
+// Runs of several parts (q/k/v-like): the rows of the matrix are the parts' outputs in order.
+TEST(CudaExl3, MultiPartRows) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  const int in = 130;
+  HostExl3 a(3, Exl3Codebook::Mcg, in, 130, rng), b(3, Exl3Codebook::Mcg, in, 256, rng, true),
+      c(3, Exl3Codebook::Mcg, in, 60, rng);
+  DevExl3 d({&a, &b, &c}, 3);
+  const int out = 130 + 256 + 60;
+  for (int T : kRows) {
+    auto x = randn(size_t(T) * in, rng);
+    auto ra = a.ref(x, T), rb = b.ref(x, T), rc = c.ref(x, T);
+    std::vector<double> want(size_t(T) * out);
+    for (int t = 0; t < T; ++t) {
+      std::copy_n(ra.begin() + t * 130, 130, want.begin() + t * out);
+      std::copy_n(rb.begin() + t * 256, 256, want.begin() + t * out + 130);
+      std::copy_n(rc.begin() + t * 60, 60, want.begin() + t * out + 386);
+    }
+    Dev<float> dx(x), dy(size_t(T) * out);
+    dy.poison();
+    cuda::linear(d.m, out, in, dx.p, in, T, dy.p, out, false, nullptr);
+    EXPECT_LT(rel_err(dy.down(), want), 2e-5) << "T " << T;
+  }
+}
+
+double silu(double v) { return v / (1 + std::exp(-v)); }
+
+// MoE: gemv_slots with expert indices (swiglu gate/up with fused RMSNorm, then down) and gemm_tiles over a
+// tile map with experts of 0, 1 and many rows, gathered input rows, and dead tiles past *n_tiles.
+TEST(CudaExl3, MoeSlotsAndTiles) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  const int E = 5, H = 192, I = 200;
+  for (int cb = 0; cb < 3; ++cb) {
+    const int K = 2 + 2 * cb;
+    std::vector<std::unique_ptr<HostExl3>> g, u, dn;
+    for (int e = 0; e < E; ++e) {
+      g.push_back(std::make_unique<HostExl3>(K, Exl3Codebook(cb), H, I, rng));
+      u.push_back(std::make_unique<HostExl3>(K, Exl3Codebook(cb), H, I, rng));
+      dn.push_back(std::make_unique<HostExl3>(K, Exl3Codebook(cb), I, H, rng));
+    }
+    std::vector<const HostExl3*> gu, dd;
+    for (int e = 0; e < E; ++e) { gu.push_back(g[size_t(e)].get()); gu.push_back(u[size_t(e)].get()); dd.push_back(dn[size_t(e)].get()); }
+    DevExl3 mgu(gu, 2), mdn(dd, 1);
+    // decode slots: 2 tokens x 3 choices, x row = slot / 3
+    const std::vector<int32_t> ex = {3, 0, 4, 4, 1, 3};
+    const int slots = int(ex.size()), T = 2;
+    auto x = randn(size_t(T) * H, rng, 2.f);
+    auto nw = randn(size_t(H), rng);
+    std::vector<float> xn(x.size());
+    for (int t = 0; t < T; ++t) {
+      double ss = 0;
+      for (int i = 0; i < H; ++i) ss += double(x[size_t(t * H + i)]) * x[size_t(t * H + i)];
+      const double inv = 1.0 / std::sqrt(ss / H + 1e-6);
+      for (int i = 0; i < H; ++i) xn[size_t(t * H + i)] = float(x[size_t(t * H + i)] * inv * nw[size_t(i)]);
+    }
+    std::vector<double> hw(size_t(slots) * I), yw(size_t(slots) * H);
+    for (int s = 0; s < slots; ++s) {
+      std::vector<float> xr(xn.begin() + (s / 3) * H, xn.begin() + (s / 3 + 1) * H);
+      auto gr = g[size_t(ex[size_t(s)])]->ref(xr, 1), ur = u[size_t(ex[size_t(s)])]->ref(xr, 1);
+      for (int r = 0; r < I; ++r) hw[size_t(s * I + r)] = silu(gr[size_t(r)]) * ur[size_t(r)];
+    }
+    Dev<float> dx(x), dn_w(nw), dh(size_t(slots) * I), dyb(size_t(slots) * H);
+    Dev<int32_t> dex(ex);
+    cuda::gemv_slots(mgu.m, dex.p, 0, H, dx.p, H, 3, slots, dh.p, I, false, I, nullptr, dn_w.p, 1e-6f);
+    auto hgot = dh.down();
+    EXPECT_LT(rel_err(hgot, hw), 2e-5) << "swiglu slots cb " << cb;
+    for (int s = 0; s < slots; ++s) {
+      std::vector<float> hr(hgot.begin() + s * I, hgot.begin() + (s + 1) * I);
+      auto yr = dn[size_t(ex[size_t(s)])]->ref(hr, 1);
+      std::copy(yr.begin(), yr.end(), yw.begin() + s * H);
+    }
+    cuda::gemv_slots(mdn.m, dex.p, H, I, dh.p, I, 1, slots, dyb.p, H, false, 0, nullptr);
+    EXPECT_LT(rel_err(dyb.down(), yw), 2e-5) << "down slots cb " << cb;
+
+    // prompt tiles: expert rows {0, 70, 1, 0, 129}, rows gathered from a 150-row x
+    const int counts[E] = {0, 70, 1, 0, 129};
+    const int XT = 150;
+    auto xp = randn(size_t(XT) * H, rng);
+    std::vector<int32_t> tiles, gather;
+    std::vector<int> row_e;
+    int n = 0;
+    for (int e = 0; e < E; ++e) {
+      for (int r = 0; r < counts[e]; r += 64) tiles.insert(tiles.end(), {e, n + r, std::min(64, counts[e] - r)});
+      for (int r = 0; r < counts[e]; ++r) { gather.push_back(int32_t(rng() % XT)); row_e.push_back(e); }
+      n += counts[e];
+    }
+    const int live = int(tiles.size() / 3), max_tiles = live + 3;
+    tiles.resize(size_t(max_tiles) * 3, 0);  // dead tiles: never read
+    Dev<float> dxp(xp), dgu(size_t(n) * 2 * I), dhp(size_t(n) * I), dy2(size_t(n) * H);
+    Dev<int32_t> dtiles(tiles), dnt(std::vector<int32_t>{live}), dg(gather);
+    dgu.poison();
+    cuda::gemm_tiles(mgu.m, 2 * I, H, dxp.p, H, dg.p, dgu.p, 2 * I, false, dtiles.p, dnt.p, max_tiles, n, nullptr);
+    auto gu_got = dgu.down();
+    std::vector<double> gu_want(size_t(n) * 2 * I);
+    for (int r = 0; r < n; ++r) {
+      std::vector<float> xr(xp.begin() + gather[size_t(r)] * H, xp.begin() + (gather[size_t(r)] + 1) * H);
+      auto gr = g[size_t(row_e[size_t(r)])]->ref(xr, 1), ur = u[size_t(row_e[size_t(r)])]->ref(xr, 1);
+      std::copy(gr.begin(), gr.end(), gu_want.begin() + r * 2 * I);
+      std::copy(ur.begin(), ur.end(), gu_want.begin() + r * 2 * I + I);
+    }
+    EXPECT_LT(rel_err(gu_got, gu_want), 2e-5) << "gate/up tiles cb " << cb;
+    // down over the same tile map, x = the (host) swiglu of the gate/up rows, no gather
+    std::vector<float> hp(size_t(n) * I);
+    for (int r = 0; r < n; ++r)
+      for (int c = 0; c < I; ++c)
+        hp[size_t(r * I + c)] = float(silu(gu_got[size_t(r * 2 * I + c)]) * gu_got[size_t(r * 2 * I + I + c)]);
+    dhp.up(hp);
+    cuda::gemm_tiles(mdn.m, H, I, dhp.p, I, nullptr, dy2.p, H, false, dtiles.p, dnt.p, max_tiles, n, nullptr);
+    std::vector<double> y2(size_t(n) * H);
+    for (int r = 0; r < n; ++r) {
+      std::vector<float> hr(hp.begin() + r * I, hp.begin() + (r + 1) * I);
+      auto yr = dn[size_t(row_e[size_t(r)])]->ref(hr, 1);
+      std::copy(yr.begin(), yr.end(), y2.begin() + r * H);
+    }
+    EXPECT_LT(rel_err(dy2.down(), y2), 2e-5) << "down tiles cb " << cb;
+  }
+}
+
+// ---- whole models ------------------------------------------------------------------------------
+int64_t argmax(const float* p, int64_t n) { return std::max_element(p, p + n) - p; }
+
+std::vector<int32_t> golden_prompt(const std::string& dir) {
+  std::ifstream jf(dir + "/golden.json");
+  std::stringstream ss;
+  ss << jf.rdbuf();
+  return nlohmann::json::parse(ss.str())["prompt_ids"].get<std::vector<int32_t>>();
+}
+
+// Logits of CUDA against the CPU backend on the same weights: strict top-1 agreement, top-1 agreement up
+// to near-ties (the CPU logit of the CUDA pick within 1e-2 · max(1, logit RMS) of the CPU maximum, the
+// scale of the other backend-level differences such as the bf16 KV cache), and max |Δlogit|.
+struct Agreement {
+  double top1 = 0, top1_ties = 0, max_abs = 0, rms = 0, worst_gap = 0;
+};
+Agreement agreement(const float* gpu, const float* cpu, int64_t rows, int64_t V) {
+  Agreement a;
+  double ss = 0;
+  for (int64_t i = 0; i < rows * V; ++i) ss += double(cpu[i]) * cpu[i];
+  a.rms = std::sqrt(ss / double(rows * V));
+  const double tie = 1e-2 * std::max(1.0, a.rms);
+  int strict = 0, loose = 0;
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* c = cpu + t * V;
+    const float* g = gpu + t * V;
+    const int64_t ic = argmax(c, V), ig = argmax(g, V);
+    const double gap = double(c[ic]) - c[ig];
+    strict += ic == ig;
+    loose += gap <= tie;
+    a.worst_gap = std::max(a.worst_gap, gap);
+    for (int64_t v = 0; v < V; ++v)
+      a.max_abs = std::isfinite(g[v]) ? std::max(a.max_abs, std::abs(double(g[v]) - c[v])) : INFINITY;
+  }
+  a.top1 = double(strict) / double(rows);
+  a.top1_ties = double(loose) / double(rows);
+  return a;
+}
+
+// Teacher-forced over the prompt (one prompt pass: GEMM paths; then one row per step: GEMV paths) and
+// 24 greedy tokens, CUDA against the CPU backend on the same weights.
+void compare_backends(std::shared_ptr<const ModelWeights> w, const std::vector<int32_t>& prompt, const char* what) {
+  const int64_t T = int64_t(prompt.size()), V = w->cfg.vocab;
+  cpu::CpuBackend cpu(w);
+  auto gpu = make_cuda_backend(w);
+  auto sc = cpu.new_state(T + 32);
+  auto sg = gpu->new_state(T + 32);
+  std::vector<float> lc(size_t(T * V)), lg(size_t(T * V)), ld(size_t(T * V));
+  forward_step(cpu, *sc, prompt, T, lc.data());
+  forward_step(*gpu, *sg, prompt, T, lg.data());
+  sg->reset();
+  for (int64_t t = 0; t < T; ++t)
+    forward_step(*gpu, *sg, std::span(prompt).subspan(size_t(t), 1), 1, ld.data() + t * V);
+  for (int pass = 0; pass < 2; ++pass) {
+    const Agreement a = agreement(pass == 0 ? lg.data() : ld.data(), lc.data(), T, V);
+    const char* how = pass == 0 ? "prompt" : "decode";
+    EXPECT_GE(a.top1_ties, 0.995) << what << " " << how;
+    EXPECT_GE(a.top1, 0.99) << what << " " << how;
+    EXPECT_LT(a.max_abs, 2e-2 * std::max(1.0, a.rms)) << what << " " << how;
+    std::printf("[%s] %s top-1 %.4f (up to near-ties %.4f, largest CPU logit gap of a CUDA pick %.3g), max|dlogit| %.3g, "
+                "logit RMS %.3g\n", what, how, a.top1, a.top1_ties, a.worst_gap, a.max_abs, a.rms);
+  }
+  std::vector<float> row(static_cast<size_t>(V));
+  // greedy 24 tokens from the first 16 prompt tokens
+  const size_t P = std::min<size_t>(16, prompt.size());
+  std::vector<int32_t> ids_c, ids_g;
+  for (int b = 0; b < 2; ++b) {
+    Backend& be = b == 0 ? static_cast<Backend&>(cpu) : *gpu;
+    auto st = be.new_state(int64_t(P) + 32);
+    std::vector<int32_t>& ids = b == 0 ? ids_c : ids_g;
+    forward_step(be, *st, std::span(prompt).first(P), 1, row.data());
+    ids.push_back(int32_t(argmax(row.data(), V)));
+    while (ids.size() < 24) {
+      forward_step(be, *st, std::span(ids).last(1), 1, row.data());
+      ids.push_back(int32_t(argmax(row.data(), V)));
+    }
+  }
+  EXPECT_EQ(ids_g, ids_c) << what << " greedy";
+  std::printf("[%s] greedy 24 tokens %s (CUDA vs CPU)\n", what, ids_g == ids_c ? "identical" : "differ");
+}
+
+TEST(CudaExl3, GoldenModelK4MatchesCpu) {
+  LILY_REQUIRE_GPU();
+  const std::string dir = std::string(LILY_TEST_DATA) + "/golden/qwen3_5_moe_text-a";
+  if (!fs::exists(dir + "/model.safetensors")) GTEST_SKIP() << "golden model not present";
+  const fs::path out = fs::temp_directory_path() / ("lily-cuda-exl3-k4-" + std::to_string(::getpid()));
+  fs::remove_all(out);
+  QuantizeOptions qo;
+  qo.model_dir = dir;
+  qo.out_dir = out.string();
+  qo.format = "exl3";
+  qo.bits = 4;
+  qo.head_bits = 4;
+  qo.progress = false;
+  quantize_model(qo);
+  auto w = ModelWeights::load(out.string());
+  compare_backends(w, golden_prompt(dir), "golden exl3 K4");
+  fs::remove_all(out);
+}
+
+TEST(CudaExl3, TinySynthMatchesCpu) {
+  LILY_REQUIRE_GPU();
+  for (auto cb : {Exl3Codebook::Mcg, Exl3Codebook::Mul1}) {
+    SynthOptions so;
+    so.preset = "tiny";
+    so.format = SynthFormat::Exl3;
+    so.exl3_bits = 3;
+    so.codebook = cb;
+    auto w = synth_model(so);
+    std::vector<int32_t> prompt(40);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(w->cfg.vocab));
+    compare_backends(w, prompt, cb == Exl3Codebook::Mcg ? "tiny synth exl3 K3 mcg" : "tiny synth exl3 K3 mul1");
+  }
+}
+
+// Kernel times at the Qwen3.5-35B-A3B shapes (K = 4, MCG; the trellis contents do not change the work):
+// the MoE decode GEMVs over 8 expert slots, a dense GEMV, and the prompt GEMM over a 512-token tile map.
+TEST(CudaExl3, TimingPrint) {
+  LILY_REQUIRE_GPU();
+  const int K = 4, E = 256, H = 2048, I = 512, k = 8;
+  auto stack = [&](int n, int in, int out, std::vector<std::unique_ptr<Dev<uint16_t>>>& keep) {
+    std::vector<cuda::Exl3Part> h(static_cast<size_t>(n));
+    const int in_p = (in + 127) / 128 * 128, out_p = (out + 127) / 128 * 128;
+    keep.push_back(std::make_unique<Dev<uint16_t>>(size_t(n) * (size_t(in_p) * out_p * K / 16 + in_p + out_p)));
+    LILY_CU(cudaMemset(keep.back()->p, 0x3a, keep.back()->n * 2));
+    uint16_t* p = keep.back()->p;
+    for (auto& q : h) {
+      q.trellis = p; p += size_t(in_p) * out_p * K / 16;
+      q.suh = p; p += in_p;
+      q.svh = p; p += out_p;
+      q.in_p = in_p; q.out_p = out_p; q.rows = out;
+    }
+    return h;
+  };
+  std::vector<std::unique_ptr<Dev<uint16_t>>> keep;
+  auto mk = [&](std::vector<cuda::Exl3Part> h, int per_expert, std::unique_ptr<Dev<uint8_t>>& store) {
+    for (size_t i = 0; i < h.size(); ++i) h[i].row0 = i % size_t(per_expert) ? h[i - 1].row0 + h[i - 1].rows : 0;
+    std::vector<uint8_t> b(sizeof(cuda::Exl3Part) * h.size());
+    std::memcpy(b.data(), h.data(), b.size());
+    store = std::make_unique<Dev<uint8_t>>(b);
+    cuda::Mat m;
+    m.exl3 = true; m.parts = reinterpret_cast<const cuda::Exl3Part*>(store->p); m.nparts = per_expert; m.K = K; m.cb = 1;
+    m.in_p = h[0].in_p;
+    for (int p = 0; p < per_expert; ++p) m.col_blocks += h[size_t(p)].out_p / 128;
+    return m;
+  };
+  std::unique_ptr<Dev<uint8_t>> s1, s2, s3, s4;
+  auto gu = stack(2 * E, H, I, keep), dn = stack(E, I, H, keep), dense = stack(1, H, 8192, keep), head = stack(1, H, 248320, keep);
+  cuda::Mat mgu = mk(gu, 2, s1), mdn = mk(dn, 1, s2), mde = mk(dense, 1, s3), mhe = mk(head, 1, s4);
+  std::mt19937 rng(1);
+  const int T = 512, n = T * k;
+  auto x = randn(size_t(T) * H, rng);
+  std::vector<int32_t> ex(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) ex[size_t(i)] = int32_t((i * 37 + i / k * 11) % E);
+  std::vector<int32_t> cnt(static_cast<size_t>(E)), tiles, gather;
+  for (int e : ex) ++cnt[size_t(e)];
+  int off = 0;
+  for (int e = 0; e < E; ++e) {
+    for (int r = 0; r < cnt[size_t(e)]; r += 64) tiles.insert(tiles.end(), {e, off + r, std::min(64, cnt[size_t(e)] - r)});
+    off += cnt[size_t(e)];
+  }
+  for (int i = 0; i < n; ++i) gather.push_back(int32_t(i % T));
+  const int nt = int(tiles.size() / 3);
+  Dev<float> dx(x), dh(size_t(n) * 2 * I), dy(size_t(n) * 248320 / 32 + size_t(n) * H);
+  Dev<int32_t> dex(ex), dtiles(tiles), dnt(std::vector<int32_t>{nt}), dg(gather);
+  cudaEvent_t a, b;
+  LILY_CU(cudaEventCreate(&a));
+  LILY_CU(cudaEventCreate(&b));
+  auto time = [&](const char* what, double weights, auto&& f) {
+    for (int i = 0; i < 3; ++i) f();
+    const int reps = 20;
+    LILY_CU(cudaEventRecord(a));
+    for (int i = 0; i < reps; ++i) f();
+    LILY_CU(cudaEventRecord(b));
+    LILY_CU(cudaEventSynchronize(b));
+    float ms = 0;
+    LILY_CU(cudaEventElapsedTime(&ms, a, b));
+    const double us = 1e3 * ms / reps;
+    std::printf("[exl3 timing] %-44s %9.1f us  %7.1f GB/s trellis  %6.2f Tweights/s\n", what, us,
+                weights * K / 8 / (us * 1e3), weights / (us * 1e6));
+  };
+  time("decode gate+up swiglu, 8 slots (2048->2x512)", 8.0 * 2 * H * I,
+       [&] { cuda::gemv_slots(mgu, dex.p, 0, H, dx.p, H, k, k, dh.p, I, false, I, nullptr); });
+  time("decode down, 8 slots (512->2048)", 8.0 * H * I,
+       [&] { cuda::gemv_slots(mdn, dex.p, H, I, dh.p, I, 1, k, dy.p, H, false, 0, nullptr); });
+  time("decode dense 2048->8192, 1 row", 2048.0 * 8192,
+       [&] { cuda::linear(mde, 8192, H, dx.p, H, 1, dy.p, 8192, false, nullptr); });
+  time("decode lm_head 2048->248320, 1 row", 2048.0 * 248320,
+       [&] { cuda::linear(mhe, 248320, H, dx.p, H, 1, dy.p, 248320, false, nullptr); });
+  time("prompt gate+up GEMM, 512 tok x top-8 tiles", double(E) * 2 * H * I,
+       [&] { cuda::gemm_tiles(mgu, 2 * I, H, dx.p, H, dg.p, dh.p, 2 * I, false, dtiles.p, dnt.p, nt, n, nullptr); });
+  time("prompt dense GEMM 512 rows 2048->8192", 2048.0 * 8192,
+       [&] { cuda::linear(mde, 8192, H, dx.p, H, T, dy.p, 8192, false, nullptr); });
+  LILY_CU(cudaDeviceSynchronize());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+}
+
+}  // namespace
+#endif
