@@ -18,5 +18,9 @@ for lib in $(ldd "$D/test_cuda" "$D/lily" 2>/dev/null | awk '/=>/ {print $3}' | 
     *) cp -L "$lib" "$D/lib/" ;;
   esac
 done
-if [ -d ../shared/golden/qwen3_5_moe_text-r ]; then cp -r ../shared/golden/qwen3_5_moe_text-r "$D/golden/"; fi
+if [ -d ../shared/golden/qwen3_5_moe_text-r ] && [ "${BUNDLE_GOLDEN:-1}" = 1 ]; then cp -r ../shared/golden/qwen3_5_moe_text-r "$D/golden/"; fi
+# the binaries carry device code for two architectures: strip host symbols and pack the folder so it
+# stays under the device tool's 64 MiB carry limit; check.sh / profile.sh unpack it there
+strip "$D/test_cuda" "$D/lily" 2>/dev/null || true
+tar -C "$D" -czf "/tmp/lily-bundle-$$.tgz" . && rm -rf "$D" && mkdir -p "$D" && mv "/tmp/lily-bundle-$$.tgz" "$D/bundle.tgz"
 du -sh "$D"

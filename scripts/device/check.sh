@@ -9,6 +9,7 @@ OUT=${OUT:-/tmp/lily-check}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
 D=${DEVBIN:-.devbin}
+[ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"  # packed by bundle.sh
 if [ -x "$D/test_cuda" ]; then
   export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
   BIN=$D/test_cuda

@@ -11,10 +11,9 @@ from collections import OrderedDict, defaultdict
 
 
 def short(name):
-    name = name.split("(")[0]
-    for pre in ("void ", "lily::cuda::", "(anonymous namespace)::"):
+    for pre in ("void ", "lily::cuda::", "(anonymous namespace)::", "<unnamed>::", "unnamed>::"):
         name = name.replace(pre, "")
-    return name
+    return name.split("(")[0]
 
 
 def main():
