@@ -237,7 +237,7 @@ TEST_P(CudaSampleV, GreedyIsHostArgmax) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Vocab, CudaSampleV, ::testing::Values(1, 2, 17, 151936, 248320));
+INSTANTIATE_TEST_SUITE_P(CudaSampleVocab, CudaSampleV, ::testing::Values(1, 2, 17, 151936, 248320));
 
 // Many draws (the step counter advances) against the host probabilities: chi-square at p ~ 1e-4, fixed seed.
 TEST(CudaSample, DrawsFollowTheDistribution) {
