@@ -303,15 +303,16 @@ void quantize_token(const float* xt, int64_t in, int bits, int64_t gs, int8_t* q
   }
 }
 
-// Float scales / biases of rows o0 .. o0+n−1 into [n][ld] (ld ≥ groups, multiple of 16), zero-padded.
+// Float scales / biases of rows o0 .. o0+n−1 into [n][ld], groups rounded up to 16 (zeros past the last
+// group); the caller keeps the rest of each row (the kernels' over-read) zero.
 void load_row_params(const quant::AffineWeight& w, int64_t o0, int n, int64_t ld, float* s, float* b) {
   const int64_t G = w.groups();
   for (int r = 0; r < n; ++r)
     for (int which = 0; which < 2; ++which) {
       const void* src = which ? w.biases : w.scales;
       float* dst = (which ? b : s) + r * ld;
-      for (int64_t g = 0; g < ld; g += 16) {
-        const __mmask16 m = g >= G ? 0 : G - g >= 16 ? 0xFFFF : __mmask16((1u << (G - g)) - 1);
+      for (int64_t g = 0; g < G; g += 16) {
+        const __mmask16 m = G - g >= 16 ? 0xFFFF : __mmask16((1u << (G - g)) - 1);
         const int64_t i = (o0 + r) * G + g;
         __m512 v;
         if (w.scale_dtype == DType::F32) {
@@ -481,7 +482,7 @@ void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T,
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, R * w.in * T));
   ThreadPool::global().parallel_for(nblk, grain, [&](int64_t b0, int64_t b1) {
     thread_local std::vector<float> sb;
-    sb.resize(size_t(2 * 4 * ld));
+    sb.assign(size_t(2 * 4 * ld), 0.0f);  // padding past the groups stays zero
     KArgs k;
     k.s = sb.data();
     k.b = sb.data() + 4 * ld;
