@@ -5,6 +5,7 @@
 // slice of dv) carrying its state slice in shared memory from chunk to chunk.
 #include <cmath>
 
+#include "backend/cuda/gdn_chunk.h"
 #include "backend/cuda/kernels.cuh"
 
 namespace lily::cuda {
@@ -300,9 +301,12 @@ size_t chunk_smem(int dk) {
 
 void init_gdn_kernels() {
   LILY_CU(cudaFuncSetAttribute(chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(chunk_smem(kChunkMaxDk))));
+  init_gdn_chunk_kernels();
 }
 
-size_t gdn_scratch_bytes(const GdnDev& g, int T) { return layout(g, T, nullptr).bytes; }
+size_t gdn_scratch_bytes(const GdnDev& g, int T) {
+  return layout(g, T, nullptr).bytes + gdn_chunk_scratch_bytes(T, g.Hv, g.dk, g.dv);  // the chunk pass's part last
+}
 
 void gdn_core(const GdnDev& g, const float* proj, int T, float* conv_state, float* S, float* out, void* scratch,
               cudaStream_t s, int chunk_min) {
@@ -321,10 +325,15 @@ void gdn_core(const GdnDev& g, const float* proj, int T, float* conv_state, floa
   if (T >= chunk_min && g.dk <= kChunkMaxDk) {
     prep_kernel<<<T, 256, 0, s>>>(sc.conv_out, proj, ldp, T, g.Hk, g.Hv, g.dk, g.dv, g.dt_bias, g.A_neg, sc.qn, sc.kn, sc.g, sc.beta);
     LILY_CU_LAUNCH();
-    const size_t smem = chunk_smem(g.dk);
-    chunk_kernel<<<dim3(g.Hv, cdiv(g.dv, kSlice)), 256, smem, s>>>(sc.qn, sc.kn, sc.conv_out, sc.g, sc.beta, T, g.Hk, g.Hv,
-                                                                  g.dk, g.dv, S, out);
-    LILY_CU_LAUNCH();
+    if (gdn_chunk_fast_covers(g.dk, g.dv)) {
+      gdn_chunk_fast(sc.qn, sc.kn, sc.conv_out, sc.g, sc.beta, T, g.Hk, g.Hv, g.dk, g.dv, S, out,
+                     static_cast<char*>(scratch) + sc.bytes, s);
+    } else {
+      const size_t smem = chunk_smem(g.dk);
+      chunk_kernel<<<dim3(g.Hv, cdiv(g.dv, kSlice)), 256, smem, s>>>(sc.qn, sc.kn, sc.conv_out, sc.g, sc.beta, T, g.Hk,
+                                                                    g.Hv, g.dk, g.dv, S, out);
+      LILY_CU_LAUNCH();
+    }
   } else {
     const unsigned blocks = cdiv(int64_t(g.Hv) * g.dv, 4);
 #define LILY_REC(N) recurrent_kernel<N><<<blocks, 128, 0, s>>>(sc.conv_out, proj, ldp, T, g.Hk, g.Hv, g.dv, g.dt_bias, g.A_neg, S, out)
