@@ -1,5 +1,6 @@
-// `lily inspect --model DIR --backend cuda [--context N] [--json]`: the kernels of one captured decode
-// step (per layer and block, with launch shapes) — the number to drive down.
+// `lily inspect --model DIR | --synth PRESET --format F [--bits K] --backend cuda [--context N] [--json]`:
+// the kernels of one captured decode step (per layer and block, with launch shapes) — the number to
+// drive down.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,7 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "model/weights.h"
+#include "tools/synth.h"
 #ifdef LILY_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -37,18 +39,34 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
   auto backend = std::make_shared<std::string>("cuda");
   auto ctx = std::make_shared<int64_t>(4096);
   auto json = std::make_shared<bool>(false);
-  app.add_option("--model", *model, "Model directory (config.json + safetensors)")->required();
+  auto synth = std::make_shared<std::string>();
+  auto format = std::make_shared<std::string>("bf16");
+  auto bits = std::make_shared<int>(4);
+  app.add_option("--model", *model, "Model directory (config.json + safetensors)");
+  app.add_option("--synth", *synth, "Build a random model of this preset in memory instead (see lily synth)");
+  app.add_option("--format", *format, "With --synth: bf16 | affine4 | affine8 | exl3");
+  app.add_option("--bits", *bits, "With --synth --format exl3: K");
   app.add_option("--backend", *backend, "Backend whose decode step to show (cuda)")->capture_default_str();
   app.add_option("--context", *ctx, "Tokens already in the cache (selects the context bucket)")->capture_default_str();
   app.add_flag("--json", *json, "Print JSON");
   return [=]() -> int {
     if (*backend != "cuda") fail("--backend {}: inspect shows the CUDA decode graph (use --backend cuda)", *backend);
     if (*ctx < 0) fail("--context must be >= 0, got {}", *ctx);
+    if (model->empty() == synth->empty()) fail("inspect: give exactly one of --model DIR or --synth PRESET");
 #ifndef LILY_HAVE_CUDA
     fail("--backend cuda: this build has no CUDA backend (configure with nvcc present)");
 #else
     if (!cuda_available()) fail("--backend cuda: {}", cuda_device_info());
-    auto w = ModelWeights::load(*model);
+    std::shared_ptr<const ModelWeights> w;
+    if (!synth->empty()) {
+      SynthOptions so;
+      so.preset = *synth;
+      so.format = parse_synth_format(*format);
+      so.exl3_bits = *bits;
+      w = synth_model(so);
+    } else {
+      w = ModelWeights::load(*model);
+    }
     auto be = make_cuda_backend(w);
     const auto ks = cuda_describe_decode_step(*be, *ctx);
     std::map<int, int> per_layer;

@@ -51,6 +51,7 @@ struct BenchReport {
   size_t resident = 0;           // resident set at the end of the run (weights + state; the bandwidth probe excluded)
   double bandwidth = 0;          // bytes/s
   std::string bandwidth_source;  // "host memcpy" or the backend's name
+  std::string decode_path;       // how decode steps were driven (on-device sampling or host logits)
   std::vector<BenchRow> prefill, decode;
   nlohmann::json to_json() const;
   std::string table() const;     // human-readable

@@ -221,9 +221,11 @@ std::vector<double> ref_moe(const MoeHost& m, const std::vector<float>& u, int T
   return y;
 }
 
-void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, std::mt19937& rng) {
+// stacked: the shared expert rides in the routed stacks as expert E and its gate as router row E
+// (MoeDev::shared_in_stack, gate_in_router); needs Is == I.
+void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, std::mt19937& rng, bool stacked = false) {
   MoeHost m;
-  m.E = E; m.k = k; m.I = 40; m.Is = 24; m.H = 64; m.norm_topk = norm_topk;
+  m.E = E; m.k = k; m.I = 40; m.Is = stacked ? 40 : 24; m.H = 64; m.norm_topk = norm_topk;
   m.moe = moe;
   using DB = std::unique_ptr<Dev<uint16_t>>;
   DB dr, dgu, ddn, dsgu, dsdn, dsg;
@@ -260,13 +262,34 @@ void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, st
   md.sh_down = Mat::bf16(dsdn->p, m.Is);
   if (moe) md.sh_gate = Mat::bf16(dsg->p, m.H);
   m.gated = moe;
+  std::unique_ptr<Dev<uint16_t>> st_r, st_gu, st_dn;
+  if (stacked) {  // device stacks of E + 1 experts / router rows, rebuilt from the same bf16 values
+    auto bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+      std::vector<uint16_t> o;
+      for (float v : a) o.push_back(lily::f32_to_bf16(v));
+      for (float v : b) o.push_back(lily::f32_to_bf16(v));
+      return o;
+    };
+    st_r = std::make_unique<Dev<uint16_t>>(bits(m.router, m.sgate));
+    st_gu = std::make_unique<Dev<uint16_t>>(bits(m.gu, m.sgu));
+    st_dn = std::make_unique<Dev<uint16_t>>(bits(m.down, m.sdown));
+    md.router = Mat::bf16(st_r->p, m.H);
+    md.gate_up = Mat::bf16(st_gu->p, m.H, int64_t(2) * m.I * m.H);
+    md.down = Mat::bf16(st_dn->p, m.I, int64_t(m.H) * m.I);
+    md.sh_gate = md.router;
+    md.gate_in_router = true;
+    md.shared_in_stack = true;
+    md.sh_gate_up = Mat{};
+    md.sh_down = Mat{};
+  }
   Dev<float> du(u), dx(x0);
   Dev<char> scratch(lily::cuda::moe_scratch_bytes(md, T));
   scratch.poison();
   lily::cuda::moe(md, du.p, T, dx.p, scratch.p, nullptr);
   auto ref = ref_moe(m, u, T);
   for (size_t i = 0; i < ref.size(); ++i) ref[i] += x0[i];
-  EXPECT_LT(rel_err(dx.down(), ref), 2e-5) << "T=" << T << " norm_topk=" << norm_topk << " skewed=" << skewed << " moe=" << moe;
+  EXPECT_LT(rel_err(dx.down(), ref), 2e-5) << "T=" << T << " norm_topk=" << norm_topk << " skewed=" << skewed << " moe=" << moe
+                                            << " stacked=" << stacked;
 }
 
 TEST(CudaOps, MoeMatchesReference) {
@@ -282,6 +305,10 @@ TEST(CudaOps, MoeMatchesReference) {
     run_moe_case(T, true, false, true, 40, 5, rng);  // several tiles per expert at T=130
   }
   run_moe_case(2048, true, true, true, 8, 2, rng);  // ~2000 rows on two experts, none on six
+  for (int T : {1, 2, 3, 17, 65, 129}) {  // shared expert as expert E of the stacks
+    run_moe_case(T, true, false, true, 8, 2, rng, true);
+    run_moe_case(T, false, true, true, 40, 5, rng, true);
+  }
 }
 
 // ---- Gated DeltaNet ----
@@ -382,6 +409,9 @@ TEST(CudaOps, GdnRecurrentMatchesReference) {
   run_gdn_case(2, 4, 32, 32, {1, 2, 1, 3, 17, 1}, 1 << 30, rng);
   run_gdn_case(2, 4, 128, 128, {1, 2, 33, 1}, 1 << 30, rng);
   run_gdn_case(1, 2, 64, 48, {3, 1, 5}, 1 << 30, rng);
+  run_gdn_case(4, 4, 64, 64, {1, 2, 16, 1}, 1 << 30, rng);   // one value head per key head (fused step)
+  run_gdn_case(1, 4, 32, 32, {1, 3, 1}, 1 << 30, rng);       // four value heads per key head (fused step)
+  run_gdn_case(2, 4, 256, 64, {1, 2}, 1 << 30, rng);         // dk 256 (fused step, 2 rows per warp)
 }
 
 TEST(CudaOps, GdnChunkedMatchesReference) {

@@ -98,6 +98,9 @@ class CudaBackend final : public Backend {
   void end() override;
   void synchronize() override { LILY_CU(cudaStreamSynchronize(stream_)); }
   size_t peak_memory() const override { return mem_.peak; }
+  // Device-to-device cudaMemcpy of 1 GiB (bytes read + written per second), median of 5, measured once.
+  double copy_bandwidth() override;
+  double copy_bw_ = 0;
 
   // greedy mode: the step's input token is already in d_tokens_[0]; head writes the argmax there.
   void set_greedy(bool on) { greedy_ = on; }
@@ -258,6 +261,16 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
         dn.push_back(&ex.down);
       }
       const bool ex3 = F.experts.at(0).gate.format == WeightFormat::Exl3;
+      // the shared expert as expert E of the stacks: one GEMV pair for k + 1 slots, no side stream
+      const Expert& e0 = F.experts.at(0);
+      m.shared_in_stack = !ex3 && !F.shared.gate.empty() && F.shared.gate.out == m.I && F.shared.down.in == m.I &&
+                          same_format(F.shared.gate, e0.gate) && same_format(F.shared.up, e0.up) &&
+                          same_format(F.shared.down, e0.down) && (F.shared_gate.empty() || m.gate_in_router);
+      if (m.shared_in_stack) {
+        gu.push_back(&F.shared.gate);
+        gu.push_back(&F.shared.up);
+        dn.push_back(&F.shared.down);
+      }
       m.gate_up = ex3 ? upload_exl3(gu, 2) : upload(gu);
       m.down = ex3 ? upload_exl3(dn, 1) : upload(dn);
       // expert strides: one expert = 2I rows of gate_up, H rows of down
@@ -268,8 +281,8 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
       }
       if (!F.shared_gate.empty()) m.sh_gate = m.gate_in_router ? m.router : upload(F.shared_gate);
     }
-    if (!F.shared.gate.empty()) {
-      m.Is = int(F.shared.gate.out);
+    if (!F.shared.gate.empty()) m.Is = int(F.shared.gate.out);
+    if (!F.shared.gate.empty() && !m.shared_in_stack) {
       m.sh_gate_up = upload({&F.shared.gate, &F.shared.up});
       m.sh_down = upload(F.shared.down);
     }
@@ -287,6 +300,37 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(side_);
   cudaEventDestroy(fork_);
   cudaEventDestroy(join_);
+}
+
+double CudaBackend::copy_bandwidth() {
+  if (copy_bw_ > 0) return copy_bw_;
+  const size_t bytes = size_t(1) << 30;
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, bytes) != cudaSuccess) return 0;
+  if (cudaMalloc(&b, bytes) != cudaSuccess) {
+    cudaFree(a);
+    return 0;
+  }
+  cudaEvent_t e0, e1;
+  LILY_CU(cudaEventCreate(&e0));
+  LILY_CU(cudaEventCreate(&e1));
+  std::vector<double> bw;
+  for (int i = 0; i < 6; ++i) {
+    LILY_CU(cudaEventRecord(e0, stream_));
+    LILY_CU(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream_));
+    LILY_CU(cudaEventRecord(e1, stream_));
+    LILY_CU(cudaEventSynchronize(e1));
+    float ms = 0;
+    LILY_CU(cudaEventElapsedTime(&ms, e0, e1));
+    if (i > 0) bw.push_back(2.0 * double(bytes) / (double(ms) * 1e-3));  // first copy: warm-up
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  std::sort(bw.begin(), bw.end());
+  copy_bw_ = bw[bw.size() / 2];
+  return copy_bw_;
 }
 
 bool same_format(const Linear& a, const Linear& b) {

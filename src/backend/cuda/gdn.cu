@@ -14,6 +14,7 @@ namespace {
 constexpr int kChunk = 64;
 constexpr int kSlice = 32;
 constexpr int kChunkMaxDk = 128;  // shared memory of the chunk kernel grows with dk
+constexpr int kFusedMaxT = 16;    // steps up to this many rows may take the fused step kernel
 
 struct GdnScratch {
   float *conv_out, *qn, *kn, *g, *beta;
@@ -123,6 +124,129 @@ __global__ void __launch_bounds__(128) recurrent_kernel(const float* __restrict_
   }
 #pragma unroll
   for (int i = 0; i < DKL; ++i) Srow[lane + 32 * i] = s[i];
+}
+
+// Decode and short steps, fused: conv + SiLU, L2 norms, gates, the recurrent delta rule and the gated
+// RMSNorm in one kernel. Block = one key head hk and its G = Hv/Hk value heads (so each conv channel,
+// and its conv state, belongs to exactly one block); 32 warps, W = 32/G per value head: warp w serves
+// value head w / W, rows d = (w mod W) + W·r for r < RW = dv / W (<= 8), each row's dk = 32·DKL state
+// columns in registers (lane holds columns lane + 32 i). Per token: channels -> shared memory,
+// norms/gates, rows, then the gated norm.
+constexpr int kFusedThreads = 1024;
+template <int DKL>
+__global__ void __launch_bounds__(kFusedThreads) gdn_step_kernel(const float* __restrict__ proj, int64_t ldp, int T,
+    int Hk, int Hv, int dv, int K, const float* __restrict__ convw, float* __restrict__ conv_state,
+    const float* __restrict__ dt_bias, const float* __restrict__ A_neg, const float* __restrict__ normw, float eps,
+    float* __restrict__ S, float* __restrict__ out) {
+  constexpr int dk = 32 * DKL, kMaxRW = 8;
+  extern __shared__ float sm[];
+  const int G = Hv / Hk, hk = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int C = 2 * Hk * dk + Hv * dv;
+  const int nch = 2 * dk + G * dv;  // this block's channels: q, k of hk, then v of its value heads
+  float* xs = sm;                   // [nch] conv outputs of the token
+  float* os = xs + nch;             // [G·dv] delta-rule outputs
+  float* sc = os + G * dv;          // [2 + 3G]: q scale, k scale, beta[G], decay[G], norm inv[G]
+  auto channel = [&](int i) {       // global channel index of block channel i
+    return i < dk ? hk * dk + i : i < 2 * dk ? Hk * dk + hk * dk + (i - dk) : 2 * Hk * dk + hk * G * dv + (i - 2 * dk);
+  };
+  const int wph = 32 / G;            // warps per value head
+  const int jj = warp / wph, wr = warp % wph;
+  const int RW = dv / wph;           // rows per warp (host guarantees 1..8)
+  const int j = hk * G + jj;
+  float s[kMaxRW][DKL];
+#pragma unroll
+  for (int r = 0; r < kMaxRW; ++r)
+    if (r < RW)
+#pragma unroll
+      for (int i = 0; i < DKL; ++i) s[r][i] = S[(int64_t(j) * dv + wr + wph * r) * dk + lane + 32 * i];
+  for (int t = 0; t < T; ++t) {
+    for (int i = tid; i < nch; i += kFusedThreads) {
+      const int c = channel(i);
+      float acc = 0.f;
+      for (int q = 0; q < K; ++q) {
+        const int tau = t - K + 1 + q;
+        const float v = tau >= 0 ? proj[int64_t(tau) * ldp + c] : conv_state[int64_t(K - 1 + tau) * C + c];
+        acc += convw[int64_t(c) * K + q] * v;
+      }
+      xs[i] = silu(acc);
+    }
+    __syncthreads();
+    if (warp < 2) {  // warp 0: |q|, warp 1: |k|
+      float ss = 0.f;
+      for (int i = lane; i < dk; i += 32) ss += xs[warp * dk + i] * xs[warp * dk + i];
+      ss = warp_sum(ss);
+      if (lane == 0) sc[warp] = warp == 0 ? rsqrtf(ss + 1e-6f) * rsqrtf(float(dk)) : rsqrtf(ss + 1e-6f);
+    } else if (warp == 2 && lane < G) {
+      const float* pr = proj + int64_t(t) * ldp + C + Hv * dv;
+      const int jl = hk * G + lane;
+      sc[2 + lane] = sigmoid(pr[jl]);
+      sc[2 + G + lane] = expf(A_neg[jl] * softplus(pr[Hv + jl] + dt_bias[jl]));
+    }
+    __syncthreads();
+    {
+      const float qs = sc[0], ks = sc[1], beta = sc[2 + jj], decay = sc[2 + G + jj];
+      float q[DKL], k[DKL];
+#pragma unroll
+      for (int i = 0; i < DKL; ++i) {
+        q[i] = xs[lane + 32 * i] * qs;
+        k[i] = xs[dk + lane + 32 * i] * ks;
+      }
+#pragma unroll
+      for (int r = 0; r < kMaxRW; ++r) {
+        if (r >= RW) break;
+        const int d = wr + wph * r;
+        float m = 0.f;
+#pragma unroll
+        for (int i = 0; i < DKL; ++i) {
+          s[r][i] *= decay;
+          m += s[r][i] * k[i];
+        }
+        m = warp_sum(m);
+        const float delta = beta * (xs[2 * dk + jj * dv + d] - m);
+        float o = 0.f;
+#pragma unroll
+        for (int i = 0; i < DKL; ++i) {
+          s[r][i] += k[i] * delta;
+          o += s[r][i] * q[i];
+        }
+        o = warp_sum(o);
+        if (lane == 0) os[jj * dv + d] = o;
+      }
+    }
+    __syncthreads();
+    if (warp < G) {  // RMS of each value head's outputs
+      float ss = 0.f;
+      for (int d = lane; d < dv; d += 32) ss += os[warp * dv + d] * os[warp * dv + d];
+      ss = warp_sum(ss);
+      if (lane == 0) sc[2 + 2 * G + warp] = rsqrtf(ss / float(dv) + eps);
+    }
+    __syncthreads();
+    for (int e = tid; e < G * dv; e += kFusedThreads) {
+      const int h = e / dv, d = e % dv, jg = hk * G + h;
+      const float z = proj[int64_t(t) * ldp + C + int64_t(jg) * dv + d];
+      out[int64_t(t) * Hv * dv + int64_t(jg) * dv + d] = os[e] * sc[2 + 2 * G + h] * normw[d] * silu(z);
+    }
+    // the next token's channel writes are ordered after this token's reads by its first barrier; xs
+    // and os are not read after the barrier above except os here, and sc[2+2G..] is rewritten only
+    // after two more barriers.
+  }
+#pragma unroll
+  for (int r = 0; r < kMaxRW; ++r)
+    if (r < RW)
+#pragma unroll
+      for (int i = 0; i < DKL; ++i) S[(int64_t(j) * dv + wr + wph * r) * dk + lane + 32 * i] = s[r][i];
+  // conv state <- the last K-1 inputs of this block's channels (all reads of the old state are done:
+  // every thread passed the barriers of the last token)
+  __syncthreads();
+  for (int i = tid; i < nch; i += kFusedThreads) {
+    const int c = channel(i);
+    float nw[8];
+    for (int r = 0; r < K - 1; ++r) {
+      const int tau = T - (K - 1) + r;
+      nw[r] = tau >= 0 ? proj[int64_t(tau) * ldp + c] : conv_state[int64_t(K - 1 + tau) * C + c];
+    }
+    for (int r = 0; r < K - 1; ++r) conv_state[int64_t(r) * C + c] = nw[r];
+  }
 }
 
 // Normalised q (scaled by 1/sqrt(dk)) and k per (token, key head); g and beta per (token, value head).
@@ -315,6 +439,23 @@ void gdn_core(const GdnDev& g, const float* proj, int T, float* conv_state, floa
   GdnScratch sc = layout(g, T, scratch);
   const int C = g.C();
   const int64_t ldp = g.proj_width();
+  const int G = g.Hv / g.Hk, wph = G > 0 && 32 % G == 0 ? 32 / G : 0;
+  const bool fused = T < chunk_min && T <= kFusedMaxT && wph > 0 && g.dv % wph == 0 && g.dv / wph <= 8 &&
+                     (g.dk == 32 || g.dk == 64 || g.dk == 128 || g.dk == 256) && (g.dv / wph) * (g.dk / 32) <= 32;
+  if (fused) {
+    const size_t smem = sizeof(float) * size_t(2 * g.dk + 2 * G * g.dv + 2 + 3 * G);
+#define LILY_STEP(N) gdn_step_kernel<N><<<g.Hk, kFusedThreads, smem, s>>>(proj, ldp, T, g.Hk, g.Hv, g.dv, g.K, g.conv, conv_state, \
+                                                                       g.dt_bias, g.A_neg, g.norm, g.eps, S, out)
+    switch (g.dk) {
+      case 32: LILY_STEP(1); break;
+      case 64: LILY_STEP(2); break;
+      case 128: LILY_STEP(4); break;
+      default: LILY_STEP(8); break;
+    }
+#undef LILY_STEP
+    LILY_CU_LAUNCH();
+    return;
+  }
   const bool one_chunk = T <= 32;  // then the conv kernel also writes the new conv state
   conv_kernel<<<dim3(cdiv(C, 128), cdiv(T, 32)), 128, 0, s>>>(proj, ldp, T, C, g.K, g.conv, conv_state, sc.conv_out, one_chunk);
   LILY_CU_LAUNCH();

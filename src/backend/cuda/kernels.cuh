@@ -7,6 +7,12 @@ namespace lily::cuda {
 constexpr int kGemmBM = 64;  // rows of x per GEMM tile
 constexpr int kGemmBN = 64;  // output columns per GEMM tile
 
+// Decode GEMV (gemv.cu): bf16 with 16-byte aligned rows (in % 8 == 0) or affine 4/8 bit; same contract
+// as gemv_slots.
+void gemv_fast(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
+               float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps);
+void init_gemv_kernels();
+
 inline bool has(const Mat& m) { return m.exl3 ? m.parts != nullptr : m.affine ? m.q != nullptr : m.w != nullptr; }
 
 // EXL3 launchers (exl3.cu): same contracts as gemv_slots / gemm_tiles (ops.h).

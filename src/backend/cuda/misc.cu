@@ -60,14 +60,15 @@ __global__ void advance_kernel(int64_t* pos, int T) { *pos += T; }
 
 void init_attn_kernels();
 void init_gdn_kernels();
-void init_exl3_kernels();
 void init_gemm_tc_kernels();
+void init_exl3_kernels();
 
 void init_kernels() {
   init_attn_kernels();
   init_gdn_kernels();
-  init_exl3_kernels();
   init_gemm_tc_kernels();
+  init_exl3_kernels();
+  init_gemv_kernels();
 }
 
 void rmsnorm(const float* x, int64_t ldx, const float* w, int T, int H, float eps, float* y, int64_t ldy, cudaStream_t s) {

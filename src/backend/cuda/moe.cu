@@ -16,14 +16,16 @@ struct MoeScratch {
   size_t bytes;
 };
 
-int max_tiles_for(const MoeDev& m, int T) { return int(cdiv(int64_t(T) * m.k, kGemmBM)) + m.E; }
+int max_tiles_for(const MoeDev& m, int T) {
+  return int(cdiv(int64_t(T) * m.slots_per_token(), kGemmBM)) + m.E + (m.shared_in_stack ? 1 : 0);
+}
 
 MoeScratch layout(const MoeDev& m, int T, void* base) {
   MoeScratch s{};
   char* p = static_cast<char*>(base);
   size_t off = 0;
   auto take = [&](size_t bytes) { char* r = p ? p + off : nullptr; off += (bytes + 255) & ~size_t(255); return r; };
-  const size_t n = size_t(T) * size_t(m.k);
+  const size_t n = size_t(T) * size_t(m.slots_per_token());
   s.logits = reinterpret_cast<float*>(take(sizeof(float) * size_t(T) * (m.E + 1)));
   s.w = reinterpret_cast<float*>(take(sizeof(float) * n));
   s.idx = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * n));
@@ -31,7 +33,7 @@ MoeScratch layout(const MoeDev& m, int T, void* base) {
   s.sorted_tok = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * n));
   s.tiles = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * 3 * size_t(max_tiles_for(m, T))));
   s.n_tiles = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
-  s.counts = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * size_t(m.E + 1)));
+  s.counts = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * size_t(m.E + 2)));
   s.gu = reinterpret_cast<float*>(take(sizeof(float) * n * 2 * m.I));
   s.h = reinterpret_cast<float*>(take(sizeof(float) * n * m.I));
   s.yb = reinterpret_cast<float*>(take(sizeof(float) * n * m.H));
@@ -46,8 +48,10 @@ MoeScratch layout(const MoeDev& m, int T, void* base) {
 // One warp per token: top-k of the router logits (ties: lowest index) and their routing weights.
 // Lane l holds logits l, l + 32, ... (E <= 32 · kMaxPerLane) in registers; no block barriers.
 constexpr int kMaxPerLane = 16;
+// shared (shared expert in the stack): each token gets a (k+1)-th slot, expert E, weight sigmoid(logit E)
+// when gated (logits row holds E + 1 entries) or 1.
 __global__ void topk_kernel(const float* __restrict__ logits, int64_t ld, int E, int k, bool norm_topk,
-                            int32_t* __restrict__ idx, float* __restrict__ wout) {
+                            int32_t* __restrict__ idx, float* __restrict__ wout, bool shared, bool shared_gated) {
   const int t = blockIdx.x, lane = threadIdx.x;  // one warp per block
   const float* l = logits + int64_t(t) * ld;
   float v[kMaxPerLane];
@@ -83,9 +87,13 @@ __global__ void topk_kernel(const float* __restrict__ logits, int64_t ld, int E,
     for (int i = 0; i < kMaxPerLane; ++i)
       if (lane + 32 * i == bi) v[i] = -INFINITY;
   }
+  const int kk = shared ? k + 1 : k;
   if (lane < k) {
-    idx[int64_t(t) * k + lane] = myidx;
-    wout[int64_t(t) * k + lane] = norm_topk ? expf(mine - first) / denom : expf(mine - gmax) / total;
+    idx[int64_t(t) * kk + lane] = myidx;
+    wout[int64_t(t) * kk + lane] = norm_topk ? expf(mine - first) / denom : expf(mine - gmax) / total;
+  } else if (shared && lane == k) {
+    idx[int64_t(t) * kk + k] = E;
+    wout[int64_t(t) * kk + k] = shared_gated ? sigmoid(l[E]) : 1.f;
   }
 }
 
@@ -164,7 +172,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   MoeScratch sc = layout(m, T, scratch);
   const int H = m.H;
   // shared expert (or dense MLP): on the side stream when given, overlapping the routed experts
-  const bool has_shared = has(m.sh_gate_up) && m.Is > 0;
+  const bool has_shared = !m.shared_in_stack && has(m.sh_gate_up) && m.Is > 0;
   if (!m.moe || !has_shared) side = nullptr;
   cudaStream_t s = main_stream;
   if (side) {
@@ -193,17 +201,20 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   // router rows [0, E) (+ the shared-expert gate as row E when gate_in_router)
   const int ldl = m.gate_in_router ? m.E + 1 : m.E;
   linear(m.router, ldl, H, u, H, T, sc.logits, ldl, false, s, nw, eps);
-  if (m.E > 32 * kMaxPerLane || m.k > 32) fail_internal("moe: at most 512 experts and top-32 on CUDA");
-  topk_kernel<<<T, 32, 0, s>>>(sc.logits, ldl, m.E, m.k, m.norm_topk, sc.idx, sc.w);
+  if (m.E > 32 * kMaxPerLane || m.slots_per_token() > 32)
+    fail_internal("moe: at most 512 experts and 32 slots per token (top-k + shared) on CUDA");
+  topk_kernel<<<T, 32, 0, s>>>(sc.logits, ldl, m.E, m.k, m.norm_topk, sc.idx, sc.w, m.shared_in_stack, m.gate_in_router);
   LILY_CU_LAUNCH();
-  const int n = T * m.k;
+  const int kk = m.slots_per_token();
+  const int n = T * kk;
   const int32_t* pos = nullptr;
   if (T <= kMoeGemvRows) {
-    gemv_slots(m.gate_up, sc.idx, 0, H, u, H, m.k, n, sc.h, m.I, false, m.I, s, nw, eps);
+    gemv_slots(m.gate_up, sc.idx, 0, H, u, H, kk, n, sc.h, m.I, false, m.I, s, nw, eps);
     gemv_slots(m.down, sc.idx, H, m.I, sc.h, m.I, 1, n, sc.yb, H, false, 0, s);
   } else {
-    route_kernel<<<1, 1024, sizeof(int) * 3 * m.E, s>>>(sc.idx, n, m.E, m.k, sc.counts, sc.slot_pos, sc.sorted_tok,
-                                                        sc.tiles, sc.n_tiles);
+    const int En = m.E + (m.shared_in_stack ? 1 : 0);  // experts in the stacks
+    route_kernel<<<1, 1024, sizeof(int) * 3 * En, s>>>(sc.idx, n, En, kk, sc.counts, sc.slot_pos, sc.sorted_tok,
+                                                       sc.tiles, sc.n_tiles);
     LILY_CU_LAUNCH();
     const int mt = max_tiles_for(m, T);
     gemm_tiles(m.gate_up, 2 * m.I, H, u, H, sc.sorted_tok, sc.gu, 2 * m.I, false, sc.tiles, sc.n_tiles, mt, n, s);
@@ -214,7 +225,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   }
   const float* sg = !(has_shared && has(m.sh_gate)) ? nullptr : m.gate_in_router ? sc.logits + m.E : sc.sg;
   if (side) LILY_CU(cudaStreamWaitEvent(s, join, 0));
-  combine_kernel<<<dim3(cdiv(H, 128), T), 128, 0, s>>>(x, H, m.k, sc.w, pos, sc.yb, has_shared ? sc.ysh : nullptr, sg,
+  combine_kernel<<<dim3(cdiv(H, 128), T), 128, 0, s>>>(x, H, kk, sc.w, pos, sc.yb, has_shared ? sc.ysh : nullptr, sg,
                                    m.gate_in_router ? ldl : 1);
   LILY_CU_LAUNCH();
 }

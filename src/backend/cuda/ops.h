@@ -83,6 +83,14 @@ void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const floa
                 float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w = nullptr,
                 float eps = 1e-6f);
 
+// Launch shape of the decode GEMV for `mode` (0 bf16, else affine bits), reported for tests and tools:
+// RPW rows per warp streamed together, LPR lanes per row, KS warps splitting the reduction dimension,
+// `blocks` row blocks per slot.
+struct GemvShape {
+  int rpw = 1, lpr = 32, ks = 1, blocks = 1;
+};
+GemvShape gemv_shape(int mode, int in, int nrows, int slots, int sm_count, bool swiglu);
+
 // Tiled GEMM. Tile i covers rows [row0, row0 + nrows) (at most 64) of expert e, from
 // tiles[3i .. 3i+2] = {e, row0, nrows}; *n_tiles (device) of max_tiles are live. tiles == null: dense,
 // tile i = rows [64 i, min(64 i + 64, T)). Row r of the product reads x row gather[r] (null: r) and
@@ -115,6 +123,11 @@ struct MoeDev {
   Mat sh_down;     // [H, Is]
   Mat sh_gate;     // [1, H] sigmoid gate of the shared expert; absent (no pointer): weight 1
   bool gate_in_router = false;  // router holds E + 1 rows, the last one the shared-expert gate
+  // The shared expert rides in the routed stacks as expert E (gate_up / down hold E + 1 experts): every
+  // token then has k + 1 slots, the last one expert E weighted by sigmoid(router row E) (gate_in_router)
+  // or 1 (no gate). Needs Is == I and the experts' formats; sh_* are then unused.
+  bool shared_in_stack = false;
+  int slots_per_token() const { return k + (shared_in_stack ? 1 : 0); }
 };
 size_t moe_scratch_bytes(const MoeDev& m, int T);
 // x[t] += MoE(u[t]) for t < T. Routing stays on the device (no host synchronisation).

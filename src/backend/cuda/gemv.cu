@@ -1,0 +1,339 @@
+// Decode GEMV on bf16 or MLX-affine weights (1–2 input rows, or one row per MoE slot).
+//
+// Memory-level parallelism is the whole game at batch 1: a block stages its input row once in shared
+// memory (RMS-normalised when asked), then every warp streams RPW weight rows at once (RPW 16-byte
+// loads in flight per lane and iteration, the staged x read once for all of them). Rows shorter than
+// 32 uint4 share a warp (LPR lanes per row); few rows split the reduction dimension over KS warps of
+// a block (partials summed through shared memory). The host picks RPW / LPR / KS from the shape so the
+// grid covers the GPU with enough loads in flight.
+#include <cstdlib>
+
+#include "backend/cuda/kernels.cuh"
+
+namespace lily::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+// Waits for the previous kernel of the stream (and its memory) when launched with programmatic
+// stream serialization; a no-op otherwise and before sm_90.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+}
+
+// LILY_PDL=0 turns programmatic dependent launch off (A/B measurements, debugging).
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LILY_PDL");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// Affine x layout in shared memory: uint4 i of a row holds codes [C·i, C·i + C) (C = 128 / BITS);
+// element e = C·i + j sits at float4 slot (i / 32)·8C + (j / 4)·32 + (i % 32), so the 32 lanes reading
+// uint4s i..i+31 read 512 contiguous bytes per float4 (conflict-free).
+template <int BITS>
+__device__ __forceinline__ int xs_index(int e) {
+  constexpr int C = 128 / BITS;
+  const int i = e / C, j = e % C;
+  return (i >> 5) * 32 * C + (j >> 2) * 128 + (i & 31) * 4 + (j & 3);
+}
+
+// MODE 0: bf16, 16-byte loads; 4 / 8: affine bits. NR = rows streamed together (RPW, or 2·RPW for
+// SwiGLU: gate rows r.. then up rows r + I..). The first two iterations' weights (and affine scales)
+// are loaded before the input row is staged, so DRAM latency overlaps the staging; afterwards each
+// buffer is refilled right after it is consumed.
+template <int MODE, int RPW, bool SWI>
+__global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const int32_t* __restrict__ expert, int in,
+    int nrows, const float* __restrict__ x, int64_t ldx, int xdiv, float* __restrict__ y, int64_t ldy, bool accumulate,
+    int swiglu_I, const float* __restrict__ norm_w, float eps, int lpr, int ks) {
+  constexpr int NR = SWI ? 2 * RPW : RPW;
+  constexpr int C = MODE == 0 ? 8 : 128 / MODE;  // elements per uint4
+  extern __shared__ float4 xs4[];
+  float* xs = reinterpret_cast<float*>(xs4);
+  __shared__ float red[32];
+  __shared__ float part[kWarps][NR * 4];  // per warp: NR rows × up to 4 sub-rows (lpr = 8)
+  const int slot = blockIdx.y;
+  // Programmatic dependent launch: everything before grid_dependency_wait() may overlap the previous
+  // kernel, so only the weights (never written by kernels) are touched before it; expert ids are
+  // produced by the previous kernel, so slot GEMVs wait first.
+  if (expert) grid_dependency_wait();
+  const int e = expert ? expert[slot] : 0;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = lane / lpr, sl = lane % lpr, nsub = 32 / lpr;
+  const int kslice = warp % ks, rgroup = warp / ks;
+  const int rows_per_block = (kWarps / ks) * nsub * RPW;
+  const int rbase = blockIdx.x * rows_per_block + (rgroup * nsub + sub) * RPW;
+  const int n = in / C;  // uint4 per row
+  int64_t rows[NR];
+#pragma unroll
+  for (int j = 0; j < RPW; ++j) {
+    const int r = min(rbase + j, nrows - 1);  // rows past the end repeat the last one, never written
+    rows[j] = r;
+    if constexpr (SWI) rows[RPW + j] = r + swiglu_I;
+  }
+  const uint4* wrow[NR];
+  const uint16_t *srow[NR], *brow[NR];
+#pragma unroll
+  for (int j = 0; j < NR; ++j) {
+    if constexpr (MODE == 0) {
+      wrow[j] = reinterpret_cast<const uint4*>(W.w + int64_t(e) * W.estride + rows[j] * W.ld);
+    } else {
+      wrow[j] = reinterpret_cast<const uint4*>(W.q + int64_t(e) * W.qstride + rows[j] * W.row_words);
+      const int64_t gi = int64_t(e) * W.sstride + rows[j] * (in / W.gs);
+      srow[j] = W.s + gi;
+      brow[j] = W.b + gi;
+    }
+  }
+  struct Buf {
+    uint4 w[NR];
+    float s[NR], b[NR];
+  };
+  auto load = [&](Buf& B, int i) {
+#pragma unroll
+    for (int j = 0; j < NR; ++j) B.w[j] = ld_stream(wrow[j] + i);
+    if constexpr (MODE != 0) {
+      const int g = (i * C) / W.gs;
+#pragma unroll
+      for (int j = 0; j < NR; ++j) {
+        B.s[j] = bf(__ldg(srow[j] + g));
+        B.b[j] = bf(__ldg(brow[j] + g));
+      }
+    }
+  };
+  const int step = lpr * ks, i0 = sl + lpr * kslice;
+  Buf A, B;
+  if (i0 < n) load(A, i0);
+  if (i0 + step < n) load(B, i0 + step);
+
+  if (!expert) grid_dependency_wait();
+  // stage the input row (RMS-normalised when asked): one pass, 16-byte loads when aligned
+  const float* xr = x + int64_t(slot / xdiv) * ldx;
+  const bool vec = (reinterpret_cast<uintptr_t>(xr) & 15) == 0 && in % 4 == 0 && in <= 4 * 4 * 32 * kWarps;
+  auto put4 = [&](int e0, float4 v) {  // elements e0..e0+3 (e0 % 4 == 0) are contiguous in both layouts
+    if constexpr (MODE == 0) xs4[e0 >> 2] = v;
+    else *reinterpret_cast<float4*>(xs + xs_index<MODE>(e0)) = v;
+  };
+  if (vec) {
+    constexpr int kMaxV = 4;  // float4 per thread: in <= 4096
+    float4 v[kMaxV];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < kMaxV; ++k) {
+      const int f = threadIdx.x + 32 * kWarps * k;
+      v[k] = f < in / 4 ? __ldg(reinterpret_cast<const float4*>(xr) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
+      ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+    float inv = 1.f;
+    if (norm_w) inv = rsqrtf(block_sum(ss, red) / float(in) + eps);
+#pragma unroll
+    for (int k = 0; k < kMaxV; ++k) {
+      const int f = threadIdx.x + 32 * kWarps * k;
+      if (f < in / 4) {
+        float4 t = v[k];
+        if (norm_w) {
+          const float4 w4 = __ldg(reinterpret_cast<const float4*>(norm_w) + f);
+          t = make_float4(t.x * inv * w4.x, t.y * inv * w4.y, t.z * inv * w4.z, t.w * inv * w4.w);
+        }
+        put4(4 * f, t);
+      }
+    }
+  } else {
+    float inv = 1.f;
+    if (norm_w) {
+      float ss = 0.f;
+      for (int i = threadIdx.x; i < in; i += blockDim.x) ss += xr[i] * xr[i];
+      inv = rsqrtf(block_sum(ss, red) / float(in) + eps);
+    }
+    for (int i = threadIdx.x; i < in; i += blockDim.x) {
+      const float v = norm_w ? xr[i] * inv * norm_w[i] : xr[i];
+      if constexpr (MODE == 0) xs[i] = v;
+      else xs[xs_index<MODE>(i)] = v;
+    }
+  }
+  __syncthreads();
+
+  float acc[NR];
+#pragma unroll
+  for (int j = 0; j < NR; ++j) acc[j] = 0.f;
+  auto consume = [&](const Buf& Bf, int i) {
+    if constexpr (MODE == 0) {
+      const float4 a = xs4[2 * i], b = xs4[2 * i + 1];
+#pragma unroll
+      for (int j = 0; j < NR; ++j) {
+        float f[8];
+        bf8(Bf.w[j], f);
+        acc[j] += f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w + f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
+      }
+    } else {
+      const float4* x4 = xs4 + (i >> 5) * 8 * C + (i & 31);
+      float xv[C];
+#pragma unroll
+      for (int k = 0; k < C / 4; ++k) {
+        const float4 v = x4[k * 32];
+        xv[4 * k] = v.x; xv[4 * k + 1] = v.y; xv[4 * k + 2] = v.z; xv[4 * k + 3] = v.w;
+      }
+      float sx = 0.f;
+#pragma unroll
+      for (int k = 0; k < C; ++k) sx += xv[k];
+      // Codes become floats without an int->float conversion (16/clock/SM on Hopper, the bottleneck of
+      // a plain unpack): code q is placed in the top mantissa bits of 1.0, f = 1 + q / 2^MODE, so
+      // Σ q·x = 2^MODE · (Σ f·x − Σ x) — a shift and one LOP3 per code.
+      constexpr uint32_t kTop = 23 - MODE;  // mantissa bit of the code's lowest bit
+      constexpr uint32_t kMask = ((1u << MODE) - 1u) << kTop;
+#pragma unroll
+      for (int j = 0; j < NR; ++j) {
+        const uint32_t words[4] = {Bf.w[j].x, Bf.w[j].y, Bf.w[j].z, Bf.w[j].w};
+        float fx = 0.f;
+#pragma unroll
+        for (int k = 0; k < C; ++k) {
+          constexpr int PER = 32 / MODE;  // codes per word
+          const uint32_t sh = (k % PER) * MODE, w = words[k / PER];
+          const uint32_t m = ((sh >= kTop ? w >> (sh - kTop) : w << (kTop - sh)) & kMask) | 0x3F800000u;
+          fx += __uint_as_float(m) * xv[k];
+        }
+        const float qx = (fx - sx) * float(1u << MODE);
+        acc[j] += Bf.s[j] * qx + Bf.b[j] * sx;
+      }
+    }
+  };
+  for (int i = i0; i < n; i += 2 * step) {
+    consume(A, i);
+    if (i + 2 * step < n) load(A, i + 2 * step);
+    if (i + step < n) {
+      consume(B, i + step);
+      if (i + 3 * step < n) load(B, i + 3 * step);
+    }
+  }
+  // reduce over the lpr lanes of a row
+#pragma unroll
+  for (int j = 0; j < NR; ++j)
+    for (int o = lpr >> 1; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+  if (ks > 1) {
+    if (sl == 0)
+#pragma unroll
+      for (int j = 0; j < NR; ++j) part[warp][j * 4 + sub] = acc[j];
+    __syncthreads();
+    if (kslice != 0) return;
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+      float t = 0.f;
+      for (int k = 0; k < ks; ++k) t += part[warp + k][j * 4 + sub];
+      acc[j] = t;
+    }
+  }
+  if (sl != 0) return;
+#pragma unroll
+  for (int j = 0; j < RPW; ++j) {
+    const int r = rbase + j;
+    if (r >= nrows) break;
+    const float v = SWI ? silu(acc[j]) * acc[RPW + j] : acc[j];
+    float* yp = y + int64_t(slot) * ldy + r;
+    *yp = accumulate ? *yp + v : v;
+  }
+}
+
+template <int MODE, int RPW, bool SWI>
+void launch(dim3 grid, size_t smem, cudaStream_t s, const Mat& W, const int32_t* expert, int in, int nrows,
+            const float* x, int64_t ldx, int xdiv, float* y, int64_t ldy, bool accumulate, int swiglu_I,
+            const float* norm_w, float eps, int lpr, int ks) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(32 * kWarps);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  LILY_CU(cudaLaunchKernelEx(&cfg, gemv_kernel<MODE, RPW, SWI>, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate,
+                             swiglu_I, norm_w, eps, lpr, ks));
+}
+
+template <int MODE, bool SWI>
+void launch_rpw(int rpw, dim3 grid, size_t smem, cudaStream_t s, const Mat& W, const int32_t* expert, int in, int nrows,
+                const float* x, int64_t ldx, int xdiv, float* y, int64_t ldy, bool accumulate, int swiglu_I,
+                const float* norm_w, float eps, int lpr, int ks) {
+  if (rpw == 4) launch<MODE, 4, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks);
+  else if (rpw == 2) launch<MODE, 2, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks);
+  else launch<MODE, 1, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks);
+}
+
+template <int MODE>
+void launch_mode(bool swi, int rpw, dim3 grid, size_t smem, cudaStream_t s, const Mat& W, const int32_t* expert, int in,
+                 int nrows, const float* x, int64_t ldx, int xdiv, float* y, int64_t ldy, bool accumulate, int swiglu_I,
+                 const float* norm_w, float eps, int lpr, int ks) {
+  if (swi) launch_rpw<MODE, true>(rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks);
+  else launch_rpw<MODE, false>(rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks);
+}
+
+constexpr size_t kMaxSmem = 96 * 1024;
+
+template <int MODE, bool SWI>
+void set_smem() {
+  LILY_CU(cudaFuncSetAttribute(gemv_kernel<MODE, 1, SWI>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
+  LILY_CU(cudaFuncSetAttribute(gemv_kernel<MODE, 2, SWI>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
+  LILY_CU(cudaFuncSetAttribute(gemv_kernel<MODE, 4, SWI>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
+}
+
+}  // namespace
+
+void init_gemv_kernels() {
+  set_smem<0, false>(); set_smem<0, true>();
+  set_smem<4, false>(); set_smem<4, true>();
+  set_smem<8, false>(); set_smem<8, true>();
+}
+
+GemvShape gemv_shape(int mode, int in, int nrows, int slots, int sm_count, bool swiglu) {
+  GemvShape g;
+  const int C = mode == 0 ? 8 : 128 / mode;
+  const int n = in / C;  // uint4 per row
+  g.lpr = n >= 32 ? 32 : n >= 16 ? 16 : 8;
+  const int nsub = 32 / g.lpr;
+  // Enough warps in flight: aim at >= 2 blocks per SM; split the reduction when rows are few.
+  const int64_t target = int64_t(2) * sm_count;
+  auto blocks = [&](int rpw, int ks) { return int64_t(cdiv(nrows, int64_t(kWarps / ks) * nsub * rpw)) * slots; };
+  g.ks = 1;
+  g.rpw = swiglu ? 2 : 4;  // SwiGLU streams 2·RPW rows
+  while (g.rpw > 1 && blocks(g.rpw, 1) < target) g.rpw /= 2;
+  while (g.ks < kWarps && blocks(g.rpw, g.ks) < target && n / (g.lpr * g.ks * 2) >= 2) g.ks *= 2;
+  g.blocks = int(cdiv(nrows, int64_t(kWarps / g.ks) * nsub * g.rpw));
+  return g;
+}
+
+void gemv_fast(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
+               float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps) {
+  static int sm_count = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n > 0 ? n : 132;
+  }();
+  const int mode = W.affine ? W.bits : 0;
+  const int nrows = swiglu_I > 0 ? swiglu_I : out;
+  const GemvShape g = gemv_shape(mode, in, nrows, slots, sm_count, swiglu_I > 0);
+  const size_t smem = sizeof(float) * size_t(mode == 0 ? in : (in + 32 * (128 / mode) - 1) / (32 * (128 / mode)) * (32 * (128 / mode)));
+  if (smem > kMaxSmem) fail_internal("GEMV: input row longer than the shared-memory stage (24K floats)");
+  dim3 grid(unsigned(g.blocks), unsigned(slots));
+  const bool swi = swiglu_I > 0;
+  switch (mode) {
+    case 0: launch_mode<0>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks); break;
+    case 4: launch_mode<4>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks); break;
+    case 8: launch_mode<8>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks); break;
+    default: fail_internal("GEMV: unsupported mode");
+  }
+  LILY_CU_LAUNCH();
+}
+
+}  // namespace lily::cuda
