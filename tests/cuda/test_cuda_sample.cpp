@@ -362,6 +362,53 @@ TEST(CudaSample, CapturedGraphMatchesEager) {
   cudaStreamDestroy(s);
 }
 
+// Time per draw (graph replays, CUDA events) for V = 248,320 at a few settings; printed for the record,
+// bounded loosely so a pathological slowdown fails.
+TEST(CudaSample, TimePerDraw) {
+  LILY_REQUIRE_GPU();
+  const int V = 248320, N = 200;
+  auto l = random_logits(V, 21u, 3.0f);
+  struct C { const char* name; SamplingParams p; };
+  auto P = [](float T, int k, float tp, float mp, float rep) {
+    SamplingParams p;
+    p.temperature = T; p.top_k = k; p.top_p = tp; p.min_p = mp; p.repetition_penalty = rep; p.seed = 1;
+    return p;
+  };
+  cudaStream_t s;
+  LILY_CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  LILY_CU(cudaEventCreate(&e0));
+  LILY_CU(cudaEventCreate(&e1));
+  for (const C& c : {C{"greedy + repetition penalty", P(0, 0, 1, 0, 1.1f)}, C{"T 0.7, top-k 20, top-p 0.8", P(0.7f, 20, 0.8f, 0, 1)},
+                     C{"T 1, no filter", P(1, 0, 1, 0, 1)}, C{"T 1, top-p 0.95", P(1, 0, 0.95f, 0, 1)},
+                     C{"T 1, min-p 0.05", P(1, 0, 1, 0.05f, 1)}}) {
+    DevSampler ds(V);
+    ds.logits.up(l);
+    ds.setup(c.p, {1, 2, 3});
+    cudaGraph_t graph;
+    LILY_CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cuda::sample(ds.d, ds.logits.p, ds.out.p, s);
+    LILY_CU(cudaStreamEndCapture(s, &graph));
+    cudaGraphExec_t ex;
+    LILY_CU(cudaGraphInstantiate(&ex, graph, 0));
+    for (int i = 0; i < 10; ++i) LILY_CU(cudaGraphLaunch(ex, s));
+    LILY_CU(cudaEventRecord(e0, s));
+    for (int i = 0; i < N; ++i) LILY_CU(cudaGraphLaunch(ex, s));
+    LILY_CU(cudaEventRecord(e1, s));
+    LILY_CU(cudaEventSynchronize(e1));
+    float ms = 0;
+    LILY_CU(cudaEventElapsedTime(&ms, e0, e1));
+    const double us = 1000.0 * ms / N;
+    std::printf("[V %d] %-30s %.1f us per draw\n", V, c.name, us);
+    EXPECT_LT(us, 1000.0) << c.name;
+    cudaGraphExecDestroy(ex);
+    cudaGraphDestroy(graph);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Generation on a golden model: the device path (runtime::generate on the CUDA backend) against the host
 // path on the same backend (allow_device = false).
