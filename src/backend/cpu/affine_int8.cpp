@@ -111,6 +111,7 @@ struct KArgs {
   int64_t ld = 0;
   const Acts* a = nullptr;
   int64_t in = 0, gs = 0;
+  int32_t lane_grp[16] = {};  // group (relative to a step's first) of each int32 lane: (l / rep) · 32 / gs
 };
 
 // Scalar kernel: integer block sums in int32, float accumulation in double. One row, all tokens.
@@ -167,10 +168,8 @@ void kernel(const KArgs& k, int64_t t0, float* y, int64_t ys) {
     xq[t] = a.q + (t0 + t) * in;
     xd[t] = a.d + (t0 + t) * a.dl;
   }
-  int lane_grp[16];
-  for (int l = 0; l < 16; ++l) lane_grp[l] = int((l / rep) * 32 / gs);
-  const __m512i vidx = _mm512_loadu_si512(lane_grp);
-  const __m256i vidx8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lane_grp));
+  const __m512i vidx = _mm512_loadu_si512(k.lane_grp);
+  const __m256i vidx8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.lane_grp));
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m256i m4y = _mm256_set1_epi8(0x0F);
   const int64_t nfull = in / cw;
@@ -490,6 +489,7 @@ void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T,
     k.a = &a;
     k.in = w.in;
     k.gs = w.group_size;
+    for (int l = 0; l < 16; ++l) k.lane_grp[l] = int32_t((l / (w.bits == 4 ? 4 : 8)) * 32 / w.group_size);
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t o0 = blk * R;
       const int n = int(std::min<int64_t>(R, out - o0));
