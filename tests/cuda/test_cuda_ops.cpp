@@ -512,7 +512,10 @@ void run_attn_case(int Hq, int Hkv, int hd, int rot, const std::vector<int>& ste
     lily::cuda::attn_core(a, dp.p, T, pos.p, kc.p, vc.p, cap, ns, dout.p, scratch.p, nullptr);
     lily::cuda::advance_pos(pos.p, T, nullptr);
     auto ref = R.step(proj, T);
-    EXPECT_LT(rel_err(dout.down(), ref), 1e-4) << "hd=" << hd << " T=" << T << " ctx=" << n << " splits=" << ns;
+    // prompts (more than 8 packed rows) run on the tensor cores with bf16 q and p operands
+    // (test_cuda_attn_prefill.cpp says why 4e-3); decode stays fp32
+    const double tol = (Hq / Hkv) * T > 8 ? 4e-3 : 1e-4;
+    EXPECT_LT(rel_err(dout.down(), ref), tol) << "hd=" << hd << " T=" << T << " ctx=" << n << " splits=" << ns;
     n += T;
   }
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/attn_prefill.h"
 #include "backend/cuda/kernels.cuh"
 
 namespace lily::cuda {
@@ -234,12 +235,14 @@ void init_attn_kernels() {
   LILY_CU(cudaFuncSetAttribute(attn_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn_smem<64>())));
   LILY_CU(cudaFuncSetAttribute(attn_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn_smem<128>())));
   LILY_CU(cudaFuncSetAttribute(attn_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn_smem<256>())));
+  init_attn_prefill_kernels();
 }
 
 int attn_splits(const AttnDev& a, int T, int64_t ctx_max) {
-  const int64_t base = int64_t(a.Hkv) * cdiv(int64_t(a.Hq / a.Hkv) * T, BR);
+  const bool tc = attn_prefill_supported(a.hd);  // tensor-core tiles: 64 rows, >= 256 keys per split
+  const int64_t base = int64_t(a.Hkv) * cdiv(int64_t(a.Hq / a.Hkv) * T, tc ? kPrefillRows : BR);
   const int64_t want = (264 + base - 1) / base;
-  const int64_t by_len = std::max<int64_t>(1, (ctx_max + T + 63) / 64);
+  const int64_t by_len = std::max<int64_t>(1, (ctx_max + T + (tc ? 255 : 63)) / (tc ? 256 : 64));
   return int(std::clamp<int64_t>(std::min(want, by_len), 1, 64));
 }
 
@@ -256,12 +259,16 @@ void attn_core(const AttnDev& a, const float* proj, int T, const int64_t* pos, u
       a.eps, a.q_norm, a.k_norm, a.inv_freq, pos, k_cache, v_cache, cap, sc.q);
   LILY_CU_LAUNCH();
   const int R = (a.Hq / a.Hkv) * T;
+  if (R > 8 && attn_prefill_supported(a.hd) && !attn_prefill_simt()) {
+    attn_prefill(sc.q, proj, ldp, T, a.Hq, a.Hkv, a.hd, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl, s);
+  } else {
   dim3 grid(a.Hkv, cdiv(R, BR), nsplit);
   switch (a.hd) {
     case 64: launch_attn<64>(grid, s, sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl); break;
     case 128: launch_attn<128>(grid, s, sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl); break;
     case 256: launch_attn<256>(grid, s, sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl); break;
     default: fail_internal("attn_core: head_dim must be 64, 128 or 256 on CUDA");
+  }
   }
   LILY_CU_LAUNCH();
   if (nsplit > 1) {
