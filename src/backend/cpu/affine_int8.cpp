@@ -112,6 +112,7 @@ struct KArgs {
   const Acts* a = nullptr;
   int64_t in = 0, gs = 0;
   int32_t lane_grp[16] = {};  // group (relative to a step's first) of each int32 lane: (l / rep) · 32 / gs
+  int64_t ahead = 0;          // bytes from a row to the same row of the next block (prefetch distance)
 };
 
 // Scalar kernel: integer block sums in int32, float accumulation in double. One row, all tokens.
@@ -177,6 +178,7 @@ void kernel(const KArgs& k, int64_t t0, float* y, int64_t ys) {
     __m512i lo[R], hi[R];
     __m512 sv[R];
     for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(k.w[r] + c * 64 + k.ahead), _MM_HINT_T0);  // the next block
       const __m512i P = _mm512_loadu_si512(k.w[r] + c * 64);
       if constexpr (BITS == 4) {
         lo[r] = _mm512_and_si512(P, m4);
@@ -489,6 +491,7 @@ void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T,
     k.a = &a;
     k.in = w.in;
     k.gs = w.group_size;
+    k.ahead = (isa == Int8Isa::Avx512Vnni && T < 3) ? R * row_bytes : 0;  // decode: weights stream from DRAM
     for (int l = 0; l < 16; ++l) k.lane_grp[l] = int32_t((l / (w.bits == 4 ? 4 : 8)) * 32 / w.group_size);
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t o0 = blk * R;
