@@ -491,7 +491,7 @@ void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T,
     k.a = &a;
     k.in = w.in;
     k.gs = w.group_size;
-    k.ahead = (isa == Int8Isa::Avx512Vnni && T < 3) ? R * row_bytes : 0;  // decode: weights stream from DRAM
+    k.ahead = R * row_bytes;  // the weights stream from DRAM once per product
     for (int l = 0; l < 16; ++l) k.lane_grp[l] = int32_t((l / (w.bits == 4 ? 4 : 8)) * 32 / w.group_size);
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t o0 = blk * R;
