@@ -189,6 +189,7 @@ const Shape kShapes[] = {
 
 TEST(CudaAttnPrefill, MatchesReference) {
   LILY_REQUIRE_GPU();
+  lily::cuda::init_kernels();  // dynamic shared-memory limits (hd 128/256 tiles need > 48 KB)
   std::mt19937 rng(61);
   const int Ts[] = {9, 16, 17, 63, 64, 65, 129};
   const int64_t P0[] = {0, 1, 100, 3000};
@@ -206,6 +207,7 @@ TEST(CudaAttnPrefill, MatchesReference) {
 
 TEST(CudaAttnPrefill, LongPromptMatchesReference) {
   LILY_REQUIRE_GPU();
+  lily::cuda::init_kernels();  // dynamic shared-memory limits (hd 128/256 tiles need > 48 KB)
   std::mt19937 rng(62);
   struct L { Shape sh; int64_t p0; int T; int ns; };
   const L cases[] = {
@@ -226,6 +228,7 @@ TEST(CudaAttnPrefill, LongPromptMatchesReference) {
 // Timing of the 35B-A3B attention layer shape (Hq 16, Hkv 2, head_dim 256, rot 64).
 TEST(CudaAttnPrefillBench, Shape35B) {
   LILY_REQUIRE_GPU();
+  lily::cuda::init_kernels();  // dynamic shared-memory limits (hd 128/256 tiles need > 48 KB)
   if (!std::getenv("LILY_CUDA_BENCH")) GTEST_SKIP() << "set LILY_CUDA_BENCH=1 to run";
   const Shape sh{16, 2, 256, 64};
   struct B { int64_t p0; int T; bool simt; };
