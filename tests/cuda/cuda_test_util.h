@@ -17,6 +17,7 @@ namespace lily::cudatest {
 #define LILY_REQUIRE_GPU() \
   do {                     \
     if (!::lily::cuda_available()) GTEST_SKIP() << "no CUDA device"; \
+    ::lily::cuda::init_kernels(); /* shared-memory limits, as a backend would set them */ \
   } while (0)
 
 template <typename T>

@@ -101,7 +101,7 @@ TEST(CudaGemv, EveryLaunchShapeMatchesReference) {
   std::mt19937 rng(11);
   // (out, in): many rows (rpw 4), few rows with long inputs (split reduction), short rows (lpr 8/16)
   const std::pair<int, int> shapes[] = {{1, 2048}, {3, 512}, {17, 4096}, {64, 256}, {65, 128}, {129, 1024},
-                                        {257, 2048}, {1031, 512}, {4099, 2048}, {20000, 256}};
+                                        {257, 2048}, {1031, 512}, {4099, 2048}, {20000, 2048}, {16896, 512}};
   for (int bits : {0, 4, 8})
     for (auto [out, in] : shapes) {
       const int gs = in % 128 == 0 && out % 2 ? 128 : in % 64 == 0 ? 64 : 32;
@@ -109,16 +109,21 @@ TEST(CudaGemv, EveryLaunchShapeMatchesReference) {
       run_case(bits, gs, out, in, 2, false, true, true, rng);
       if (out <= 1031) run_case(bits, 32, out, in, 9, true, out % 2 == 1, false, rng);
     }
+  for (int bits : {0, 4}) run_case(bits, 64, 8448, 512, 1, true, true, false, rng);  // SwiGLU, 2 row pairs per warp
 }
 
 TEST(CudaGemv, LaunchShapesCoverTheBranches) {
   // Host-side shape choice only (no device work): the cases above must reach each branch.
   using lily::cuda::gemv_shape;
-  EXPECT_EQ(gemv_shape(4, 2048, 20000, 1, 132, false).rpw, 4);
+  EXPECT_EQ(gemv_shape(4, 512, 16896, 1, 132, false).rpw, 4);
+  EXPECT_EQ(gemv_shape(4, 512, 8448, 1, 132, true).rpw, 2);
   EXPECT_EQ(gemv_shape(4, 128, 65, 1, 132, false).lpr, 8);
   EXPECT_EQ(gemv_shape(4, 512, 1031, 1, 132, false).lpr, 16);
   EXPECT_GT(gemv_shape(0, 4096, 17, 1, 132, false).ks, 1);
-  EXPECT_EQ(gemv_shape(4, 2048, 1031, 9, 132, true).rpw, 2);
+  const auto strided = gemv_shape(4, 2048, 20000, 1, 132, false);  // blocks walk several tiles
+  EXPECT_LT(strided.blocks, strided.tiles);
+  const auto slots = gemv_shape(4, 2048, 1031, 9, 132, true);
+  EXPECT_LT(slots.blocks, slots.tiles);
 }
 
 }  // namespace

@@ -186,14 +186,100 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const float* __restr
   }
 }
 
-// grid (R, Hkv), block 256 threads: merge the splits of one packed row, apply the gate. The split
-// maxima and weights are reduced in parallel first, so no thread walks the splits serially twice.
+// Decode attention (R = G·T <= 8 packed rows): block = one KV head × one key split, one warp per packed
+// row. A tile of 32 keys (K and V, bf16) is staged in shared memory; each lane holds DPL = HD/32 dims of
+// its row's query and output, a key's score is a warp sum, and the online softmax runs per warp. Writes
+// the split partials (or, with one split, the gated output).
+constexpr int kDecKeys = 32, kDecRows = 8;
+template <int HD>
+__global__ void __launch_bounds__(256) attn_decode_kernel(const float* __restrict__ q, const float* __restrict__ proj,
+    int64_t ldp, int T, int Hq, int Hkv, const int64_t* __restrict__ pos, const uint16_t* __restrict__ kc,
+    const uint16_t* __restrict__ vc, int64_t cap, int nsplit, float* __restrict__ out, float* __restrict__ po,
+    float* __restrict__ pm, float* __restrict__ pl) {
+  constexpr int DPL = HD / 32;  // dims per lane: 2, 4 or 8
+  __shared__ __align__(16) uint16_t Ks[kDecKeys * HD];
+  __shared__ __align__(16) uint16_t Vs[kDecKeys * HD];
+  const int h = blockIdx.x, split = blockIdx.y;
+  const int G = Hq / Hkv, R = G * T;
+  const int r = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = r / G, hq = h * G + r % G;
+  const int64_t p0 = *pos, N = p0 + T;
+  const int64_t chunk = (N + nsplit - 1) / nsplit;
+  const int64_t kb = int64_t(split) * chunk, ke = min(N, kb + chunk);
+  const int64_t klast = p0 + t;  // causal: keys <= klast
+  float qv[DPL], acc[DPL];
+#pragma unroll
+  for (int d = 0; d < DPL; ++d) {
+    qv[d] = q[(int64_t(t) * Hq + hq) * HD + lane * DPL + d];
+    acc[d] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  const uint16_t* kh = kc + int64_t(h) * cap * HD;
+  const uint16_t* vh = vc + int64_t(h) * cap * HD;
+  for (int64_t k0 = kb; k0 < ke; k0 += kDecKeys) {
+    const int nk = int(ke - k0 < int64_t(kDecKeys) ? ke - k0 : int64_t(kDecKeys));
+    __syncthreads();
+    for (int e = threadIdx.x; e < nk * HD / 8; e += blockDim.x) {
+      reinterpret_cast<uint4*>(Ks)[e] = __ldg(reinterpret_cast<const uint4*>(kh + k0 * HD) + e);
+      reinterpret_cast<uint4*>(Vs)[e] = __ldg(reinterpret_cast<const uint4*>(vh + k0 * HD) + e);
+    }
+    __syncthreads();
+    float my = -INFINITY;  // lane kk keeps the score of key k0 + kk
+    for (int kk = 0; kk < nk; ++kk) {
+      const uint16_t* kr = Ks + kk * HD + lane * DPL;
+      float dot = 0.f;
+#pragma unroll
+      for (int d = 0; d < DPL; d += 2) {
+        const uint32_t w2 = *reinterpret_cast<const uint32_t*>(kr + d);
+        dot += __uint_as_float(w2 << 16) * qv[d] + __uint_as_float(w2 & 0xffff0000u) * qv[d + 1];
+      }
+      dot = warp_sum(dot);
+      if (lane == kk) my = k0 + kk <= klast ? dot : -INFINITY;
+    }
+    const float mnew = fmaxf(m, warp_max(my));
+    if (mnew == -INFINITY) continue;  // every key of this tile is in this row's future
+    const float p = __expf(my - mnew), alpha = __expf(m - mnew);
+    l = l * alpha + warp_sum(p);
+    m = mnew;
+#pragma unroll
+    for (int d = 0; d < DPL; ++d) acc[d] *= alpha;
+    for (int kk = 0; kk < nk; ++kk) {
+      const float pk = __shfl_sync(0xffffffffu, p, kk);
+      const uint16_t* vr = Vs + kk * HD + lane * DPL;
+#pragma unroll
+      for (int d = 0; d < DPL; d += 2) {
+        const uint32_t w2 = *reinterpret_cast<const uint32_t*>(vr + d);
+        acc[d] += pk * __uint_as_float(w2 << 16);
+        acc[d + 1] += pk * __uint_as_float(w2 & 0xffff0000u);
+      }
+    }
+  }
+  if (r >= R) return;
+  if (nsplit == 1) {
+#pragma unroll
+    for (int d = 0; d < DPL; ++d) {
+      const int dd = lane * DPL + d;
+      const float gate = proj[int64_t(t) * ldp + int64_t(hq) * 2 * HD + HD + dd];
+      out[int64_t(t) * Hq * HD + int64_t(hq) * HD + dd] = (l > 0.f ? acc[d] / l : 0.f) * sigmoid(gate);
+    }
+  } else {
+    const int64_t pi = (int64_t(split) * Hkv + h) * R + r;
+#pragma unroll
+    for (int d = 0; d < DPL; ++d) po[pi * HD + lane * DPL + d] = acc[d];
+    if (lane == 0) { pm[pi] = m; pl[pi] = l; }
+  }
+}
+
+// grid (R, Hkv, hd / 32), block 256 threads: merge the splits of one packed row for 32 of its dims,
+// apply the gate. The split maxima and weights are reduced by the whole block; warp w then sums splits
+// w, w + 8, ... for the 32 dims (lane = dim), and warp 0 adds the 8 partial sums.
 __global__ void attn_combine_kernel(const float* __restrict__ po, const float* __restrict__ pm, const float* __restrict__ pl,
                                     int nsplit, int T, int Hq, int Hkv, int hd, const float* __restrict__ proj, int64_t ldp,
                                     float* __restrict__ out) {
   __shared__ float f[128];
   __shared__ float red[32];
-  const int r = blockIdx.x, h = blockIdx.y;
+  __shared__ float part[8][33];
+  const int r = blockIdx.x, h = blockIdx.y, d = blockIdx.z * 32 + (threadIdx.x & 31), w = threadIdx.x >> 5;
   const int G = Hq / Hkv, R = G * T;
   const int tid = threadIdx.x;
   const float ms = tid < nsplit ? pm[(int64_t(tid) * Hkv + h) * R + r] : -INFINITY;
@@ -202,18 +288,22 @@ __global__ void attn_combine_kernel(const float* __restrict__ po, const float* _
   if ((tid & 31) == 0) red[tid >> 5] = m;
   __syncthreads();
   m = -INFINITY;
-  for (int w = 0; w < int(blockDim.x >> 5); ++w) m = fmaxf(m, red[w]);
+  for (int i = 0; i < int(blockDim.x >> 5); ++i) m = fmaxf(m, red[i]);
   const float fs = (tid < nsplit && ms != -INFINITY) ? expf(ms - m) : 0.f;
   if (tid < nsplit) f[tid] = fs;
-  const float l = block_sum(tid < nsplit ? fs * pl[(int64_t(tid) * Hkv + h) * R + r] : 0.f, red);
+  const float l = block_sum(tid < nsplit ? fs * pl[(int64_t(tid) * Hkv + h) * R + r] : 0.f, red);  // also orders f[]
+  float o = 0.f;
+#pragma unroll 4
+  for (int s = w; s < nsplit; s += 8) o += po[((int64_t(s) * Hkv + h) * R + r) * hd + d] * f[s];
+  part[w][threadIdx.x & 31] = o;
+  __syncthreads();
+  if (w != 0) return;
+  float tot = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) tot += part[i][threadIdx.x & 31];
   const int t = r / G, hq = h * G + r % G;
-  for (int d = tid; d < hd; d += blockDim.x) {
-    float o = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < nsplit; ++s) o += po[((int64_t(s) * Hkv + h) * R + r) * hd + d] * f[s];
-    const float gate = proj[int64_t(t) * ldp + int64_t(hq) * 2 * hd + hd + d];
-    out[int64_t(t) * Hq * hd + int64_t(hq) * hd + d] = (l > 0.f ? o / l : 0.f) * sigmoid(gate);
-  }
+  const float gate = proj[int64_t(t) * ldp + int64_t(hq) * 2 * hd + hd + d];
+  out[int64_t(t) * Hq * hd + int64_t(hq) * hd + d] = (l > 0.f ? tot / l : 0.f) * sigmoid(gate);
 }
 
 template <int HD>
@@ -238,7 +328,13 @@ void init_attn_kernels() {
   init_attn_prefill_kernels();
 }
 
+// Decode (R = G·T <= 8): 32-key splits up to 128 per KV head; prompts: ~2 waves of row tiles.
 int attn_splits(const AttnDev& a, int T, int64_t ctx_max) {
+  if (int64_t(a.Hq / a.Hkv) * T <= kDecRows) {
+    const int64_t want = (2 * 132 + a.Hkv - 1) / a.Hkv;
+    const int64_t by_len = std::max<int64_t>(1, (ctx_max + T + kDecKeys - 1) / kDecKeys);
+    return int(std::clamp<int64_t>(std::min(want, by_len), 1, 128));
+  }
   const bool tc = attn_prefill_supported(a.hd);  // tensor-core tiles: 64 rows, >= 256 keys per split
   const int64_t base = int64_t(a.Hkv) * cdiv(int64_t(a.Hq / a.Hkv) * T, tc ? kPrefillRows : BR);
   const int64_t want = (264 + base - 1) / base;
@@ -259,7 +355,16 @@ void attn_core(const AttnDev& a, const float* proj, int T, const int64_t* pos, u
       a.eps, a.q_norm, a.k_norm, a.inv_freq, pos, k_cache, v_cache, cap, sc.q);
   LILY_CU_LAUNCH();
   const int R = (a.Hq / a.Hkv) * T;
-  if (R > 8 && attn_prefill_supported(a.hd) && !attn_prefill_simt()) {
+  if (R <= kDecRows) {
+    dim3 g2(a.Hkv, nsplit);
+    const int th = 32 * R;
+    switch (a.hd) {
+      case 64: attn_decode_kernel<64><<<g2, th, 0, s>>>(sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl); break;
+      case 128: attn_decode_kernel<128><<<g2, th, 0, s>>>(sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl); break;
+      case 256: attn_decode_kernel<256><<<g2, th, 0, s>>>(sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl); break;
+      default: fail_internal("attn_core: head_dim must be 64, 128 or 256 on CUDA");
+    }
+  } else if (attn_prefill_supported(a.hd) && !attn_prefill_simt()) {
     attn_prefill(sc.q, proj, ldp, T, a.Hq, a.Hkv, a.hd, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl, s);
   } else {
   dim3 grid(a.Hkv, cdiv(R, BR), nsplit);
@@ -272,7 +377,7 @@ void attn_core(const AttnDev& a, const float* proj, int T, const int64_t* pos, u
   }
   LILY_CU_LAUNCH();
   if (nsplit > 1) {
-    attn_combine_kernel<<<dim3(R, a.Hkv), 256, 0, s>>>(sc.po, sc.pm, sc.pl, nsplit, T, a.Hq, a.Hkv, a.hd, proj, ldp, out);
+    attn_combine_kernel<<<dim3(R, a.Hkv, a.hd / 32), 256, 0, s>>>(sc.po, sc.pm, sc.pl, nsplit, T, a.Hq, a.Hkv, a.hd, proj, ldp, out);
     LILY_CU_LAUNCH();
   }
 }

@@ -159,7 +159,19 @@ __global__ void __launch_bounds__(kFusedThreads) gdn_step_kernel(const float* __
     if (r < RW)
 #pragma unroll
       for (int i = 0; i < DKL; ++i) s[r][i] = S[(int64_t(j) * dv + wr + wph * r) * dk + lane + 32 * i];
+  // The state rows and conv weights are not written by the previous kernel (programmatic dependent
+  // launch: they load while the input projection finishes); the projections are.
+  grid_dependency_wait();
   for (int t = 0; t < T; ++t) {
+    // every global input of this token is requested here, before the first barrier
+    const float* pz = proj + int64_t(t) * ldp + C;
+    const float zv = tid < G * dv ? pz[int64_t(hk * G + tid / dv) * dv + tid % dv] : 0.f;
+    if (warp == 2 && lane < G) {
+      const float* pr = pz + Hv * dv;
+      const int jl = hk * G + lane;
+      sc[2 + lane] = sigmoid(pr[jl]);
+      sc[2 + G + lane] = expf(A_neg[jl] * softplus(pr[Hv + jl] + dt_bias[jl]));
+    }
     for (int i = tid; i < nch; i += kFusedThreads) {
       const int c = channel(i);
       float acc = 0.f;
@@ -176,11 +188,6 @@ __global__ void __launch_bounds__(kFusedThreads) gdn_step_kernel(const float* __
       for (int i = lane; i < dk; i += 32) ss += xs[warp * dk + i] * xs[warp * dk + i];
       ss = warp_sum(ss);
       if (lane == 0) sc[warp] = warp == 0 ? rsqrtf(ss + 1e-6f) * rsqrtf(float(dk)) : rsqrtf(ss + 1e-6f);
-    } else if (warp == 2 && lane < G) {
-      const float* pr = proj + int64_t(t) * ldp + C + Hv * dv;
-      const int jl = hk * G + lane;
-      sc[2 + lane] = sigmoid(pr[jl]);
-      sc[2 + G + lane] = expf(A_neg[jl] * softplus(pr[Hv + jl] + dt_bias[jl]));
     }
     __syncthreads();
     {
@@ -221,10 +228,9 @@ __global__ void __launch_bounds__(kFusedThreads) gdn_step_kernel(const float* __
       if (lane == 0) sc[2 + 2 * G + warp] = rsqrtf(ss / float(dv) + eps);
     }
     __syncthreads();
-    for (int e = tid; e < G * dv; e += kFusedThreads) {
-      const int h = e / dv, d = e % dv, jg = hk * G + h;
-      const float z = proj[int64_t(t) * ldp + C + int64_t(jg) * dv + d];
-      out[int64_t(t) * Hv * dv + int64_t(jg) * dv + d] = os[e] * sc[2 + 2 * G + h] * normw[d] * silu(z);
+    if (tid < G * dv) {  // G·dv = 32·RW <= 256 outputs
+      const int h = tid / dv, d = tid % dv, jg = hk * G + h;
+      out[int64_t(t) * Hv * dv + int64_t(jg) * dv + d] = os[tid] * sc[2 + 2 * G + h] * normw[d] * silu(zv);
     }
     // the next token's channel writes are ordered after this token's reads by its first barrier; xs
     // and os are not read after the barrier above except os here, and sc[2+2G..] is rewritten only
@@ -444,8 +450,18 @@ void gdn_core(const GdnDev& g, const float* proj, int T, float* conv_state, floa
                      (g.dk == 32 || g.dk == 64 || g.dk == 128 || g.dk == 256) && (g.dv / wph) * (g.dk / 32) <= 32;
   if (fused) {
     const size_t smem = sizeof(float) * size_t(2 * g.dk + 2 * G * g.dv + 2 + 3 * G);
-#define LILY_STEP(N) gdn_step_kernel<N><<<g.Hk, kFusedThreads, smem, s>>>(proj, ldp, T, g.Hk, g.Hv, g.dv, g.K, g.conv, conv_state, \
-                                                                       g.dt_bias, g.A_neg, g.norm, g.eps, S, out)
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(g.Hk));
+    cfg.blockDim = dim3(kFusedThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+#define LILY_STEP(N) LILY_CU(cudaLaunchKernelEx(&cfg, gdn_step_kernel<N>, proj, ldp, T, g.Hk, g.Hv, g.dv, g.K, g.conv, conv_state, \
+                                                g.dt_bias, g.A_neg, g.norm, g.eps, S, out))
     switch (g.dk) {
       case 32: LILY_STEP(1); break;
       case 64: LILY_STEP(2); break;

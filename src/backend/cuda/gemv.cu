@@ -6,6 +6,7 @@
 // 32 uint4 share a warp (LPR lanes per row); few rows split the reduction dimension over KS warps of
 // a block (partials summed through shared memory). The host picks RPW / LPR / KS from the shape so the
 // grid covers the GPU with enough loads in flight.
+#include <algorithm>
 #include <cstdlib>
 
 #include "backend/cuda/kernels.cuh"
@@ -15,22 +16,6 @@ namespace {
 
 constexpr int kWarps = 8;
 
-// Waits for the previous kernel of the stream (and its memory) when launched with programmatic
-// stream serialization; a no-op otherwise and before sm_90.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaGridDependencySynchronize();
-#endif
-}
-
-// LILY_PDL=0 turns programmatic dependent launch off (A/B measurements, debugging).
-bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LILY_PDL");
-    return !(v && v[0] == '0');
-  }();
-  return on;
-}
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   uint4 v;
@@ -56,7 +41,7 @@ __device__ __forceinline__ int xs_index(int e) {
 template <int MODE, int RPW, bool SWI>
 __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const int32_t* __restrict__ expert, int in,
     int nrows, const float* __restrict__ x, int64_t ldx, int xdiv, float* __restrict__ y, int64_t ldy, bool accumulate,
-    int swiglu_I, const float* __restrict__ norm_w, float eps, int lpr, int ks) {
+    int swiglu_I, const float* __restrict__ norm_w, float eps, int lpr, int ks, int ntiles) {
   constexpr int NR = SWI ? 2 * RPW : RPW;
   constexpr int C = MODE == 0 ? 8 : 128 / MODE;  // elements per uint4
   extern __shared__ float4 xs4[];
@@ -73,28 +58,32 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
   const int sub = lane / lpr, sl = lane % lpr, nsub = 32 / lpr;
   const int kslice = warp % ks, rgroup = warp / ks;
   const int rows_per_block = (kWarps / ks) * nsub * RPW;
-  const int rbase = blockIdx.x * rows_per_block + (rgroup * nsub + sub) * RPW;
-  const int n = in / C;  // uint4 per row
+  const int rsub = (rgroup * nsub + sub) * RPW;  // this lane's first row within a tile
+  const int n = in / C;                           // uint4 per row
   int64_t rows[NR];
-#pragma unroll
-  for (int j = 0; j < RPW; ++j) {
-    const int r = min(rbase + j, nrows - 1);  // rows past the end repeat the last one, never written
-    rows[j] = r;
-    if constexpr (SWI) rows[RPW + j] = r + swiglu_I;
-  }
   const uint4* wrow[NR];
   const uint16_t *srow[NR], *brow[NR];
+  auto set_rows = [&](int tile) {
+    const int rbase = tile * rows_per_block + rsub;
 #pragma unroll
-  for (int j = 0; j < NR; ++j) {
-    if constexpr (MODE == 0) {
-      wrow[j] = reinterpret_cast<const uint4*>(W.w + int64_t(e) * W.estride + rows[j] * W.ld);
-    } else {
-      wrow[j] = reinterpret_cast<const uint4*>(W.q + int64_t(e) * W.qstride + rows[j] * W.row_words);
-      const int64_t gi = int64_t(e) * W.sstride + rows[j] * (in / W.gs);
-      srow[j] = W.s + gi;
-      brow[j] = W.b + gi;
+    for (int j = 0; j < RPW; ++j) {
+      const int r = min(rbase + j, nrows - 1);  // rows past the end repeat the last one, never written
+      rows[j] = r;
+      if constexpr (SWI) rows[RPW + j] = r + swiglu_I;
     }
-  }
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+      if constexpr (MODE == 0) {
+        wrow[j] = reinterpret_cast<const uint4*>(W.w + int64_t(e) * W.estride + rows[j] * W.ld);
+      } else {
+        wrow[j] = reinterpret_cast<const uint4*>(W.q + int64_t(e) * W.qstride + rows[j] * W.row_words);
+        const int64_t gi = int64_t(e) * W.sstride + rows[j] * (in / W.gs);
+        srow[j] = W.s + gi;
+        brow[j] = W.b + gi;
+      }
+    }
+  };
+  set_rows(blockIdx.x);
   struct Buf {
     uint4 w[NR];
     float s[NR], b[NR];
@@ -164,8 +153,6 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
   __syncthreads();
 
   float acc[NR];
-#pragma unroll
-  for (int j = 0; j < NR; ++j) acc[j] = 0.f;
   auto consume = [&](const Buf& Bf, int i) {
     if constexpr (MODE == 0) {
       const float4 a = xs4[2 * i], b = xs4[2 * i + 1];
@@ -186,67 +173,74 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
       float sx = 0.f;
 #pragma unroll
       for (int k = 0; k < C; ++k) sx += xv[k];
-      // Codes become floats without an int->float conversion (16/clock/SM on Hopper, the bottleneck of
-      // a plain unpack): code q is placed in the top mantissa bits of 1.0, f = 1 + q / 2^MODE, so
-      // Σ q·x = 2^MODE · (Σ f·x − Σ x) — a shift and one LOP3 per code.
-      constexpr uint32_t kTop = 23 - MODE;  // mantissa bit of the code's lowest bit
-      constexpr uint32_t kMask = ((1u << MODE) - 1u) << kTop;
 #pragma unroll
       for (int j = 0; j < NR; ++j) {
         const uint32_t words[4] = {Bf.w[j].x, Bf.w[j].y, Bf.w[j].z, Bf.w[j].w};
-        float fx = 0.f;
+        float qx = 0.f;
 #pragma unroll
         for (int k = 0; k < C; ++k) {
           constexpr int PER = 32 / MODE;  // codes per word
-          const uint32_t sh = (k % PER) * MODE, w = words[k / PER];
-          const uint32_t m = ((sh >= kTop ? w >> (sh - kTop) : w << (kTop - sh)) & kMask) | 0x3F800000u;
-          fx += __uint_as_float(m) * xv[k];
+          const uint32_t code = (words[k / PER] >> ((k % PER) * MODE)) & ((1u << MODE) - 1u);
+          qx += float(code) * xv[k];
         }
-        const float qx = (fx - sx) * float(1u << MODE);
         acc[j] += Bf.s[j] * qx + Bf.b[j] * sx;
       }
     }
   };
-  for (int i = i0; i < n; i += 2 * step) {
-    consume(A, i);
-    if (i + 2 * step < n) load(A, i + 2 * step);
-    if (i + step < n) {
-      consume(B, i + step);
-      if (i + 3 * step < n) load(B, i + 3 * step);
+  // Tiles of rows_per_block rows, grid-strided: the next tile's first loads are issued before this
+  // tile's reductions and stores.
+  for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    const int rbase = tile * rows_per_block + rsub;
+#pragma unroll
+    for (int j = 0; j < NR; ++j) acc[j] = 0.f;
+    for (int i = i0; i < n; i += 2 * step) {
+      consume(A, i);
+      if (i + 2 * step < n) load(A, i + 2 * step);
+      if (i + step < n) {
+        consume(B, i + step);
+        if (i + 3 * step < n) load(B, i + 3 * step);
+      }
     }
-  }
-  // reduce over the lpr lanes of a row
-#pragma unroll
-  for (int j = 0; j < NR; ++j)
-    for (int o = lpr >> 1; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
-  if (ks > 1) {
-    if (sl == 0)
-#pragma unroll
-      for (int j = 0; j < NR; ++j) part[warp][j * 4 + sub] = acc[j];
-    __syncthreads();
-    if (kslice != 0) return;
-#pragma unroll
-    for (int j = 0; j < NR; ++j) {
-      float t = 0.f;
-      for (int k = 0; k < ks; ++k) t += part[warp + k][j * 4 + sub];
-      acc[j] = t;
+    if (tile + int(gridDim.x) < ntiles) {
+      set_rows(tile + gridDim.x);
+      if (i0 < n) load(A, i0);
+      if (i0 + step < n) load(B, i0 + step);
     }
-  }
-  if (sl != 0) return;
+    // reduce over the lpr lanes of a row, then over the ks warps of a row group
 #pragma unroll
-  for (int j = 0; j < RPW; ++j) {
-    const int r = rbase + j;
-    if (r >= nrows) break;
-    const float v = SWI ? silu(acc[j]) * acc[RPW + j] : acc[j];
-    float* yp = y + int64_t(slot) * ldy + r;
-    *yp = accumulate ? *yp + v : v;
+    for (int j = 0; j < NR; ++j)
+      for (int o = lpr >> 1; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+    if (ks > 1) {
+      if (sl == 0)
+#pragma unroll
+        for (int j = 0; j < NR; ++j) part[warp][j * 4 + sub] = acc[j];
+      __syncthreads();
+      if (kslice == 0)
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+          float t = 0.f;
+          for (int k = 0; k < ks; ++k) t += part[warp + k][j * 4 + sub];
+          acc[j] = t;
+        }
+      __syncthreads();  // part[] is rewritten by the next tile
+    }
+    if (sl == 0 && kslice == 0) {
+#pragma unroll
+      for (int j = 0; j < RPW; ++j) {
+        const int r = rbase + j;
+        if (r >= nrows) break;
+        const float v = SWI ? silu(acc[j]) * acc[RPW + j] : acc[j];
+        float* yp = y + int64_t(slot) * ldy + r;
+        *yp = accumulate ? *yp + v : v;
+      }
+    }
   }
 }
 
 template <int MODE, int RPW, bool SWI>
 void launch(dim3 grid, size_t smem, cudaStream_t s, const Mat& W, const int32_t* expert, int in, int nrows,
             const float* x, int64_t ldx, int xdiv, float* y, int64_t ldy, bool accumulate, int swiglu_I,
-            const float* norm_w, float eps, int lpr, int ks) {
+            const float* norm_w, float eps, int lpr, int ks, int ntiles) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(32 * kWarps);
@@ -258,24 +252,24 @@ void launch(dim3 grid, size_t smem, cudaStream_t s, const Mat& W, const int32_t*
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
   LILY_CU(cudaLaunchKernelEx(&cfg, gemv_kernel<MODE, RPW, SWI>, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate,
-                             swiglu_I, norm_w, eps, lpr, ks));
+                             swiglu_I, norm_w, eps, lpr, ks, ntiles));
 }
 
 template <int MODE, bool SWI>
 void launch_rpw(int rpw, dim3 grid, size_t smem, cudaStream_t s, const Mat& W, const int32_t* expert, int in, int nrows,
                 const float* x, int64_t ldx, int xdiv, float* y, int64_t ldy, bool accumulate, int swiglu_I,
-                const float* norm_w, float eps, int lpr, int ks) {
-  if (rpw == 4) launch<MODE, 4, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks);
-  else if (rpw == 2) launch<MODE, 2, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks);
-  else launch<MODE, 1, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks);
+                const float* norm_w, float eps, int lpr, int ks, int ntiles) {
+  if (rpw == 4) launch<MODE, 4, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles);
+  else if (rpw == 2) launch<MODE, 2, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles);
+  else launch<MODE, 1, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles);
 }
 
 template <int MODE>
 void launch_mode(bool swi, int rpw, dim3 grid, size_t smem, cudaStream_t s, const Mat& W, const int32_t* expert, int in,
                  int nrows, const float* x, int64_t ldx, int xdiv, float* y, int64_t ldy, bool accumulate, int swiglu_I,
-                 const float* norm_w, float eps, int lpr, int ks) {
-  if (swi) launch_rpw<MODE, true>(rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks);
-  else launch_rpw<MODE, false>(rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks);
+                 const float* norm_w, float eps, int lpr, int ks, int ntiles) {
+  if (swi) launch_rpw<MODE, true>(rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles);
+  else launch_rpw<MODE, false>(rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles);
 }
 
 constexpr size_t kMaxSmem = 96 * 1024;
@@ -301,14 +295,22 @@ GemvShape gemv_shape(int mode, int in, int nrows, int slots, int sm_count, bool 
   const int n = in / C;  // uint4 per row
   g.lpr = n >= 32 ? 32 : n >= 16 ? 16 : 8;
   const int nsub = 32 / g.lpr;
-  // Enough warps in flight: aim at >= 2 blocks per SM; split the reduction when rows are few.
-  const int64_t target = int64_t(2) * sm_count;
-  auto blocks = [&](int rpw, int ks) { return int64_t(cdiv(nrows, int64_t(kWarps / ks) * nsub * rpw)) * slots; };
+  // One wave is one resident block per slot of every SM. Rows are cut into tiles of (8 / KS)·nsub·RPW rows;
+  // blocks stride over tiles, so the time is set by the rounds of the busiest block: pick the largest
+  // RPW whose rounds are well balanced, and split the reduction over KS warps when rows are few.
+  // Two resident blocks per SM (the launch bounds; ~90-120 registers per thread).
+  auto wave = [&](int) { return int64_t(2) * sm_count; };
+  auto tiles = [&](int rpw, int ks) { return int64_t(cdiv(nrows, int64_t(kWarps / ks) * nsub * rpw)); };
+  auto balance = [&](int rpw) {  // useful fraction of the busiest block's rounds
+    const int64_t t = tiles(rpw, 1) * slots, w = wave(rpw), rounds = (t + w - 1) / w;
+    return double(t) / double(rounds * std::min<int64_t>(w, t));
+  };
   g.ks = 1;
   g.rpw = swiglu ? 2 : 4;  // SwiGLU streams 2·RPW rows
-  while (g.rpw > 1 && blocks(g.rpw, 1) < target) g.rpw /= 2;
-  while (g.ks < kWarps && blocks(g.rpw, g.ks) < target && n / (g.lpr * g.ks * 2) >= 2) g.ks *= 2;
-  g.blocks = int(cdiv(nrows, int64_t(kWarps / g.ks) * nsub * g.rpw));
+  while (g.rpw > 1 && (tiles(g.rpw, 1) * slots < wave(g.rpw) || balance(g.rpw) < 0.85)) g.rpw /= 2;
+  while (g.ks < kWarps && tiles(g.rpw, g.ks) * slots < wave(g.rpw) && n / (g.lpr * g.ks * 2) >= 2) g.ks *= 2;
+  g.tiles = int(tiles(g.rpw, g.ks));
+  g.blocks = int(std::min<int64_t>(g.tiles, std::max<int64_t>(1, wave(g.rpw) / slots)));
   return g;
 }
 
@@ -328,9 +330,9 @@ void gemv_fast(const Mat& W, const int32_t* expert, int out, int in, const float
   dim3 grid(unsigned(g.blocks), unsigned(slots));
   const bool swi = swiglu_I > 0;
   switch (mode) {
-    case 0: launch_mode<0>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks); break;
-    case 4: launch_mode<4>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks); break;
-    case 8: launch_mode<8>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks); break;
+    case 0: launch_mode<0>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles); break;
+    case 4: launch_mode<4>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles); break;
+    case 8: launch_mode<8>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles); break;
     default: fail_internal("GEMV: unsupported mode");
   }
   LILY_CU_LAUNCH();

@@ -1,8 +1,27 @@
 // Internal launchers shared between the .cu files of the CUDA backend.
 #pragma once
+#include <cstdlib>
+
 #include "backend/cuda/common.cuh"
 
 namespace lily::cuda {
+
+// Waits for the previous kernel of the stream (and its memory) when launched with programmatic
+// stream serialization; a no-op otherwise and before sm_90.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+}
+
+// LILY_PDL=0 turns programmatic dependent launch off (A/B measurements, debugging).
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LILY_PDL");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
 
 constexpr int kGemmBM = 64;  // rows of x per GEMM tile
 constexpr int kGemmBN = 64;  // output columns per GEMM tile

@@ -85,9 +85,9 @@ void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const floa
 
 // Launch shape of the decode GEMV for `mode` (0 bf16, else affine bits), reported for tests and tools:
 // RPW rows per warp streamed together, LPR lanes per row, KS warps splitting the reduction dimension,
-// `blocks` row blocks per slot.
+// `tiles` row tiles per slot, walked by `blocks` blocks per slot (grid-stride).
 struct GemvShape {
-  int rpw = 1, lpr = 32, ks = 1, blocks = 1;
+  int rpw = 1, lpr = 32, ks = 1, tiles = 1, blocks = 1;
 };
 GemvShape gemv_shape(int mode, int in, int nrows, int slots, int sm_count, bool swiglu);
 
