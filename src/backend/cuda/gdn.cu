@@ -450,17 +450,8 @@ void gdn_core(const GdnDev& g, const float* proj, int T, float* conv_state, floa
                      (g.dk == 32 || g.dk == 64 || g.dk == 128 || g.dk == 256) && (g.dv / wph) * (g.dk / 32) <= 32;
   if (fused) {
     const size_t smem = sizeof(float) * size_t(2 * g.dk + 2 * G * g.dv + 2 + 3 * G);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(g.Hk));
-    cfg.blockDim = dim3(kFusedThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
-#define LILY_STEP(N) LILY_CU(cudaLaunchKernelEx(&cfg, gdn_step_kernel<N>, proj, ldp, T, g.Hk, g.Hv, g.dv, g.K, g.conv, conv_state, \
+    PdlLaunch L(dim3(unsigned(g.Hk)), dim3(kFusedThreads), smem, s);
+#define LILY_STEP(N) LILY_CU(cudaLaunchKernelEx(&L.cfg, gdn_step_kernel<N>, proj, ldp, T, g.Hk, g.Hv, g.dv, g.K, g.conv, conv_state, \
                                                 g.dt_bias, g.A_neg, g.norm, g.eps, S, out))
     switch (g.dk) {
       case 32: LILY_STEP(1); break;

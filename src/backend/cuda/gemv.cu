@@ -241,17 +241,8 @@ template <int MODE, int RPW, bool SWI>
 void launch(dim3 grid, size_t smem, cudaStream_t s, const Mat& W, const int32_t* expert, int in, int nrows,
             const float* x, int64_t ldx, int xdiv, float* y, int64_t ldy, bool accumulate, int swiglu_I,
             const float* norm_w, float eps, int lpr, int ks, int ntiles) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(32 * kWarps);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  LILY_CU(cudaLaunchKernelEx(&cfg, gemv_kernel<MODE, RPW, SWI>, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate,
+  PdlLaunch L(grid, dim3(32 * kWarps), smem, s);
+  LILY_CU(cudaLaunchKernelEx(&L.cfg, gemv_kernel<MODE, RPW, SWI>, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate,
                              swiglu_I, norm_w, eps, lpr, ks, ntiles));
 }
 

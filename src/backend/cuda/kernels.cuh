@@ -23,6 +23,26 @@ inline bool pdl_enabled() {
   return on;
 }
 
+// Launch configuration for cudaLaunchKernelEx with programmatic stream serialization when PDL is
+// enabled: the kernel may start while the previous one finishes and must call grid_dependency_wait()
+// before reading anything that kernel writes. Not copyable (cfg.attrs points into the object).
+struct PdlLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1] = {};
+  PdlLaunch(dim3 grid, dim3 block, size_t smem, cudaStream_t s) {
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  }
+  PdlLaunch(const PdlLaunch&) = delete;
+  PdlLaunch& operator=(const PdlLaunch&) = delete;
+};
+
 constexpr int kGemmBM = 64;  // rows of x per GEMM tile
 constexpr int kGemmBN = 64;  // output columns per GEMM tile
 
