@@ -114,7 +114,9 @@ void expect_close(const std::vector<float>& y, int64_t ldy, const Ref& R, const 
     }
   EXPECT_EQ(bad, 0) << what << ": " << bad << " outputs past " << c << "·Σ|x||w| (worst " << worst << "x)";
   // the norm-relative error is a statistical measure: only over enough outputs (a handful can cancel to ~0)
-  if (got.size() >= 256) EXPECT_LT(rel_err(got, want), rel_max) << what;
+  if (got.size() >= 256) {
+    EXPECT_LT(rel_err(got, want), rel_max) << what;
+  }
 }
 
 const char* prec_name(GemmPrec p) { return p == GemmPrec::kBf16 ? "bf16" : "split"; }

@@ -41,6 +41,9 @@ __global__ void qk_prep_kernel(const float* __restrict__ proj, int64_t ldp, int 
                                int64_t cap, float* __restrict__ qout) {
   extern __shared__ float v[];
   __shared__ float red[32];
+  // no early trigger: the decode attention launched early would be placed on SMs in the order the input
+  // projection's blocks leave them, unevenly, and it is the longest kernel of the layer at long context
+  grid_dependency_wait();
   const int t = blockIdx.x, h = blockIdx.y;
   const int64_t p = *pos + t;
   const float* pr = proj + int64_t(t) * ldp;
@@ -199,6 +202,9 @@ __global__ void __launch_bounds__(256) attn_decode_kernel(const float* __restric
   constexpr int DPL = HD / 32;  // dims per lane: 2, 4 or 8
   __shared__ __align__(16) uint16_t Ks[kDecKeys * HD];
   __shared__ __align__(16) uint16_t Vs[kDecKeys * HD];
+  // no early trigger: the combine has nothing to prefetch, and its blocks would hold SM slots during the
+  // key sweep
+  grid_dependency_wait();
   const int h = blockIdx.x, split = blockIdx.y;
   const int G = Hq / Hkv, R = G * T;
   const int r = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -279,6 +285,7 @@ __global__ void attn_combine_kernel(const float* __restrict__ po, const float* _
   __shared__ float f[128];
   __shared__ float red[32];
   __shared__ float part[8][33];
+  pdl_entry();
   const int r = blockIdx.x, h = blockIdx.y, d = blockIdx.z * 32 + (threadIdx.x & 31), w = threadIdx.x >> 5;
   const int G = Hq / Hkv, R = G * T;
   const int tid = threadIdx.x;
@@ -351,19 +358,22 @@ void attn_core(const AttnDev& a, const float* proj, int T, const int64_t* pos, u
     fail_internal("attn_core: bad dimensions or split count (1..128)");
   AttnScratch sc = layout(a, T, nsplit, scratch);
   const int64_t ldp = a.proj_width();
-  qk_prep_kernel<<<dim3(T, a.Hq + 2 * a.Hkv), 128, sizeof(float) * a.hd, s>>>(proj, ldp, a.Hq, a.Hkv, a.hd, a.rot, a.theta,
-      a.eps, a.q_norm, a.k_norm, a.inv_freq, pos, k_cache, v_cache, cap, sc.q);
+  launch_pdl(qk_prep_kernel, dim3(T, a.Hq + 2 * a.Hkv), dim3(128), sizeof(float) * a.hd, s, proj, ldp, a.Hq, a.Hkv, a.hd,
+             a.rot, a.theta, a.eps, a.q_norm, a.k_norm, a.inv_freq, pos, k_cache, v_cache, cap, sc.q);
   LILY_CU_LAUNCH();
   const int R = (a.Hq / a.Hkv) * T;
   if (R <= kDecRows) {
     dim3 g2(a.Hkv, nsplit);
-    const int th = 32 * R;
+    const dim3 th(32 * R);
+#define LILY_DEC(HD) launch_pdl(attn_decode_kernel<HD>, g2, th, 0, s, sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, \
+                                cap, nsplit, out, sc.po, sc.pm, sc.pl)
     switch (a.hd) {
-      case 64: attn_decode_kernel<64><<<g2, th, 0, s>>>(sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl); break;
-      case 128: attn_decode_kernel<128><<<g2, th, 0, s>>>(sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl); break;
-      case 256: attn_decode_kernel<256><<<g2, th, 0, s>>>(sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl); break;
+      case 64: LILY_DEC(64); break;
+      case 128: LILY_DEC(128); break;
+      case 256: LILY_DEC(256); break;
       default: fail_internal("attn_core: head_dim must be 64, 128 or 256 on CUDA");
     }
+#undef LILY_DEC
   } else if (attn_prefill_supported(a.hd) && !attn_prefill_simt()) {
     attn_prefill(sc.q, proj, ldp, T, a.Hq, a.Hkv, a.hd, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl, s);
   } else {
@@ -377,7 +387,8 @@ void attn_core(const AttnDev& a, const float* proj, int T, const int64_t* pos, u
   }
   LILY_CU_LAUNCH();
   if (nsplit > 1) {
-    attn_combine_kernel<<<dim3(R, a.Hkv, a.hd / 32), 256, 0, s>>>(sc.po, sc.pm, sc.pl, nsplit, T, a.Hq, a.Hkv, a.hd, proj, ldp, out);
+    launch_pdl(attn_combine_kernel, dim3(R, a.Hkv, a.hd / 32), dim3(256), 0, s, sc.po, sc.pm, sc.pl, nsplit, T, a.Hq, a.Hkv,
+               a.hd, proj, ldp, out);
     LILY_CU_LAUNCH();
   }
 }

@@ -140,6 +140,7 @@ __global__ void __launch_bounds__(kFusedThreads) gdn_step_kernel(const float* __
     float* __restrict__ S, float* __restrict__ out) {
   constexpr int dk = 32 * DKL, kMaxRW = 8;
   extern __shared__ float sm[];
+  allow_dependent_launch();
   const int G = Hv / Hk, hk = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int C = 2 * Hk * dk + Hv * dv;
   const int nch = 2 * dk + G * dv;  // this block's channels: q, k of hk, then v of its value heads

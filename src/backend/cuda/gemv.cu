@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
   __shared__ float red[32];
   __shared__ float part[kWarps][NR * 4];  // per warp: NR rows × up to 4 sub-rows (lpr = 8)
   const int slot = blockIdx.y;
+  allow_dependent_launch();
   // Programmatic dependent launch: everything before grid_dependency_wait() may overlap the previous
   // kernel, so only the weights (never written by kernels) are touched before it; expert ids are
   // produced by the previous kernel, so slot GEMVs wait first.
@@ -105,6 +106,10 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
   if (i0 < n) load(A, i0);
   if (i0 + step < n) load(B, i0 + step);
 
+  // the norm weight is constant: pull this thread's part into L1 while the previous kernel finishes
+  if (norm_w)
+    for (int f = threadIdx.x; f < in / 4; f += 32 * kWarps)
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(norm_w + 4 * f));
   if (!expert) grid_dependency_wait();
   // stage the input row (RMS-normalised when asked): one pass, 16-byte loads when aligned
   const float* xr = x + int64_t(slot / xdiv) * ldx;

@@ -1,6 +1,7 @@
 // Internal launchers shared between the .cu files of the CUDA backend.
 #pragma once
 #include <cstdlib>
+#include <utility>
 
 #include "backend/cuda/common.cuh"
 
@@ -12,6 +13,21 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();
 #endif
+}
+
+// Lets the next kernel of the stream (when launched with PDL) be scheduled once every block of this one
+// has called this or exited; its blocks then run up to their grid_dependency_wait() while this kernel
+// finishes. Without it the implicit trigger is block exit and the next launch overlaps nothing.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
+// Entry of a kernel with no work that is independent of the previous kernel: trigger, then wait.
+__device__ __forceinline__ void pdl_entry() {
+  allow_dependent_launch();
+  grid_dependency_wait();
 }
 
 // LILY_PDL=0 turns programmatic dependent launch off (A/B measurements, debugging).
@@ -42,6 +58,14 @@ struct PdlLaunch {
   PdlLaunch(const PdlLaunch&) = delete;
   PdlLaunch& operator=(const PdlLaunch&) = delete;
 };
+
+// kernel<<<grid, block, smem, s>>>(args...) with programmatic stream serialization (see PdlLaunch); the
+// kernel must call grid_dependency_wait() (or pdl_entry()) before touching activations.
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  PdlLaunch L(grid, block, smem, s);
+  LILY_CU(cudaLaunchKernelEx(&L.cfg, kernel, std::forward<Args>(args)...));
+}
 
 constexpr int kGemmBM = 64;  // rows of x per GEMM tile
 constexpr int kGemmBN = 64;  // output columns per GEMM tile

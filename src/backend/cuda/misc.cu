@@ -17,6 +17,7 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, int64_t ldx, const f
 }
 
 __global__ void embed_kernel(const Mat table, int H, const int32_t* __restrict__ tokens, float* __restrict__ x) {
+  pdl_entry();
   const int64_t r = tokens[blockIdx.x];
   float* xr = x + int64_t(blockIdx.x) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = mat_at(table, 0, r, i, H);
@@ -25,6 +26,7 @@ __global__ void embed_kernel(const Mat table, int H, const int32_t* __restrict__
 __global__ void argmax_kernel(const float* __restrict__ logits, int V, int32_t* __restrict__ out) {
   __shared__ float bv[32];
   __shared__ int bi[32];
+  pdl_entry();
   const float* l = logits + int64_t(blockIdx.x) * V;
   float best = -INFINITY;
   int idx = 0x7fffffff;
@@ -54,7 +56,10 @@ __global__ void argmax_kernel(const float* __restrict__ logits, int V, int32_t* 
   }
 }
 
-__global__ void advance_kernel(int64_t* pos, int T) { *pos += T; }
+__global__ void advance_kernel(int64_t* pos, int T) {
+  pdl_entry();
+  *pos += T;
+}
 
 }  // namespace
 
@@ -79,18 +84,18 @@ void rmsnorm(const float* x, int64_t ldx, const float* w, int T, int H, float ep
 
 void embed(const Mat& table, int H, const int32_t* tokens, int T, float* x, cudaStream_t s) {
   if (T <= 0) return;
-  embed_kernel<<<T, 256, 0, s>>>(table, H, tokens, x);
+  launch_pdl(embed_kernel, dim3(T), dim3(256), 0, s, table, H, tokens, x);
   LILY_CU_LAUNCH();
 }
 
 void argmax(const float* logits, int rows, int V, int32_t* out, cudaStream_t s) {
   if (rows <= 0) return;
-  argmax_kernel<<<rows, 1024, 0, s>>>(logits, V, out);
+  launch_pdl(argmax_kernel, dim3(rows), dim3(1024), 0, s, logits, V, out);
   LILY_CU_LAUNCH();
 }
 
 void advance_pos(int64_t* pos, int T, cudaStream_t s) {
-  advance_kernel<<<1, 1, 0, s>>>(pos, T);
+  launch_pdl(advance_kernel, dim3(1), dim3(1), 0, s, pos, T);
   LILY_CU_LAUNCH();
 }
 

@@ -52,6 +52,7 @@ constexpr int kMaxPerLane = 16;
 // when gated (logits row holds E + 1 entries) or 1.
 __global__ void topk_kernel(const float* __restrict__ logits, int64_t ld, int E, int k, bool norm_topk,
                             int32_t* __restrict__ idx, float* __restrict__ wout, bool shared, bool shared_gated) {
+  pdl_entry();
   const int t = blockIdx.x, lane = threadIdx.x;  // one warp per block
   const float* l = logits + int64_t(t) * ld;
   float v[kMaxPerLane];
@@ -144,6 +145,7 @@ __global__ void swiglu_kernel(const float* __restrict__ gu, int I, int64_t rows,
 __global__ void combine_kernel(float* __restrict__ x, int H, int k, const float* __restrict__ w,
                                const int32_t* __restrict__ slot_pos, const float* __restrict__ yb,
                                const float* __restrict__ ysh, const float* __restrict__ sg, int sg_ld) {
+  pdl_entry();
   const int t = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= H) return;
   float* xr = x + int64_t(t) * H;
@@ -194,7 +196,8 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   if (side) LILY_CU(cudaEventRecord(join, side));
   s = main_stream;
   if (!m.moe) {
-    combine_kernel<<<dim3(cdiv(H, 128), T), 128, 0, s>>>(x, H, 0, sc.w, nullptr, sc.yb, has_shared ? sc.ysh : nullptr, nullptr, 1);
+    launch_pdl(combine_kernel, dim3(cdiv(H, 128), T), dim3(128), 0, s, x, H, 0, sc.w, nullptr, sc.yb,
+               has_shared ? sc.ysh : nullptr, nullptr, 1);
     LILY_CU_LAUNCH();
     return;
   }
@@ -203,7 +206,8 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   linear(m.router, ldl, H, u, H, T, sc.logits, ldl, false, s, nw, eps);
   if (m.E > 32 * kMaxPerLane || m.slots_per_token() > 32)
     fail_internal("moe: at most 512 experts and 32 slots per token (top-k + shared) on CUDA");
-  topk_kernel<<<T, 32, 0, s>>>(sc.logits, ldl, m.E, m.k, m.norm_topk, sc.idx, sc.w, m.shared_in_stack, m.gate_in_router);
+  launch_pdl(topk_kernel, dim3(T), dim3(32), 0, s, sc.logits, int64_t(ldl), m.E, m.k, m.norm_topk, sc.idx, sc.w,
+             m.shared_in_stack, m.gate_in_router);
   LILY_CU_LAUNCH();
   const int kk = m.slots_per_token();
   const int n = T * kk;
@@ -225,8 +229,8 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   }
   const float* sg = !(has_shared && has(m.sh_gate)) ? nullptr : m.gate_in_router ? sc.logits + m.E : sc.sg;
   if (side) LILY_CU(cudaStreamWaitEvent(s, join, 0));
-  combine_kernel<<<dim3(cdiv(H, 128), T), 128, 0, s>>>(x, H, kk, sc.w, pos, sc.yb, has_shared ? sc.ysh : nullptr, sg,
-                                   m.gate_in_router ? ldl : 1);
+  launch_pdl(combine_kernel, dim3(cdiv(H, 128), T), dim3(128), 0, s, x, H, kk, sc.w, pos, sc.yb,
+             has_shared ? sc.ysh : nullptr, sg, m.gate_in_router ? ldl : 1);
   LILY_CU_LAUNCH();
 }
 
