@@ -288,11 +288,23 @@ __device__ bool radix_select(const uint64_t* __restrict__ key, const uint64_t* _
     const int shift = (kLevels - 1 - lev) * kDigitBits;
     sh.hist[t] = 0;
     __syncthreads();
+    // Runs of one digit are summed in a register before their atomic: over a flat distribution most
+    // candidates share the leading digits, and one shared-memory address taking every add serialises.
+    int run_digit = -1;
+    unsigned long long run = 0;
     for (int j = t; j < n; j += blockDim.x) {
       const uint64_t c = key[j];
-      if ((c >> (shift + kDigitBits)) == (prefix >> (shift + kDigitBits)) && keep(c))
-        atomicAdd(&sh.hist[(c >> shift) & ((1u << kDigitBits) - 1)], by_mass ? (unsigned long long)mass[j] : 1ull);
+      if ((c >> (shift + kDigitBits)) == (prefix >> (shift + kDigitBits)) && keep(c)) {
+        const int dg = int((c >> shift) & ((1u << kDigitBits) - 1));
+        if (dg != run_digit) {
+          if (run_digit >= 0) atomicAdd(&sh.hist[run_digit], run);
+          run_digit = dg;
+          run = 0;
+        }
+        run += by_mass ? (unsigned long long)mass[j] : 1ull;
+      }
     }
+    if (run_digit >= 0) atomicAdd(&sh.hist[run_digit], run);
     __syncthreads();
     // thread t takes digit 1023 - t, so the inclusive scan runs from the largest digit down
     const int dg = (1 << kDigitBits) - 1 - t;
