@@ -1,10 +1,46 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
-#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <memory>
 
 namespace lily {
+namespace {
+
+int spin_us() {
+  static const int us = [] {
+    const char* v = std::getenv("LILY_SPIN_US");
+    if (!v || !*v) return 200;
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    return (end && *end == 0 && x >= 0 && x <= 1000000) ? int(x) : 200;
+  }();
+  return us;
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Polls pred for about spin_us() microseconds; returns its last value.
+template <class Pred>
+bool spin_until(Pred pred) {
+  const int us = spin_us();
+  if (us == 0) return pred();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 1;; ++i) {
+    if (pred()) return true;
+    cpu_relax();
+    if ((i & 255) == 0 && std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(us)) return pred();
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int threads) {
   for (int i = 1; i < std::max(1, threads); ++i) workers_.emplace_back([this] { worker_loop(); });
@@ -21,24 +57,24 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::run_chunks() {
   for (;;) {
-    int64_t b;
+    int64_t b, e;
+    const std::function<void(int64_t, int64_t)>* fn;
     {
       std::lock_guard lk(mu_);
       if (next_ >= n_) return;
       b = next_;
-      next_ = std::min(n_, next_ + chunk_);
+      e = next_ = std::min(n_, next_ + chunk_);
+      fn = fn_;
     }
-    int64_t e = std::min(n_, b + chunk_);
     try {
-      (*fn_)(b, e);
+      (*fn)(b, e);
     } catch (...) {
       std::lock_guard lk(mu_);
       if (!error_) error_ = std::current_exception();
     }
     {
       std::lock_guard lk(mu_);
-      pending_ -= (e - b);
-      if (pending_ == 0) cv_done_.notify_all();
+      if (pending_.fetch_sub(e - b) == e - b && caller_waiting_) cv_done_.notify_all();
     }
   }
 }
@@ -46,18 +82,22 @@ void ThreadPool::run_chunks() {
 void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
+    spin_until([&] { return generation_.load(std::memory_order_acquire) != seen || stop_.load(std::memory_order_relaxed); });
     {
       std::unique_lock lk(mu_);
-      cv_work_.wait(lk, [&] { return stop_ || generation_ != seen; });
+      if (generation_.load() == seen && !stop_) {
+        ++sleepers_;
+        cv_work_.wait(lk, [&] { return stop_ || generation_.load() != seen; });
+        --sleepers_;
+      }
       if (stop_) return;
-      seen = generation_;
-      ++active_;
+      seen = generation_.load();
+      active_.fetch_add(1);
     }
     run_chunks();
     {
       std::lock_guard lk(mu_);
-      --active_;
-      if (active_ == 0) cv_done_.notify_all();
+      if (active_.fetch_sub(1) == 1 && caller_waiting_) cv_done_.notify_all();
     }
   }
 }
@@ -70,6 +110,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     return;
   }
   std::lock_guard call(call_mu_);
+  bool wake;
   {
     std::lock_guard lk(mu_);
     int64_t parts = int64_t(size()) * 4;
@@ -77,16 +118,23 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     fn_ = &fn;
     n_ = n;
     next_ = 0;
-    pending_ = n;
+    pending_.store(n);
     error_ = nullptr;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
+    wake = sleepers_ > 0;
   }
-  cv_work_.notify_all();
+  if (wake) cv_work_.notify_all();
   run_chunks();
+  auto done = [&] { return pending_.load(std::memory_order_acquire) == 0 && active_.load(std::memory_order_acquire) == 0; };
+  spin_until(done);
   std::exception_ptr err;
   {
     std::unique_lock lk(mu_);
-    cv_done_.wait(lk, [&] { return pending_ == 0 && active_ == 0; });
+    if (!done()) {
+      caller_waiting_ = true;
+      cv_done_.wait(lk, done);
+      caller_waiting_ = false;
+    }
     fn_ = nullptr;
     err = error_;
   }

@@ -1,5 +1,11 @@
 // A fixed pool of worker threads with a blocking parallel_for. The calling thread takes part.
+//
+// Between jobs the workers spin for a short window (LILY_SPIN_US microseconds, default 200; 0 = never)
+// before sleeping on a condition variable, and the caller spins the same window waiting for the last
+// chunk: inference issues hundreds of small parallel_for calls per token, and a futex wake-up per call
+// (tens of microseconds) would cost more than many of the calls themselves.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -33,11 +39,16 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
+  // Job state: written under mu_; generation_, pending_ and active_ are also read without it by the
+  // spinning threads (every decision is re-checked under mu_ before sleeping).
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-  int64_t n_ = 0, chunk_ = 0, next_ = 0, pending_ = 0;
-  uint64_t generation_ = 0;
-  int active_ = 0;
-  bool stop_ = false;
+  int64_t n_ = 0, chunk_ = 0, next_ = 0;
+  std::atomic<int64_t> pending_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> active_{0};
+  std::atomic<bool> stop_{false};
+  int sleepers_ = 0;             // workers waiting on cv_work_
+  bool caller_waiting_ = false;  // the caller waiting on cv_done_
   std::exception_ptr error_;
   std::mutex call_mu_;  // one parallel_for at a time
 };

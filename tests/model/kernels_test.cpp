@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <chrono>
 #include <random>
+#include <thread>
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
@@ -142,6 +144,37 @@ TEST(ThreadPool, CoversRangeAndPropagatesErrors) {
   }
   EXPECT_THROW(pool.parallel_for(100, 1, [](int64_t b, int64_t) { if (b >= 50) throw std::runtime_error("x"); }),
                std::runtime_error);
+}
+
+// Back-to-back small jobs (workers caught while spinning), jobs after the pool went to sleep (longer
+// than the spin window), and two callers at once: every index exactly once, every job complete on return.
+TEST(ThreadPool, ManySmallJobsSleepAndTwoCallers) {
+  ThreadPool pool(3);
+  std::vector<int64_t> out(64);
+  for (int job = 0; job < 20000; ++job) {
+    const int64_t n = 1 + job % 64;
+    pool.parallel_for(n, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) out[size_t(i)] = job;
+    });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[size_t(i)], job) << "job " << job << " index " << i;
+  }
+  for (int round = 0; round < 5; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    std::atomic<int64_t> sum{0};
+    pool.parallel_for(1000, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) sum += i;
+    });
+    EXPECT_EQ(sum.load(), 999 * 1000 / 2);
+  }
+  std::atomic<int64_t> total{0};
+  auto caller = [&] {
+    for (int j = 0; j < 2000; ++j)
+      pool.parallel_for(10, 1, [&](int64_t b, int64_t e) { total += e - b; });
+  };
+  std::thread t1(caller), t2(caller);
+  t1.join();
+  t2.join();
+  EXPECT_EQ(total.load(), 2 * 2000 * 10);
 }
 
 TEST(Sampler, GreedySeededAndFiltered) {
