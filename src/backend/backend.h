@@ -48,6 +48,7 @@ struct DeviceDecode {
   std::span<const int32_t> history;    // ids the penalties count before the first draw
   std::span<const int32_t> stop_ids;
   int64_t max_tokens = 0;
+  int32_t vocab_limit = 0;  // ids >= this are never drawn (tokenizer smaller than the model); 0: all
 };
 struct DeviceDecodeResult {
   std::vector<int32_t> tokens;  // emitted, in order

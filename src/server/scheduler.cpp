@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "runtime/generate.h"
 
 namespace lily::server {
 
@@ -190,6 +191,7 @@ bool Scheduler::step(Active& a) {
       return true;
     }
 
+    if (device_eligible(a)) return device_steps(a);
     // Decode: sample from the current logits, hand the token over, then feed it back.
     std::span<const float> row(a.logits);
     if (!p.logit_bias.empty() || (p.sample_vocab > 0 && p.sample_vocab < V)) {
@@ -225,6 +227,59 @@ bool Scheduler::step(Active& a) {
   } catch (const std::exception& e) {
     fail_job(a, e, false);
   }
+  return false;
+}
+
+bool Scheduler::device_eligible(const Active& a) {
+  const auto& p = a.job->params;
+  if (p.token_logits || !p.logit_bias.empty() || !engine_.backend().can_decode_on_device()) return false;
+  if (int64_t(a.generated.size()) >= p.max_tokens || a.s->n_tokens() + 1 > a.s->capacity()) return false;
+  std::lock_guard lk(mu_);
+  return active_.size() == 1 && queue_.empty() && !stop_;
+}
+
+bool Scheduler::device_steps(Active& a) {
+  auto& job = *a.job;
+  const auto& p = job.params;
+  const int64_t V = engine_.config().vocab;
+  DeviceDecode req;
+  req.sampling = device_sampling(p.sampling);
+  req.history = a.generated;
+  req.stop_ids = p.stop_ids;
+  req.max_tokens = p.max_tokens - int64_t(a.generated.size());
+  req.vocab_limit = p.sample_vocab > 0 && p.sample_vocab < V ? p.sample_vocab : 0;
+  enum class Why { Ended, StopId, JobStop, Cancelled, Yield } why = Why::Ended;
+  auto on_tok = [&](int32_t tok) {
+    a.generated.push_back(tok);
+    a.res.completion_tokens = int64_t(a.generated.size());
+    if (a.generated.size() == 1) a.res.ttft_ms = now_ms() - a.t_start;
+    // the host path's order: a stop id ends the job without reaching on_token
+    if (std::find(p.stop_ids.begin(), p.stop_ids.end(), tok) != p.stop_ids.end()) { why = Why::StopId; return false; }
+    if (!job.on_token(tok, {})) { why = Why::JobStop; return false; }
+    if (job.cancelled.load()) { why = Why::Cancelled; return false; }
+    if (int64_t(a.generated.size()) < p.max_tokens) {
+      std::lock_guard lk(mu_);
+      if (!queue_.empty() || stop_) { why = Why::Yield; return false; }
+    }
+    return true;
+  };
+  const double t0 = now_ms();
+  const DeviceDecodeResult r = a.s->decode_on_device(req, on_tok);
+  a.res.decode_ms += now_ms() - t0;
+  a.logits = a.s->last_logits();
+  // Every emitted token the context could hold is in the state (the stop id too), so a stop needs no
+  // extra step to absorb it, and a yielded job samples its next token from last_logits on the host.
+  const bool all_absorbed = r.absorbed == int64_t(r.tokens.size());
+  switch (why) {
+    case Why::StopId: finish(a, "stop", !all_absorbed); return false;
+    case Why::JobStop: finish(a, "stop", false); return false;
+    case Why::Cancelled: finish(a, "cancelled", false); return false;
+    case Why::Yield:
+      if (all_absorbed) return true;
+      break;
+    case Why::Ended: break;
+  }
+  finish(a, "length", false);  // max_tokens, or the context is full
   return false;
 }
 

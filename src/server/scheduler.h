@@ -33,6 +33,9 @@ struct GenParams {
   std::vector<int32_t> stop_ids; // end of generation (not shown as text, counted as a completion token)
   bool use_cache = true;
   bool prompt_logits = false;    // call on_prompt_logits for every prompt row (echo + logprobs); no cache
+  // on_token needs the logits row of each token (logprobs). When false, no logit_bias is set and the
+  // request runs alone, a backend that samples on the device (CUDA) decodes without per-token logits.
+  bool token_logits = true;
 };
 
 struct GenResult {
@@ -53,7 +56,8 @@ class Job {
   virtual void on_prefill(int64_t done, int64_t total) {}
   // Rows of prompt logits for positions [first, first + rows) when params.prompt_logits.
   virtual void on_prompt_logits(int64_t first, int64_t rows, std::span<const float> logits) {}
-  // A sampled token (not a stop id) and the logits row it was drawn from. Return false to stop ("stop").
+  // A sampled token (not a stop id) and the logits row it was drawn from (empty when the params ask for
+  // no token_logits and the token was drawn on the device). Return false to stop ("stop").
   virtual bool on_token(int32_t token, std::span<const float> logits) = 0;
   virtual void on_finish(const GenResult& r) = 0;
 
@@ -101,6 +105,10 @@ class Scheduler {
   struct Active;
   void run();
   bool step(Active& a);  // false when the job is finished
+  // Decode steps with the sampler on the device until the job ends (false) or another request waits
+  // (true: the job continues on the host path). Only for a job running alone; see token_logits.
+  bool device_steps(Active& a);
+  bool device_eligible(const Active& a);
   void start(Active& a);
   void finish(Active& a, const std::string& reason, bool eos);
   void fail_job(Active& a, const std::exception& e, bool input);

@@ -548,6 +548,7 @@ struct Server::Impl {
     gp.use_cache = c.cache_prompt;
     gp.sample_vocab = int32_t(std::min<int64_t>(tok->vocab_size(), vocab()));
     gp.stop_ids = stop_ids();
+    gp.token_logits = logprobs;
     auto job = std::make_shared<GenJob>(std::move(gp), tok, c.stops, chat->output(prompt, tools),
                                         logprobs ? top_lp : -1, c.stream);
     submit(job);
@@ -834,6 +835,7 @@ struct Server::Impl {
     if (tok) gp.sample_vocab = int32_t(std::min<int64_t>(tok->vocab_size(), vocab()));
     gp.stop_ids = stop_ids();
     gp.prompt_logits = echo && lp >= 0;
+    gp.token_logits = lp >= 0;
     auto job = std::make_shared<GenJob>(std::move(gp), tok, c.stops, nullptr, lp, c.stream);
     submit(job);
 

@@ -316,6 +316,36 @@ TEST(CudaSample, SeedReproducesAndHistoryUpdates) {
   }
 }
 
+// vocab_limit: ids at or past it are never drawn, whatever their logits (the top of the distribution is
+// placed there), greedy and sampled; the distribution equals the host's over the masked row.
+TEST(CudaSample, VocabLimitMasksTheTail) {
+  LILY_REQUIRE_GPU();
+  const int V = 4096, lim = 3000, N = 300;
+  auto l = random_logits(V, 9u, 1.0f);
+  for (int t = lim; t < V; t += 7) l[size_t(t)] += 8.0f;  // the most likely ids sit past the limit
+  auto masked = l;
+  for (int t = lim; t < V; ++t) masked[size_t(t)] = -INFINITY;
+  for (float T : {0.0f, 1.0f}) {
+    SamplingParams p;
+    p.temperature = T;
+    p.top_p = T > 0 ? 0.9f : 1.0f;
+    p.seed = 5;
+    DevSampler ds(V, N);
+    ds.logits.up(l);
+    cuda::SampleParams dp = to_device(p);
+    dp.vocab_limit = lim;
+    std::vector<int32_t> counts(size_t(V), 0);
+    cuda::sample_setup(ds.d, dp, counts.data(), 0, nullptr);
+    for (int k = 0; k < N; ++k) ds.draw_async(k);
+    for (int32_t t : ds.out.down()) ASSERT_LT(t, lim) << "T " << T;
+    if (T == 0.0f) {
+      EXPECT_EQ(ds.out.down()[0], Sampler(p).sample(masked));
+    }
+    auto dist = ds.distribution();
+    for (auto [id, prob] : Sampler(p).distribution(masked)) EXPECT_NEAR(dist[size_t(id)], prob, 1e-9) << id;
+  }
+}
+
 // The draw captured in a graph and replayed gives the same ids as eager launches (no host sync inside,
 // parameters, history and step read from the device at run time).
 TEST(CudaSample, CapturedGraphMatchesEager) {

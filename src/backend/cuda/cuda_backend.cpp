@@ -884,13 +884,16 @@ DeviceDecodeResult CudaBackend::decode_on_device(SequenceState& st, const Device
   p.presence_penalty = q.presence_penalty;
   p.frequency_penalty = q.frequency_penalty;
   p.seed = q.seed;
+  if (req.vocab_limit < 0 || req.vocab_limit > V)
+    throw InternalError(fmt::format("CudaBackend::decode_on_device: vocab_limit {} outside 0..{}", req.vocab_limit, V));
+  p.vocab_limit = req.vocab_limit == V ? 0 : req.vocab_limit;
   std::vector<int32_t> counts(size_t(V), 0);
   for (int32_t t : req.history)
     if (t >= 0 && t < V) ++counts[size_t(t)];
   sample_setup(samp_, p, counts.data(), 0, stream_);
   // greedy without penalties: the plain argmax graph (the same token, fewer kernels)
   const bool argmax_only = q.temperature == 0.0f && q.repetition_penalty == 1.0f && q.presence_penalty == 0.0f &&
-                           q.frequency_penalty == 0.0f;
+                           q.frequency_penalty == 0.0f && p.vocab_limit == 0;
 
   // ids come back through a pinned ring: slot i % 4 holds t_i, at most two are in flight
   struct Ring {

@@ -127,7 +127,7 @@ __global__ void penalize_kernel(const float* __restrict__ logits, int V, const S
   const bool pen = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
   unsigned long long best = 0;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < V; i += gridDim.x * blockDim.x) {
-    float l = logits[i];
+    float l = p.vocab_limit > 0 && i >= p.vocab_limit ? -INFINITY : logits[i];
     if (pen) {
       const int c = counts[i];
       if (c > 0) {  // the host's order and rounding, no contraction

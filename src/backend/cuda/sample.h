@@ -35,7 +35,7 @@ struct SampleParams {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   int32_t top_k = 0;
-  int32_t pad_ = 0;
+  int32_t vocab_limit = 0;  // ids >= this get logit -inf (never drawn); 0: none
   uint64_t seed = 0;
 };
 
