@@ -15,68 +15,14 @@
 #include "model/qwen_hybrid.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
+#include "../support/contract_backend.h"
 #include "test_util.h"
 
 using namespace lily;
 
 namespace {
 
-class ContractBackend final : public Backend {
- public:
-  explicit ContractBackend(std::shared_ptr<const ModelWeights> w) : cpu_(std::move(w)) {}
-  std::string name() const override { return "cpu+contract"; }
-  const ModelWeights& weights() const override { return cpu_.weights(); }
-  std::unique_ptr<SequenceState> new_state(int64_t n) override { return cpu_.new_state(n); }
-  void begin(SequenceState& st, int64_t T) override { cpu_.begin(st, T); }
-  void embed(const int32_t* t) override { cpu_.embed(t); }
-  void gdn_mixer(int l) override { cpu_.gdn_mixer(l); }
-  void attn_mixer(int l) override { cpu_.attn_mixer(l); }
-  void ffn(int l) override { cpu_.ffn(l); }
-  void head(int64_t rows, float* logits) override { cpu_.head(rows, logits); }
-  void end() override { cpu_.end(); }
-
-  bool can_decode_on_device() const override { return true; }
-  DeviceDecodeResult decode_on_device(SequenceState& st, const DeviceDecode& req, const std::function<bool(int32_t)>& on_token,
-                                      float* last_logits) override {
-    ++calls;
-    SamplingParams p;
-    p.temperature = req.sampling.temperature;
-    p.top_k = req.sampling.top_k;
-    p.top_p = req.sampling.top_p;
-    p.min_p = req.sampling.min_p;
-    p.repetition_penalty = req.sampling.repetition_penalty;
-    p.presence_penalty = req.sampling.presence_penalty;
-    p.frequency_penalty = req.sampling.frequency_penalty;
-    p.seed = req.sampling.seed;
-    Sampler sampler(p);
-    const size_t V = size_t(weights().cfg.vocab);
-    std::vector<float> l(req.first_logits, req.first_logits + V);
-    std::vector<int32_t> hist(req.history.begin(), req.history.end());
-    DeviceDecodeResult r;
-    for (int64_t i = 0;; ++i) {
-      const int32_t t = sampler.sample(l, hist);
-      hist.push_back(t);
-      r.tokens.push_back(t);
-      // absorbed as soon as emitted (a device runs this step while the host checks the id)
-      const bool fits = st.n_tokens() + 1 <= st.capacity();
-      if (fits) {
-        forward_step(*this, st, std::span<const int32_t>(&t, 1), 1, l.data());
-        ++r.absorbed;
-      }
-      const bool is_stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), t) != req.stop_ids.end();
-      if (on_token && !on_token(t)) { r.stopped = true; break; }
-      if (is_stop) { r.stopped = true; break; }
-      if (i + 1 == req.max_tokens) break;
-      if (!fits) break;
-    }
-    if (r.absorbed > 0 && last_logits) std::copy(l.begin(), l.end(), last_logits);
-    return r;
-  }
-  int calls = 0;
-
- private:
-  cpu::CpuBackend cpu_;
-};
+using lily::test_support::ContractBackend;
 
 struct Fixture {
   std::shared_ptr<const ModelWeights> w;

@@ -12,8 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
-#include "model/qwen_hybrid.h"
+#include "../support/contract_backend.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
@@ -22,72 +21,7 @@
 namespace lily::server {
 namespace {
 
-// CpuBackend plus decode_on_device in the host's order (same contract as the CUDA backend's).
-class HostLoopBackend final : public Backend {
- public:
-  explicit HostLoopBackend(std::shared_ptr<const ModelWeights> w) : inner_(std::move(w)) {}
-  std::string name() const override { return "host-loop"; }
-  const ModelWeights& weights() const override { return inner_.weights(); }
-  std::unique_ptr<SequenceState> new_state(int64_t max_tokens) override { return inner_.new_state(max_tokens); }
-  void begin(SequenceState& st, int64_t T) override { inner_.begin(st, T); }
-  void embed(const int32_t* tokens) override { inner_.embed(tokens); }
-  void gdn_mixer(int layer) override { inner_.gdn_mixer(layer); }
-  void attn_mixer(int layer) override { inner_.attn_mixer(layer); }
-  void ffn(int layer) override { inner_.ffn(layer); }
-  void head(int64_t rows, float* logits) override { inner_.head(rows, logits); }
-  void end() override { inner_.end(); }
-
-  bool can_decode_on_device() const override { return true; }
-  DeviceDecodeResult decode_on_device(SequenceState& st, const DeviceDecode& req, const std::function<bool(int32_t)>& on_token,
-                                      float* last_logits) override {
-    ++calls;
-    DeviceDecodeResult res;
-    if (req.max_tokens <= 0) return res;
-    const size_t V = size_t(inner_.weights().cfg.vocab);
-    SamplingParams sp;
-    sp.temperature = req.sampling.temperature;
-    sp.top_k = req.sampling.top_k;
-    sp.top_p = req.sampling.top_p;
-    sp.min_p = req.sampling.min_p;
-    sp.repetition_penalty = req.sampling.repetition_penalty;
-    sp.presence_penalty = req.sampling.presence_penalty;
-    sp.frequency_penalty = req.sampling.frequency_penalty;
-    sp.seed = req.sampling.seed;
-    Sampler sampler(sp);
-    std::vector<int32_t> history(req.history.begin(), req.history.end());
-    std::vector<float> cur(req.first_logits, req.first_logits + V), next(V);
-    auto draw = [&] {
-      if (req.vocab_limit > 0)
-        for (size_t t = size_t(req.vocab_limit); t < V; ++t) cur[t] = -INFINITY;
-      return sampler.sample(cur, history);
-    };
-    int32_t tok = draw();
-    for (int64_t i = 0;; ++i) {
-      const bool fits = st.n_tokens() + 1 <= st.capacity();
-      if (fits) {
-        forward_step(*this, st, std::span<const int32_t>(&tok, 1), 1, next.data());
-        ++res.absorbed;
-      }
-      res.tokens.push_back(tok);
-      ++tokens;
-      const bool is_stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end();
-      if (on_token && !on_token(tok)) { res.stopped = true; break; }
-      if (is_stop) { res.stopped = true; break; }
-      if (i + 1 == req.max_tokens || !fits) break;
-      history.push_back(tok);
-      cur = next;
-      tok = draw();
-    }
-    if (res.absorbed > 0 && last_logits) std::copy(next.begin(), next.end(), last_logits);
-    return res;
-  }
-
-  int calls = 0;
-  int64_t tokens = 0;
-
- private:
-  cpu::CpuBackend inner_;
-};
+using HostLoopBackend = lily::test_support::ContractBackend;
 
 class TestJob : public Job {
  public:
