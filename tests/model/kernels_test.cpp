@@ -8,6 +8,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/simd.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
@@ -97,6 +98,28 @@ TEST(DeltaRule, ChunkedMatchesRecurrent) {
       EXPECT_LE(e, 2e-5) << "T=" << T << " dk=" << dk;
       EXPECT_LE(es, 2e-5) << "T=" << T << " dk=" << dk;
     }
+}
+
+TEST(Simd, GemmNnMatchesLoops) {
+  for (int64_t M : {1, 3, 4, 5, 17, 64})
+    for (int64_t N : {1, 7, 8, 16, 17, 33, 64, 129})
+      for (int64_t K : {1, 13, 64, 128})
+        for (bool acc : {false, true})
+          for (bool at : {false, true}) {  // A row-major [M][K] or read through its transpose [K][M]
+            const int64_t ldb = N + 1, ldc = N + 2, a_is = at ? 1 : K + 3, a_ks = at ? M + 2 : 1;
+            auto A = randn(size_t(std::max(M * a_is, K * a_ks) + K + M), 11), B = randn(size_t(K * ldb), 12),
+                 C0 = randn(size_t(M * ldc), 13);
+            auto C = C0;
+            cpu::gemm_nn(M, N, K, A.data(), a_is, a_ks, B.data(), ldb, C.data(), ldc, acc);
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = 0; j < N; ++j) {
+                double want = acc ? C0[size_t(i * ldc + j)] : 0.0;
+                for (int64_t k = 0; k < K; ++k) want += double(A[size_t(i * a_is + k * a_ks)]) * B[size_t(k * ldb + j)];
+                ASSERT_NEAR(C[size_t(i * ldc + j)], want, 1e-4 * (1 + std::fabs(want))) << M << "x" << N << "x" << K;
+              }
+            for (int64_t i = 0; i < M; ++i)  // the padding between rows is untouched
+              for (int64_t j = N; j < ldc; ++j) ASSERT_EQ(C[size_t(i * ldc + j)], C0[size_t(i * ldc + j)]);
+          }
 }
 
 TEST(Conv, StateCarriesAcrossSteps) {

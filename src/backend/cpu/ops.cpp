@@ -69,10 +69,14 @@ void delta_rule_recurrent(const DeltaArgs& a) {
   }
 }
 
+// Per chunk of C rows, the products run as gemm_nn over transposed copies (Kᵀ, Sᵀ) so that every
+// product streams its right operand along contiguous rows.
 void delta_rule_chunked(const DeltaArgs& a, int64_t C) {
   const int64_t dk = a.dk, dv = a.dv;
-  std::vector<float> gam(static_cast<size_t>(C)), A(static_cast<size_t>(C * C)), U(static_cast<size_t>(C * dv)), W(static_cast<size_t>(C * dk)), Vn(static_cast<size_t>(C * dv)),
-      Aqk(static_cast<size_t>(C * C)), kb(static_cast<size_t>(C * dk)), q(static_cast<size_t>(C * dk)), v(static_cast<size_t>(C * dv)), beta(static_cast<size_t>(C));
+  auto buf = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
+  std::vector<float> gam = buf(C), beta = buf(C), A = buf(C * C), Aqk = buf(C * C), U = buf(C * dv), W = buf(C * dk),
+                     Vn = buf(C * dv), P = buf(C * dv), kb = buf(C * dk), Kf = buf(C * dk), KT = buf(dk * C),
+                     q = buf(C * dk), v = buf(C * dv), St = buf(dk * dv);
   for (int64_t c0 = 0; c0 < a.T; c0 += C) {
     const int64_t n = std::min(C, a.T - c0);  // rows past n are padding: they do not exist
     for (int64_t r = 0; r < n; ++r) {
@@ -81,14 +85,18 @@ void delta_rule_chunked(const DeltaArgs& a, int64_t C) {
       std::memcpy(&v[size_t(r * dv)], a.v + (c0 + r) * a.vs, size_t(dv) * 4);
       beta[size_t(r)] = a.beta[c0 + r];
       gam[size_t(r)] = (r ? gam[size_t(r - 1)] : 0.0f) + a.g[c0 + r];
+      for (int64_t i = 0; i < dk; ++i) KT[size_t(i * C + r)] = kb[size_t(r * dk + i)];
     }
-    // A = strict_lower(diag(β) K Kᵀ ⊙ Γ); T = (I + A)⁻¹ applied by forward substitution.
+    // A = strict_lower(diag(β) K Kᵀ ⊙ Γ); Aqk = lower(Q Kᵀ ⊙ Γ) including the diagonal, zero above.
+    gemm_nn(n, n, dk, kb.data(), dk, 1, KT.data(), C, A.data(), C, false);
+    gemm_nn(n, n, dk, q.data(), dk, 1, KT.data(), C, Aqk.data(), C, false);
     for (int64_t r = 0; r < n; ++r)
-      for (int64_t s = 0; s < r; ++s) {
-        const float d = dot(&kb[size_t(r * dk)], &kb[size_t(s * dk)], dk);
-        A[size_t(r * C + s)] = beta[size_t(r)] * d * std::exp(gam[size_t(r)] - gam[size_t(s)]);
+      for (int64_t s = 0; s < n; ++s) {
+        const float e = s <= r ? std::exp(gam[size_t(r)] - gam[size_t(s)]) : 0.0f;
+        A[size_t(r * C + s)] = s < r ? beta[size_t(r)] * A[size_t(r * C + s)] * e : 0.0f;
+        Aqk[size_t(r * C + s)] *= e;
       }
-    // U = T diag(β) V ; W = T diag(β e^γ) K  (row r: x_r = b_r − Σ_{s<r} A_rs x_s)
+    // T = (I + A)⁻¹ by forward substitution: U = T diag(β) V ; W = T diag(β e^γ) K (x_r = b_r − Σ_{s<r} A_rs x_s)
     for (int64_t r = 0; r < n; ++r) {
       for (int64_t d = 0; d < dv; ++d) U[size_t(r * dv + d)] = beta[size_t(r)] * v[size_t(r * dv + d)];
       const float be = beta[size_t(r)] * std::exp(gam[size_t(r)]);
@@ -99,40 +107,26 @@ void delta_rule_chunked(const DeltaArgs& a, int64_t C) {
         axpy(-ars, &W[size_t(s * dk)], &W[size_t(r * dk)], dk);
       }
     }
-    // Aqk = (Q Kᵀ) ⊙ Γ including the diagonal.
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t s = 0; s <= r; ++s) {
-        const float d = dot(&q[size_t(r * dk)], &kb[size_t(s * dk)], dk);
-        Aqk[size_t(r * C + s)] = d * std::exp(gam[size_t(r)] - gam[size_t(s)]);
-      }
-    // V' = U − W S ; O = (Q ⊙ e^γ) S + Aqk V'. S is [dv][dk], so (W S)[r][d] = Σ_i W[r][i] S[d][i].
-    for (int64_t r = 0; r < n; ++r) {
-      const float eg = std::exp(gam[size_t(r)]);
-      for (int64_t d = 0; d < dv; ++d) {
-        const float* s = a.S + d * dk;
-        Vn[size_t(r * dv + d)] = U[size_t(r * dv + d)] - dot(&W[size_t(r * dk)], s, dk);
-        a.o[(c0 + r) * a.os + d] = eg * dot(&q[size_t(r * dk)], s, dk);
-      }
-    }
-    for (int64_t r = 0; r < n; ++r) {
-      float* o = a.o + (c0 + r) * a.os;
-      for (int64_t s = 0; s <= r; ++s) {
-        axpy(Aqk[size_t(r * C + s)], &Vn[size_t(s * dv)], o, dv);
-      }
-    }
-    // S ← e^{γ_last} S + (K ⊙ e^{γ_last − γ})ᵀ V'
+    // V' = U − W S ; O = (Q ⊙ e^γ) S + Aqk V'. S is [dv][dk]; Sᵀ [dk][dv] is the products' right operand.
+    for (int64_t d = 0; d < dv; ++d)
+      for (int64_t i = 0; i < dk; ++i) St[size_t(i * dv + d)] = a.S[d * dk + i];
+    gemm_nn(n, dv, dk, W.data(), dk, 1, St.data(), dv, Vn.data(), dv, false);
+    gemm_nn(n, dv, dk, q.data(), dk, 1, St.data(), dv, P.data(), dv, false);
     const float gl = gam[size_t(n - 1)];
-    const float el = std::exp(gl);
-    for (int64_t d = 0; d < dv; ++d) {
-      float* s = a.S + d * dk;
-      for (int64_t i = 0; i < dk; ++i) s[i] *= el;
-    }
     for (int64_t r = 0; r < n; ++r) {
-      const float f = std::exp(gl - gam[size_t(r)]);
+      const float eg = std::exp(gam[size_t(r)]), f = std::exp(gl - gam[size_t(r)]);
+      float* o = a.o + (c0 + r) * a.os;
       for (int64_t d = 0; d < dv; ++d) {
-        axpy(f * Vn[size_t(r * dv + d)], &kb[size_t(r * dk)], a.S + d * dk, dk);
+        Vn[size_t(r * dv + d)] = U[size_t(r * dv + d)] - Vn[size_t(r * dv + d)];
+        o[d] = eg * P[size_t(r * dv + d)];
       }
+      for (int64_t i = 0; i < dk; ++i) Kf[size_t(r * dk + i)] = f * kb[size_t(r * dk + i)];
     }
+    gemm_nn(n, dv, n, Aqk.data(), C, 1, Vn.data(), dv, a.o + c0 * a.os, a.os, true);
+    // S ← e^{γ_last} S + V'ᵀ (K ⊙ e^{γ_last − γ}): S[d][i] += Σ_r V'[r][d] Kf[r][i]
+    const float el = std::exp(gl);
+    for (int64_t i = 0; i < dv * dk; ++i) a.S[i] *= el;
+    gemm_nn(dv, dk, n, Vn.data(), 1, dv, Kf.data(), dk, a.S, dk, true);
   }
 }
 

@@ -1,7 +1,9 @@
 // Small portable SIMD helpers (GCC/Clang vector extensions; AVX2/AVX-512 with -march=native).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace lily::cpu {
 
@@ -51,6 +53,46 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) store8(y + i, load8(y + i) + av * load8(x + i));
   for (; i < n; ++i) y[i] += a * x[i];
+}
+
+// C[i·ldc + j] (+)= Σ_k A(i, k) · B[k·ldb + j] for i < M, j < N, with A(i, k) = A[i·a_is + k·a_ks] (any
+// layout: its elements are broadcast) and B, C contiguous along j. Blocks of 4 rows x 16 columns keep 8
+// vector accumulators; per k, 2 loads of B and 4 broadcasts feed 8 multiply-adds (no horizontal sums).
+inline void gemm_nn(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_is, int64_t a_ks, const float* B,
+                    int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  constexpr int R = 4, V = 2;  // rows, vectors of 8 columns (measured best of 2-8 x 1-4 here)
+  auto block = [&](int64_t i, int64_t rows, int64_t j, auto nv_tag) {
+    constexpr int NV = decltype(nv_tag)::value;
+    v8f c[R][NV];
+    for (int u = 0; u < R; ++u)
+      for (int w = 0; w < NV; ++w) c[u][w] = (accumulate && u < rows) ? load8(C + (i + u) * ldc + j + 8 * w) : v8f{};
+    for (int64_t k = 0; k < K; ++k) {
+      v8f b[NV];
+#pragma GCC unroll 4
+      for (int w = 0; w < NV; ++w) b[w] = load8(B + k * ldb + j + 8 * w);
+#pragma GCC unroll 4
+      for (int u = 0; u < R; ++u) {
+        const float av = u < rows ? A[(i + u) * a_is + k * a_ks] : 0.0f;
+        const v8f a8 = {av, av, av, av, av, av, av, av};
+#pragma GCC unroll 4
+        for (int w = 0; w < NV; ++w) c[u][w] += a8 * b[w];
+      }
+    }
+    for (int u = 0; u < rows; ++u)
+      for (int w = 0; w < NV; ++w) store8(C + (i + u) * ldc + j + 8 * w, c[u][w]);
+  };
+  for (int64_t i = 0; i < M; i += R) {
+    const int64_t rows = std::min<int64_t>(R, M - i);
+    int64_t j = 0;
+    for (; j + 8 * V <= N; j += 8 * V) block(i, rows, j, std::integral_constant<int, V>{});
+    for (; j + 8 <= N; j += 8) block(i, rows, j, std::integral_constant<int, 1>{});
+    for (; j < N; ++j)  // last columns one at a time
+      for (int64_t u = 0; u < rows; ++u) {
+        float t = 0;
+        for (int64_t k = 0; k < K; ++k) t += A[(i + u) * a_is + k * a_ks] * B[k * ldb + j];
+        C[(i + u) * ldc + j] = accumulate ? C[(i + u) * ldc + j] + t : t;
+      }
+  }
 }
 
 }  // namespace lily::cpu
