@@ -19,6 +19,8 @@ int spin_us() {
   return us;
 }
 
+thread_local int t_in_task = 0;  // > 0 inside fn of a parallel_for (nested calls run inline)
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -67,8 +69,11 @@ void ThreadPool::run_chunks() {
       fn = fn_;
     }
     try {
+      ++t_in_task;
       (*fn)(b, e);
+      --t_in_task;
     } catch (...) {
+      --t_in_task;
       std::lock_guard lk(mu_);
       if (!error_) error_ = std::current_exception();
     }
@@ -105,7 +110,7 @@ void ThreadPool::worker_loop() {
 void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
-  if (workers_.empty() || n <= grain) {
+  if (workers_.empty() || n <= grain || t_in_task > 0) {  // nested: the pool is busy with the outer call
     fn(0, n);
     return;
   }

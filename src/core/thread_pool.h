@@ -25,7 +25,8 @@ class ThreadPool {
   int size() const { return int(workers_.size()) + 1; }
 
   // Calls fn(begin, end) on disjoint ranges covering [0, n), split into chunks of at least `grain`.
-  // Returns when all calls are done. Exceptions from fn are rethrown on the caller.
+  // Returns when all calls are done. Exceptions from fn are rethrown on the caller. A call made from
+  // inside fn runs inline on that thread.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
   // The process-wide pool (size from set_global_threads, default: hardware concurrency).

@@ -200,6 +200,18 @@ TEST(ThreadPool, ManySmallJobsSleepAndTwoCallers) {
   EXPECT_EQ(total.load(), 2 * 2000 * 10);
 }
 
+TEST(ThreadPool, NestedCallsRunInline) {
+  ThreadPool pool(2);
+  std::atomic<int64_t> sum{0};
+  pool.parallel_for(8, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      pool.parallel_for(100, 1, [&](int64_t c, int64_t d) {
+        for (int64_t j = c; j < d; ++j) sum += j;
+      });
+  });
+  EXPECT_EQ(sum.load(), 8 * (99 * 100 / 2));
+}
+
 TEST(Sampler, GreedySeededAndFiltered) {
   std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f, 0.5f};
   SamplingParams p;

@@ -18,6 +18,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_observer.h"
+#include "core/half.h"
 #include "core/mapped_file.h"
 #include "model/linear.h"
 #include "model/qwen_hybrid.h"
@@ -72,6 +73,55 @@ Linear affine_linear(const AffineQuantized& q) {
 }
 
 }  // namespace
+
+// Batched products equal separate calls bit for bit, for every kernel: jobs sharing an input (one
+// quantisation), different shapes, bit widths and groups in one pass, an empty job, and matmul_batch with
+// a bf16 job mixed in.
+TEST(AffineInt8, BatchEqualsSeparateCalls) {
+  std::mt19937 rng(29);
+  struct J { int64_t out, in; int bits, g; int64_t T; int x; };  // x: which input (jobs with equal x share it)
+  const J js[] = {{65, 256, 4, 64, 3, 0}, {17, 256, 4, 64, 3, 0}, {129, 128, 8, 32, 2, 1}, {3, 256, 4, 128, 3, 0},
+                  {64, 96, 4, 32, 1, 2}, {5, 256, 4, 64, 0, 0}};
+  std::vector<AffineQuantized> qs;
+  std::vector<Linear> ls;
+  for (const J& j : js) {
+    auto wf = randn(size_t(j.out * j.in), rng, 0.05f);
+    qs.push_back(affine_quantize(wf.data(), j.out, j.in, j.bits, j.g, DType::BF16));
+  }
+  for (const auto& q : qs) ls.push_back(affine_linear(q));
+  std::vector<std::vector<float>> xs = {randn(3 * 256, rng), randn(2 * 128, rng), randn(96, rng)};
+  for (auto isa : isas()) {
+    std::vector<std::vector<float>> sep, bat;
+    std::vector<cpu::Int8Job> jobs;
+    std::vector<AffineWeight> ws;
+    for (const auto& q : qs) ws.push_back(q.view());
+    for (size_t k = 0; k < std::size(js); ++k) {
+      const J& j = js[k];
+      sep.emplace_back(size_t(std::max<int64_t>(1, j.T * j.out)), -1.0f);
+      bat.emplace_back(size_t(std::max<int64_t>(1, j.T * j.out)), -2.0f);
+      if (j.T > 0) cpu::affine_matmul_int8(ws[k], xs[size_t(j.x)].data(), j.T, sep.back().data(), isa);
+      else sep.back()[0] = -2.0f;  // an empty job writes nothing
+      jobs.push_back({&ws[k], xs[size_t(j.x)].data(), j.T, bat.back().data()});
+    }
+    cpu::affine_matmul_int8_batch(jobs, isa);
+    for (size_t k = 0; k < std::size(js); ++k) EXPECT_EQ(bat[k], sep[k]) << cpu::int8_isa_name(isa) << " job " << k;
+  }
+  // matmul_batch: affine jobs batched, a bf16 job run on its own, same results as matmul
+  std::vector<uint16_t> wb(size_t(7 * 256));
+  for (auto& v : wb) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 0.05f)(rng));
+  Linear dense;
+  dense.name = "dense";
+  dense.out = 7;
+  dense.in = 256;
+  dense.dense = DenseWeight{DType::BF16, wb.data(), 256};
+  std::vector<float> a0(3 * 65), a1(3 * 7), b0(a0.size()), b1(a1.size());
+  cpu::matmul(ls[0], xs[0].data(), 3, a0.data(), cpu::AffinePath::Int8);
+  cpu::matmul(dense, xs[0].data(), 3, a1.data(), cpu::AffinePath::Int8);
+  const cpu::MatJob mj[] = {{&ls[0], xs[0].data(), 3, b0.data()}, {&dense, xs[0].data(), 3, b1.data()}};
+  cpu::matmul_batch(mj, cpu::AffinePath::Int8);
+  EXPECT_EQ(a0, b0);
+  EXPECT_EQ(a1, b1);
+}
 
 TEST(AffineInt8, KernelsMatchScalarAndExactWithinBound) {
   std::mt19937 rng(17);

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -448,75 +449,135 @@ bool affine_int8_supported(const quant::AffineWeight& w) {
          w.in % 32 == 0 && w.in % w.group_size == 0 && w.in > 0;
 }
 
-void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T, float* y, Int8Isa isa) {
-  LILY_CHECK(affine_int8_supported(w), "int8 affine path: unsupported bits {} / group {} / in {}", w.bits,
-             w.group_size, w.in);
-  LILY_CHECK(int8_isa_available(isa), "int8 affine path: {} is not available on this CPU", int8_isa_name(isa));
-  if (T <= 0 || w.out <= 0) return;
-  thread_local Acts acts;  // on the calling thread, alive while the pool runs the blocks
+namespace {
+
+// The activation rows of a product, quantised once (shared by products with the same input and layout).
+struct Quantised {
+  Acts a;
+  std::vector<int64_t> pos;  // the plain quantiser's 4-bit positions (also the scalar kernel's)
+};
+
+void quantise(const quant::AffineWeight& w, const float* x, int64_t T, Int8Isa isa, Quantised& out) {
+  Acts& acts = out.a;
   prepare_acts(T, w.in, w.bits, w.group_size, acts);
-  const Acts& a = acts;
   // The activations are quantised the same way whichever kernel runs (the AVX-512 quantiser gives the
   // plain one's codes and scales), so the kernels can be compared on identical inputs.
   static const bool zmm_quant = int8_isa_available(Int8Isa::Avx512Vnni);
-  std::vector<int64_t> pos;
+  out.pos.clear();
   if (w.bits == 4 && (!zmm_quant || isa == Int8Isa::Scalar)) {
-    pos.resize(size_t(w.in));
-    for (int64_t i = 0; i < w.in; ++i) pos[size_t(i)] = pos4(i, w.in);
+    out.pos.resize(size_t(w.in));
+    for (int64_t i = 0; i < w.in; ++i) out.pos[size_t(i)] = pos4(i, w.in);
   }
   for (int64_t t = 0; t < T; ++t) {
     int8_t* qt = acts.qv.data() + t * w.in;
-    float* dt = acts.dv.data() + t * a.dl;
-    float* st = acts.xsv.data() + t * a.gp;
+    float* dt = acts.dv.data() + t * acts.dl;
+    float* st = acts.xsv.data() + t * acts.gp;
 #if LILY_X86
     if (zmm_quant) {
       zmm::quantize_token(x + t * w.in, w.in, w.bits, w.group_size, qt, dt, st);
       continue;
     }
 #endif
-    quantize_token_plain(x + t * w.in, w.in, w.bits, w.group_size, pos.data(), qt, dt, st);
+    quantize_token_plain(x + t * w.in, w.in, w.bits, w.group_size, out.pos.data(), qt, dt, st);
   }
+}
+
+// Row blocks [b0, b1) (R = rows_per_block(isa) rows each) of y[T, w.out] = x · Wᵀ.
+void run_blocks(const quant::AffineWeight& w, const Quantised& qa, int64_t T, float* y, Int8Isa isa, int64_t b0,
+                int64_t b1) {
+  const Acts& a = qa.a;
   const int R = rows_per_block(isa);
   const int64_t out = w.out, ld = a.gp + 16, row_bytes = w.row_words * 4;
-  const int64_t nblk = (out + R - 1) / R;
-  // Blocks of less than ~64K multiply-adds per call are not worth a hand-off to the pool.
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, R * w.in * T));
-  ThreadPool::global().parallel_for(nblk, grain, [&](int64_t b0, int64_t b1) {
-    thread_local std::vector<float> sb;
-    sb.assign(size_t(2 * 4 * ld), 0.0f);  // padding past the groups stays zero
-    KArgs k;
-    k.s = sb.data();
-    k.b = sb.data() + 4 * ld;
-    k.ld = ld;
-    k.a = &a;
-    k.in = w.in;
-    k.gs = w.group_size;
-    k.ahead = R * row_bytes;  // the weights stream from DRAM once per product
-    for (int l = 0; l < 16; ++l) k.lane_grp[l] = int32_t((l / (w.bits == 4 ? 4 : 8)) * 32 / w.group_size);
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t o0 = blk * R;
-      const int n = int(std::min<int64_t>(R, out - o0));
-      for (int r0 = 0; r0 < n;) {
-        const int rr = (n == R) ? R : 1;  // full block, or the last rows one at a time
+  thread_local std::vector<float> sb;
+  sb.assign(size_t(2 * 4 * ld), 0.0f);  // padding past the groups stays zero
+  KArgs k;
+  k.s = sb.data();
+  k.b = sb.data() + 4 * ld;
+  k.ld = ld;
+  k.a = &a;
+  k.in = w.in;
+  k.gs = w.group_size;
+  k.ahead = R * row_bytes;  // the weights stream from DRAM once per product
+  for (int l = 0; l < 16; ++l) k.lane_grp[l] = int32_t((l / (w.bits == 4 ? 4 : 8)) * 32 / w.group_size);
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const int64_t o0 = blk * R;
+    const int n = int(std::min<int64_t>(R, out - o0));
+    for (int r0 = 0; r0 < n;) {
+      const int rr = (n == R) ? R : 1;  // full block, or the last rows one at a time
 #if LILY_X86
-        if (isa == Int8Isa::Avx512Vnni)
-          zmm::load_row_params(w, o0 + r0, rr, ld, sb.data(), sb.data() + 4 * ld);
-        else
+      if (isa == Int8Isa::Avx512Vnni)
+        zmm::load_row_params(w, o0 + r0, rr, ld, sb.data(), sb.data() + 4 * ld);
+      else
 #endif
-          load_row_params_plain(w, o0 + r0, rr, ld, sb.data(), sb.data() + 4 * ld);
-        for (int r = 0; r < rr; ++r)
-          k.w[r] = reinterpret_cast<const uint8_t*>(w.packed) + (o0 + r0 + r) * row_bytes;
-        float* yo = y + o0 + r0;
-        switch (isa) {
+        load_row_params_plain(w, o0 + r0, rr, ld, sb.data(), sb.data() + 4 * ld);
+      for (int r = 0; r < rr; ++r)
+        k.w[r] = reinterpret_cast<const uint8_t*>(w.packed) + (o0 + r0 + r) * row_bytes;
+      float* yo = y + o0 + r0;
+      switch (isa) {
 #if LILY_X86
-          case Int8Isa::Avx512Vnni: zmm::run_block(w.bits, rr, k, T, yo, out); break;
-          case Int8Isa::AvxVnni: ymm_vnni::run_block(w.bits, rr, k, T, yo, out); break;
-          case Int8Isa::Avx2: ymm_avx2::run_block(w.bits, rr, k, T, yo, out); break;
+        case Int8Isa::Avx512Vnni: zmm::run_block(w.bits, rr, k, T, yo, out); break;
+        case Int8Isa::AvxVnni: ymm_vnni::run_block(w.bits, rr, k, T, yo, out); break;
+        case Int8Isa::Avx2: ymm_avx2::run_block(w.bits, rr, k, T, yo, out); break;
 #endif
-          default: scalar_row(w.bits, k, T, yo, out, pos.data()); break;
-        }
-        r0 += rr;
+        default: scalar_row(w.bits, k, T, yo, out, qa.pos.data()); break;
       }
+      r0 += rr;
+    }
+  }
+}
+
+void check_job(const quant::AffineWeight& w, Int8Isa isa) {
+  LILY_CHECK(affine_int8_supported(w), "int8 affine path: unsupported bits {} / group {} / in {}", w.bits,
+             w.group_size, w.in);
+  LILY_CHECK(int8_isa_available(isa), "int8 affine path: {} is not available on this CPU", int8_isa_name(isa));
+}
+
+}  // namespace
+
+void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T, float* y, Int8Isa isa) {
+  const Int8Job job{&w, x, T, y};
+  affine_matmul_int8_batch(std::span<const Int8Job>(&job, 1), isa);
+}
+
+void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa) {
+  // Quantise each distinct (input, rows, layout) once; on the calling thread, alive while the pool runs.
+  thread_local std::vector<std::unique_ptr<Quantised>> pool_q;
+  std::vector<int> qi(jobs.size(), -1);
+  std::vector<int64_t> start(jobs.size() + 1, 0);  // first global block of each job
+  const int R = rows_per_block(isa);
+  int used = 0;
+  int64_t madds = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const Int8Job& jb = jobs[j];
+    check_job(*jb.w, isa);
+    start[j + 1] = start[j];
+    if (jb.T <= 0 || jb.w->out <= 0) continue;
+    for (size_t p = 0; p < j && qi[j] < 0; ++p)
+      if (qi[p] >= 0 && jobs[p].x == jb.x && jobs[p].T == jb.T && jobs[p].w->in == jb.w->in &&
+          jobs[p].w->bits == jb.w->bits && jobs[p].w->group_size == jb.w->group_size)
+        qi[j] = qi[p];
+    if (qi[j] < 0) {
+      if (size_t(used) == pool_q.size()) pool_q.push_back(std::make_unique<Quantised>());
+      quantise(*jb.w, jb.x, jb.T, isa, *pool_q[size_t(used)]);
+      qi[j] = used++;
+    }
+    start[j + 1] = start[j] + (jb.w->out + R - 1) / R;
+    madds += jb.w->out * jb.w->in * jb.T;
+  }
+  const int64_t nblk = start[jobs.size()];
+  if (nblk == 0) return;
+  // Blocks of less than ~64K multiply-adds per call are not worth a hand-off to the pool.
+  const int64_t per_block = std::max<int64_t>(1, madds / nblk);
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / per_block);
+  const auto& qs = pool_q;  // the calling thread's buffers (the lambda runs on the workers too)
+  ThreadPool::global().parallel_for(nblk, grain, [&](int64_t b0, int64_t b1) {
+    size_t j = size_t(std::upper_bound(start.begin(), start.end(), b0) - start.begin()) - 1;
+    for (int64_t b = b0; b < b1;) {
+      while (start[j + 1] <= b) ++j;  // skips empty jobs
+      const int64_t e = std::min(b1, start[j + 1]);
+      const Int8Job& jb = jobs[j];
+      run_blocks(*jb.w, *qs[size_t(qi[j])], jb.T, jb.y, isa, b - start[j], e - start[j]);
+      b = e;
     }
   });
 }

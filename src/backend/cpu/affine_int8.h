@@ -14,6 +14,7 @@
 // kernel is picked at run time from the CPU's features, whatever flags the binary was built with.
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "quant/affine/affine.h"
 
@@ -33,6 +34,18 @@ void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T,
 inline void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T, float* y) {
   affine_matmul_int8(w, x, T, y, int8_isa_best());
 }
+
+// Several products y = x · Wᵀ in one parallel pass: the row blocks of all of them are shared out together
+// (one hand-off to the pool instead of one per product), and products with the same x, T and layout
+// quantise it once. Results equal separate affine_matmul_int8 calls bit for bit.
+struct Int8Job {
+  const quant::AffineWeight* w;
+  const float* x;
+  int64_t T;
+  float* y;
+};
+void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa);
+inline void affine_matmul_int8_batch(std::span<const Int8Job> jobs) { affine_matmul_int8_batch(jobs, int8_isa_best()); }
 
 // One activation row in the kernels' layout (q [in], d [in/32 · (bits == 4 ? 4 : 8)], xsum [in/group_size])
 // by the plain quantiser or (simd) the AVX-512 one; they must agree (tests).

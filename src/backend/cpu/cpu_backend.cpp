@@ -256,31 +256,59 @@ void CpuBackend::ffn(int layer) {
       assigned[size_t(e)].push_back({t, cfg.norm_topk ? p[size_t(e)] / ks : p[size_t(e)]});
     }
   }
-  // Each expert runs once over the rows routed to it.
-  std::vector<float> xin, y;
-  for (int64_t e = 0; e < E; ++e) {
-    const auto& rows = assigned[size_t(e)];
-    if (rows.empty()) continue;
-    const int64_t n = int64_t(rows.size());
-    xin.resize(static_cast<size_t>(n * H));
-    y.resize(static_cast<size_t>(n * H));
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(xin.data() + i * H, u_.data() + rows[size_t(i)].first * H, size_t(H) * 4);
-    expert_mlp(F.experts[size_t(e)], xin.data(), n, y.data());
-    for (int64_t i = 0; i < n; ++i) {
-      float* o = out.data() + rows[size_t(i)].first * H;
-      const float w = rows[size_t(i)].second;
-      for (int64_t h = 0; h < H; ++h) o[h] += w * y[size_t(i * H + h)];
+  // Each routed expert runs once over the rows routed to it, the shared expert over all rows. Their
+  // products go in two batched passes (gate and up of every expert, then every down): one hand-off to
+  // the threads each instead of three per expert, each distinct input quantised once.
+  struct Run {
+    const Expert* ex;
+    int64_t e, n;     // expert (-1: shared), rows
+    size_t x, gu, y;  // offsets: rows in xin (routed), rows·I in g / up, rows·H in y
+  };
+  std::vector<Run> runs;
+  size_t nx = 0, ngu = 0, ny = 0;
+  auto add = [&](const Expert& ex, int64_t e, int64_t n) {
+    runs.push_back({&ex, e, n, nx, ngu, ny});
+    if (e >= 0) nx += size_t(n * H);
+    ngu += size_t(n * ex.gate.out);
+    ny += size_t(n * H);
+  };
+  for (int64_t e = 0; e < E; ++e)
+    if (!assigned[size_t(e)].empty()) add(F.experts[size_t(e)], e, int64_t(assigned[size_t(e)].size()));
+  const bool shared = !F.shared.gate.empty();
+  if (shared) add(F.shared, -1, T);
+  std::vector<float> xin(nx), g(ngu), up(ngu), y(ny), sg(shared ? size_t(T) : 0);
+  std::vector<MatJob> jobs;
+  for (const Run& r : runs) {
+    const float* xr = u_.data();
+    if (r.e >= 0) {
+      const auto& rows = assigned[size_t(r.e)];
+      for (int64_t i = 0; i < r.n; ++i)
+        std::memcpy(xin.data() + r.x + size_t(i * H), u_.data() + rows[size_t(i)].first * H, size_t(H) * 4);
+      xr = xin.data() + r.x;
     }
+    jobs.push_back({&r.ex->gate, xr, r.n, g.data() + r.gu});
+    jobs.push_back({&r.ex->up, xr, r.n, up.data() + r.gu});
   }
-  if (!F.shared.gate.empty()) {
-    y.resize(static_cast<size_t>(T * H));
-    expert_mlp(F.shared, u_.data(), T, y.data());
-    std::vector<float> sg(static_cast<size_t>(T));
-    mm(F.shared_gate, u_.data(), T, sg.data());
-    for (int64_t t = 0; t < T; ++t) {
-      const float gt = sigmoid(sg[size_t(t)]);
-      for (int64_t h = 0; h < H; ++h) out[size_t(t * H + h)] += gt * y[size_t(t * H + h)];
+  if (shared) jobs.push_back({&F.shared_gate, u_.data(), T, sg.data()});
+  matmul_batch(jobs, opt_.affine);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * up[i];
+  jobs.clear();
+  for (const Run& r : runs) jobs.push_back({&r.ex->down, g.data() + r.gu, r.n, y.data() + r.y});
+  matmul_batch(jobs, opt_.affine);
+  for (const Run& r : runs) {
+    const float* yr = y.data() + r.y;
+    if (r.e >= 0) {
+      const auto& rows = assigned[size_t(r.e)];
+      for (int64_t i = 0; i < r.n; ++i) {
+        float* o = out.data() + rows[size_t(i)].first * H;
+        const float w = rows[size_t(i)].second;
+        for (int64_t h = 0; h < H; ++h) o[h] += w * yr[i * H + h];
+      }
+    } else {
+      for (int64_t t = 0; t < T; ++t) {
+        const float gt = sigmoid(sg[size_t(t)]);
+        for (int64_t h = 0; h < H; ++h) out[size_t(t * H + h)] += gt * yr[t * H + h];
+      }
     }
   }
   for (size_t i = 0; i < out.size(); ++i) x_[i] += out[i];

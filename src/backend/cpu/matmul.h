@@ -3,6 +3,7 @@
 // matmul is threaded and vectorised; matmul_ref is the plain loop it is tested against.
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "model/linear.h"
 
@@ -23,6 +24,17 @@ inline void matmul(const Linear& W, const float* x, int64_t T, float* y) {
   matmul(W, x, T, y, affine_path_default());
 }
 void matmul_ref(const Linear& W, const float* x, int64_t T, float* y);
+
+// Independent products y = x · Wᵀ. Affine 4/8-bit ones on the int8 path run in one parallel pass
+// (affine_matmul_int8_batch: one hand-off to the threads, each distinct input quantised once); the
+// others one after another. Results equal separate matmul calls.
+struct MatJob {
+  const Linear* W;
+  const float* x;
+  int64_t T;
+  float* y;
+};
+void matmul_batch(std::span<const MatJob> jobs, AffinePath path);
 
 // Row `row` of W dequantised to float32 (embedding gather).
 void weight_row(const Linear& W, int64_t row, float* out);

@@ -199,6 +199,23 @@ void matmul_quantized(const Linear& W, const float* x, int64_t T, float* y, Affi
   else exl3_matmul(*W.exl3, x, T, y);
 }
 
+void matmul_batch(std::span<const MatJob> jobs, AffinePath path) {
+  std::vector<Int8Job> int8;
+  for (const MatJob& j : jobs) {
+    const Linear& W = *j.W;
+    if (W.format == WeightFormat::Affine && path == AffinePath::Int8 && j.T > 0) {
+      check(W);
+      if (affine_int8_supported(*W.affine)) {
+        observe_matmul(W, j.x, j.T);  // as matmul() does
+        int8.push_back({W.affine.get(), j.x, j.T, j.y});
+        continue;
+      }
+    }
+    matmul(W, j.x, j.T, j.y, path);
+  }
+  if (!int8.empty()) affine_matmul_int8_batch(int8);
+}
+
 void matmul_quantized_ref(const Linear& W, const float* x, int64_t T, float* y) {
   check(W);
   if (W.format == WeightFormat::Exl3) {
