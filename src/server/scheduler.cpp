@@ -244,7 +244,8 @@ bool Scheduler::device_steps(Active& a) {
   const int64_t V = engine_.config().vocab;
   DeviceDecode req;
   req.sampling = device_sampling(p.sampling);
-  req.history = a.generated;
+  const std::vector<int32_t> history = a.generated;  // on_tok below appends to a.generated
+  req.history = history;
   req.stop_ids = p.stop_ids;
   req.max_tokens = p.max_tokens - int64_t(a.generated.size());
   req.vocab_limit = p.sample_vocab > 0 && p.sample_vocab < V ? p.sample_vocab : 0;
