@@ -21,6 +21,19 @@ DeviceSampling device_sampling(const SamplingParams& p) {
   return d;
 }
 
+SamplingParams host_sampling(const DeviceSampling& d) {
+  SamplingParams p;
+  p.temperature = d.temperature;
+  p.top_k = d.top_k;
+  p.top_p = d.top_p;
+  p.min_p = d.min_p;
+  p.repetition_penalty = d.repetition_penalty;
+  p.presence_penalty = d.presence_penalty;
+  p.frequency_penalty = d.frequency_penalty;
+  p.seed = d.seed;
+  return p;
+}
+
 GenerateResult generate(Session& s, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const TokenCallback& on_token) {
   LILY_CHECK(opt.max_tokens >= 0, "max_tokens must be >= 0 (got {})", opt.max_tokens);

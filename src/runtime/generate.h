@@ -43,6 +43,8 @@ using TokenCallback = std::function<bool(int32_t token, std::span<const float> l
 
 // The device form of sampling parameters (validated; an unset seed drawn from std::random_device).
 DeviceSampling device_sampling(const SamplingParams& p);
+// The inverse (seed set): what a host Sampler needs to draw like the device request.
+SamplingParams host_sampling(const DeviceSampling& d);
 
 // Appends `prompt` to the session (which may already hold a cached prefix) and generates.
 GenerateResult generate(Session& s, std::span<const int32_t> prompt, const GenerateOptions& opt,

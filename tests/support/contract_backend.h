@@ -12,6 +12,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/qwen_hybrid.h"
+#include "runtime/generate.h"
 #include "runtime/sampler.h"
 
 namespace lily::test_support {
@@ -36,16 +37,7 @@ class ContractBackend final : public Backend {
     ++calls;
     DeviceDecodeResult r;
     if (req.max_tokens <= 0) return r;
-    SamplingParams p;
-    p.temperature = req.sampling.temperature;
-    p.top_k = req.sampling.top_k;
-    p.top_p = req.sampling.top_p;
-    p.min_p = req.sampling.min_p;
-    p.repetition_penalty = req.sampling.repetition_penalty;
-    p.presence_penalty = req.sampling.presence_penalty;
-    p.frequency_penalty = req.sampling.frequency_penalty;
-    p.seed = req.sampling.seed;
-    Sampler sampler(p);
+    Sampler sampler(host_sampling(req.sampling));
     const size_t V = size_t(weights().cfg.vocab);
     std::vector<float> l(req.first_logits, req.first_logits + V);
     std::vector<int32_t> hist(req.history.begin(), req.history.end());
