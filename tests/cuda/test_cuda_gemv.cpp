@@ -99,6 +99,8 @@ void run_case(int bits, int gs, int out, int in, int slots, bool swiglu, bool no
 TEST(CudaGemv, EveryLaunchShapeMatchesReference) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(11);
+  lily::cuda::set_gemv_ring(false);  // the streaming kernel for every shape (the ring has its own tests)
+  struct Restore { ~Restore() { lily::cuda::set_gemv_ring(true); } } restore;
   // (out, in): many rows (rpw 4), few rows with long inputs (split reduction), short rows (lpr 8/16)
   const std::pair<int, int> shapes[] = {{1, 2048}, {3, 512}, {17, 4096}, {64, 256}, {65, 128}, {129, 1024},
                                         {257, 2048}, {1031, 512}, {4099, 2048}, {20000, 2048}, {16896, 512}};
@@ -110,6 +112,125 @@ TEST(CudaGemv, EveryLaunchShapeMatchesReference) {
       if (out <= 1031) run_case(bits, 32, out, in, 9, true, out % 2 == 1, false, rng);
     }
   for (int bits : {0, 4}) run_case(bits, 64, 8448, 512, 1, true, true, false, rng);  // SwiGLU, 2 row pairs per warp
+}
+
+bool sm90() {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major >= 9;
+}
+
+// The ring GEMV (gemv_ring.cu), called directly: plain rows (fused RMSNorm, accumulate), SwiGLU expert
+// slots, and the MoE down projection with the weighted sum over slots (CONCAT).
+// Each returns whether the ring took the product (it declines shapes whose tiles do not fit its stages or
+// whose scale rows are not whole 16-byte units); numbers are checked whenever it did.
+bool ring_plain(int bits, int gs, int out, int in, bool norm, bool acc, std::mt19937& rng) {
+  Weights W = make(bits, gs, 1, out, in, rng);
+  auto x = randn(size_t(in), rng), nw = randn(size_t(in), rng, 0.5f), y0 = randn(size_t(out), rng);
+  for (auto& v : nw) v += 1.f;
+  std::vector<float> xs = x;
+  if (norm) {
+    double ss = 0;
+    for (float v : x) ss += double(v) * v;
+    const double inv = 1 / std::sqrt(ss / in + 1e-6);
+    for (int i = 0; i < in; ++i) xs[size_t(i)] = float(x[size_t(i)] * inv * nw[size_t(i)]);
+  }
+  std::vector<double> ref(static_cast<size_t>(out));
+  for (int o = 0; o < out; ++o) ref[size_t(o)] = dot(W.deq.data() + size_t(o) * in, xs.data(), in) + (acc ? y0[size_t(o)] : 0.0);
+  Dev<float> dx(x), dnw(nw), dy(y0);
+  if (!acc) dy.poison();
+  // covered whenever a row's scales are whole 16-byte units (every bulk copy is); others may decline
+  const bool took = lily::cuda::gemv_ring(W.m, nullptr, out, in, dx.p, 1, dy.p, out, acc, 0, nullptr, norm ? dnw.p : nullptr, 1e-6f);
+  if (!took) return false;
+  EXPECT_LT(rel_err(dy.down(), ref), 2e-5) << "ring bits " << bits << " gs " << gs << " " << out << "x" << in
+                                           << (norm ? " norm" : "") << (acc ? " acc" : "");
+  return true;
+}
+
+bool ring_swiglu(int bits, int gs, int I, int in, int slots, bool norm, std::mt19937& rng) {
+  const int E = 5;
+  Weights W = make(bits, gs, E, 2 * I, in, rng);
+  std::vector<int32_t> ex(static_cast<size_t>(slots));
+  for (int s = 0; s < slots; ++s) ex[size_t(s)] = (s * 3 + 2) % E;
+  auto x = randn(size_t(in), rng), nw = randn(size_t(in), rng, 0.5f);
+  for (auto& v : nw) v += 1.f;
+  std::vector<float> xs = x;
+  if (norm) {
+    double ss = 0;
+    for (float v : x) ss += double(v) * v;
+    const double inv = 1 / std::sqrt(ss / in + 1e-6);
+    for (int i = 0; i < in; ++i) xs[size_t(i)] = float(x[size_t(i)] * inv * nw[size_t(i)]);
+  }
+  std::vector<double> ref(size_t(slots) * I);
+  for (int s = 0; s < slots; ++s) {
+    const float* we = W.deq.data() + size_t(ex[size_t(s)]) * 2 * I * in;
+    for (int o = 0; o < I; ++o) {
+      const double g = dot(we + size_t(o) * in, xs.data(), in), u = dot(we + size_t(o + I) * in, xs.data(), in);
+      ref[size_t(s) * I + o] = g / (1 + std::exp(-g)) * u;
+    }
+  }
+  Dev<float> dx(x), dnw(nw), dy(size_t(slots) * I);
+  Dev<int32_t> dex(ex);
+  dy.poison();
+  const bool took = lily::cuda::gemv_ring(W.m, dex.p, 0, in, dx.p, slots, dy.p, I, false, I, nullptr, norm ? dnw.p : nullptr, 1e-6f);
+  if (!took) return false;
+  EXPECT_LT(rel_err(dy.down(), ref), 2e-5) << "ring swiglu bits " << bits << " gs " << gs << " I " << I << " in " << in
+                                           << " slots " << slots;
+  return true;
+}
+
+bool ring_concat(int bits, int gs, int out, int in, int slots, bool acc, std::mt19937& rng) {
+  const int E = 11;
+  Weights W = make(bits, gs, E, out, in, rng);
+  std::vector<int32_t> ex(static_cast<size_t>(slots));
+  for (int s = 0; s < slots; ++s) ex[size_t(s)] = (s * 4 + 1) % E;
+  auto h = randn(size_t(slots) * in, rng, 3.f), wt = randn(size_t(slots), rng), y0 = randn(size_t(out), rng);
+  std::vector<double> ref(static_cast<size_t>(out));
+  for (int o = 0; o < out; ++o) {
+    double v = acc ? y0[size_t(o)] : 0.0;
+    for (int s = 0; s < slots; ++s)
+      v += wt[size_t(s)] * dot(W.deq.data() + (size_t(ex[size_t(s)]) * out + o) * in, h.data() + size_t(s) * in, in);
+    ref[size_t(o)] = v;
+  }
+  Dev<float> dh(h), dw(wt), dy(y0);
+  Dev<int32_t> dex(ex);
+  if (!acc) dy.poison();
+  const bool took = lily::cuda::gemv_ring_concat(W.m, dex.p, out, in, dh.p, in, dw.p, slots, dy.p, acc, nullptr);
+  if (!took) return false;
+  EXPECT_LT(rel_err(dy.down(), ref), 2e-5) << "ring concat bits " << bits << " gs " << gs << " " << out << "x" << in
+                                           << " slots " << slots << (acc ? " acc" : "");
+  return true;
+}
+
+TEST(CudaGemv, RingMatchesReference) {
+  LILY_REQUIRE_GPU();
+  if (!sm90()) GTEST_SKIP() << "the ring GEMV needs sm_90";
+  std::mt19937 rng(12);
+  const std::pair<int, int> shapes[] = {{1, 2048}, {2, 2048}, {3, 512}, {17, 4096}, {63, 2048}, {64, 2048}, {65, 2048},
+                                        {65, 128}, {129, 1024}, {257, 2048}, {2048, 512}, {4099, 2048}, {20000, 2048},
+                                        {2, 32}};
+  for (int bits : {4, 8})
+    for (auto [out, in] : shapes) {
+      const int gs = in % 128 == 0 && out % 2 ? 128 : in % 64 == 0 ? 64 : 32;
+      ring_plain(bits, gs, out, in, false, false, rng);
+      ring_plain(bits, gs, out, in, true, true, rng);
+    }
+  for (int bits : {4, 8}) {
+    for (int I : {1, 16, 17, 64, 65}) ring_swiglu(bits, 64, I, 2048, 9, I % 2 == 1, rng);
+    ring_swiglu(bits, 32, 33, 128, 1, true, rng);
+    for (int out : {1, 2, 17, 63, 64, 65, 129})
+      for (int slots : {1, 9}) ring_concat(bits, 64, out, 512, slots, out % 2 == 0, rng);
+    ring_concat(bits, 32, 100, 32, 3, true, rng);
+    // the decode products of Qwen3.5-35B-A3B and Qwen3-Next-80B-A3B must take the ring
+    for (int gs : {64, 128}) {
+      EXPECT_TRUE(ring_plain(bits, gs, 12288, 2048, true, false, rng)) << "GDN input projection, bits " << bits;
+      EXPECT_TRUE(ring_plain(bits, gs, 2048, 4096, false, true, rng)) << "output projection, bits " << bits;
+      EXPECT_TRUE(ring_swiglu(bits, gs, 512, 2048, 9, true, rng)) << "expert gate/up, bits " << bits;
+      EXPECT_TRUE(ring_concat(bits, gs, 2048, 512, 9, true, rng)) << "expert down, 8 + 1 slots, bits " << bits;
+      EXPECT_TRUE(ring_concat(bits, gs, 2048, 512, 11, true, rng)) << "expert down, 10 + 1 slots, bits " << bits;
+    }
+  }
 }
 
 TEST(CudaGemv, LaunchShapesCoverTheBranches) {

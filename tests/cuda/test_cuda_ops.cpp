@@ -136,19 +136,27 @@ TEST(CudaOps, RmsNormEmbedArgmax) {
       for (int i = 0; i < H; ++i) ref[size_t(t) * H + i] = x[size_t(t) * H + i] * inv * w[i];
     }
     EXPECT_LT(rel_err(dy.down(), ref), 1e-6);
-    // argmax with a planted tie: the lowest index wins
-    const int V = 3001;
-    auto l = randn(size_t(T) * V, rng);
-    std::vector<int32_t> want(T);
-    for (int t = 0; t < T; ++t) {
-      const int a = (t * 977) % V, b = std::min(V - 1, a + 5);
-      l[size_t(t) * V + a] = l[size_t(t) * V + b] = 100.f;
-      want[t] = a;
+    // argmax with a planted tie: the lowest index wins, also when the two sit in different blocks;
+    // the scratch is reused across calls (the kernel leaves it zero)
+    Dev<char> scratch(lily::cuda::argmax_scratch_bytes(T));
+    LILY_CU(cudaMemset(scratch.p, 0, scratch.n));
+    for (int V : {1, 3001, 248320}) {
+      auto l = randn(size_t(T) * V, rng);
+      std::vector<int32_t> want(T);
+      for (int t = 0; t < T; ++t) {
+        const int a = (t * 977) % V, b = std::min(V - 1, a + (t % 2 ? 5 : V / 2));
+        l[size_t(t) * V + a] = l[size_t(t) * V + b] = 100.f;
+        if (t % 3 == 2 && a > 0) l[size_t(t) * V + a - 1] = std::nanf("");  // NaN never wins
+        want[t] = a;
+      }
+      Dev<float> dl(l);
+      Dev<int32_t> di(T);
+      for (int rep = 0; rep < 2; ++rep) {
+        di.poison();
+        lily::cuda::argmax(dl.p, T, V, di.p, scratch.p, nullptr);
+        EXPECT_EQ(di.down(), want) << "V=" << V << " T=" << T;
+      }
     }
-    Dev<float> dl(l);
-    Dev<int32_t> di(T);
-    lily::cuda::argmax(dl.p, T, V, di.p, nullptr);
-    EXPECT_EQ(di.down(), want);
     // embed gathers bf16 rows
     auto [tb, tf] = randn_bf16(size_t(50) * H, rng, 1.f);
     std::vector<int32_t> tok(T);
@@ -282,14 +290,21 @@ void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, st
     md.sh_gate_up = Mat{};
     md.sh_down = Mat{};
   }
-  Dev<float> du(u), dx(x0);
-  Dev<char> scratch(lily::cuda::moe_scratch_bytes(md, T));
-  scratch.poison();
-  lily::cuda::moe(md, du.p, T, dx.p, scratch.p, nullptr);
   auto ref = ref_moe(m, u, T);
   for (size_t i = 0; i < ref.size(); ++i) ref[i] += x0[i];
-  EXPECT_LT(rel_err(dx.down(), ref), 2e-5) << "T=" << T << " norm_topk=" << norm_topk << " skewed=" << skewed << " moe=" << moe
-                                            << " stacked=" << stacked;
+  // one token: also with the top-k folded into the router GEMV (twice: the counter must come back zero)
+  Dev<unsigned> counter(1);
+  LILY_CU(cudaMemset(counter.p, 0, sizeof(unsigned)));
+  for (int fold = 0; fold <= (T == 1 ? 2 : 0); ++fold) {
+    md.topk_counter = fold ? counter.p : nullptr;
+    Dev<float> du(u), dx(x0);
+    Dev<char> scratch(lily::cuda::moe_scratch_bytes(md, T));
+    scratch.poison();
+    lily::cuda::moe(md, du.p, T, dx.p, scratch.p, nullptr);
+    EXPECT_LT(rel_err(dx.down(), ref), 2e-5) << "T=" << T << " norm_topk=" << norm_topk << " skewed=" << skewed
+                                              << " moe=" << moe << " stacked=" << stacked << " fold=" << fold;
+  }
+  EXPECT_EQ(counter.down()[0], 0u);
 }
 
 TEST(CudaOps, MoeMatchesReference) {
@@ -412,6 +427,21 @@ TEST(CudaOps, GdnRecurrentMatchesReference) {
   run_gdn_case(4, 4, 64, 64, {1, 2, 16, 1}, 1 << 30, rng);   // one value head per key head (fused step)
   run_gdn_case(1, 4, 32, 32, {1, 3, 1}, 1 << 30, rng);       // four value heads per key head (fused step)
   run_gdn_case(2, 4, 256, 64, {1, 2}, 1 << 30, rng);         // dk 256 (fused step, 2 rows per warp)
+  // Fused step kernel (clusters of G·NS CTAs per key head) at the decode shapes and the awkward ones;
+  // the comments give the cluster split (value heads G, slices NS, rows per CTA R).
+  run_gdn_case(16, 32, 128, 128, {1, 2, 1, 3, 16, 1}, 1 << 30, rng);  // Qwen3.5-35B-A3B, Qwen3-Next: G 2, NS 4, R 32
+  run_gdn_case(2, 2, 128, 128, {1, 16, 2, 1}, 1 << 30, rng);          // G 1, NS 8, R 16
+  run_gdn_case(2, 8, 128, 128, {1, 5, 16, 1}, 1 << 30, rng);          // G 4, NS 2, R 64 (8 rows per warp)
+  run_gdn_case(2, 4, 256, 128, {1, 16, 3}, 1 << 30, rng);             // dk 256: G 2, NS 4, R 32
+  run_gdn_case(2, 8, 256, 64, {2, 1, 16}, 1 << 30, rng);              // dk 256, G 4: NS 2, R 32
+  run_gdn_case(1, 4, 256, 128, {2, 1, 16}, 1 << 30, rng);             // dk 256, G 4, dv 128: unfused (columns a lane)
+  run_gdn_case(2, 4, 64, 48, {1, 16, 2}, 1 << 30, rng);               // dv 48: G 2, NS 2, R 24 (3 of 4 row groups live)
+  run_gdn_case(3, 3, 32, 48, {1, 4, 1}, 1 << 30, rng);                // dv 48, G 1: NS 2, R 24
+  run_gdn_case(1, 4, 64, 32, {1, 2, 16}, 1 << 30, rng);               // dv 32, G 4: NS 2, R 16
+  run_gdn_case(1, 8, 32, 64, {1, 3}, 1 << 30, rng);                   // G 8: NS 1, R 64 (cluster of 8)
+  run_gdn_case(1, 8, 32, 128, {1, 3, 1}, 1 << 30, rng);               // G 8, dv 128: R 128 too many rows (unfused)
+  run_gdn_case(2, 4, 32, 32, {1, 2, 16}, 1 << 30, rng);               // dk 32, G 2: NS 2, R 16 (two columns a lane)
+  run_gdn_case(16, 32, 128, 128, {16, 1}, 8, rng);                    // T >= chunk_min: unfused, state carried on
 }
 
 TEST(CudaOps, GdnChunkedMatchesReference) {

@@ -224,6 +224,8 @@ TEST_P(CudaSampleV, GreedyIsHostArgmax) {
   const int V = GetParam();
   DevSampler ds(V);
   Dev<int32_t> am(1);
+  Dev<char> amax_scratch(cuda::argmax_scratch_bytes(1));
+  LILY_CU(cudaMemset(amax_scratch.p, 0, amax_scratch.n));
   for (uint32_t seed = 0; seed < 3; ++seed) {
     auto l = random_logits(V, seed, 2.0f);
     for (auto& x : l) x = std::round(x * 4) / 4;  // ties
@@ -232,7 +234,7 @@ TEST_P(CudaSampleV, GreedyIsHostArgmax) {
     ds.logits.up(l);
     ds.setup(p);
     EXPECT_EQ(ds.draw(), host);
-    cuda::argmax(ds.logits.p, 1, V, am.p, nullptr);
+    cuda::argmax(ds.logits.p, 1, V, am.p, amax_scratch.p, nullptr);
     EXPECT_EQ(am.down()[0], host) << "the argmax kernel the greedy graph uses";
   }
 }

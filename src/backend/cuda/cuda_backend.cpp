@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <chrono>
 #include <map>
@@ -108,6 +109,17 @@ class CudaBackend final : public Backend {
   bool sampler_ = false;
   SampleDev samp_;
   void* samp_mem_ = nullptr;
+  // zeroed words that kernels leave zero: the argmax scratch (argmax_scratch_bytes(1)), then the top-k fold
+  // counter shared by the MoE layers (LILY_TOPK_FOLD=0: no fold)
+  void* amax_ = nullptr;
+  static size_t small_bytes() { return (argmax_scratch_bytes(1) + 15) / 16 * 16 + 16; }
+  unsigned* topk_counter() const {
+    static const bool on = [] {
+      const char* v = std::getenv("LILY_TOPK_FOLD");
+      return !(v && v[0] == '0');
+    }();
+    return on ? reinterpret_cast<unsigned*>(static_cast<char*>(amax_) + (argmax_scratch_bytes(1) + 15) / 16 * 16) : nullptr;
+  }
   size_t samp_bytes_ = 0;
   void ensure_sampler();
   void fed_step(SequenceState& st);  // one decode step whose input id is already in d_tokens_[0]
@@ -189,6 +201,8 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
   LILY_CU(cudaSetDevice(opt_.device));
   LILY_CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   LILY_CU(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  amax_ = mem_.alloc(small_bytes());
+  LILY_CU(cudaMemset(amax_, 0, small_bytes()));
   LILY_CU(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   LILY_CU(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
   init_kernels();
@@ -244,6 +258,7 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
     m.moe = F.moe;
     if (F.moe) {
       m.E = int(F.experts.size()); m.k = int(c.top_k); m.norm_topk = c.norm_topk;
+      m.topk_counter = topk_counter();
       if (m.k > 64 || m.k > m.E) fail("CUDA backend: num_experts_per_tok {} must be <= 64 and <= num_experts", m.k);
       m.I = int(F.experts.at(0).gate.out);
       // the shared-expert gate rides along as router row E when both share a format (one GEMV fewer)
@@ -296,6 +311,7 @@ CudaBackend::~CudaBackend() {
   mem_.free(work_, scratch_bytes_);
   mem_.free(logits_, size_t(logits_rows_) * size_t(w_->cfg.vocab) * 4);
   mem_.free(samp_mem_, samp_bytes_);
+  mem_.free(amax_, small_bytes());
   cudaStreamDestroy(stream_);
   cudaStreamDestroy(side_);
   cudaEventDestroy(fork_);
@@ -588,10 +604,27 @@ void CudaBackend::gdn_mixer(int layer) {
   const float eps = float(w_->cfg.rms_eps);
   const bool fuse = T_ <= kGemvMaxRows;  // the GEMVs normalise x themselves
   if (!fuse) rmsnorm(x_, H, D.in_norm, T_, H, eps, u_, H, stream_);
+  // One token: the runs after the first (the small b | a rows when they are in another format) go on the
+  // side stream beside the large first product (a parallel branch of the decode graph).
+  static const bool side_ok = [] {
+    const char* v = std::getenv("LILY_GDN_SIDE");
+    return !(v && v[0] == '0');
+  }();
+  const bool side = side_ok && T_ == 1 && D.gdn_in.size() > 1;
+  if (side) {
+    LILY_CU(cudaEventRecord(fork_, stream_));
+    LILY_CU(cudaStreamWaitEvent(side_, fork_, 0));
+  }
   int c0 = 0;
-  for (auto& [m, rows] : D.gdn_in) {
-    linear(m, rows, H, fuse ? x_ : u_, H, T_, proj_ + c0, PW, false, stream_, fuse ? D.in_norm : nullptr, eps);
+  for (size_t i = 0; i < D.gdn_in.size(); ++i) {
+    const auto& [m, rows] = D.gdn_in[i];
+    linear(m, rows, H, fuse ? x_ : u_, H, T_, proj_ + c0, PW, false, side && i > 0 ? side_ : stream_,
+           fuse ? D.in_norm : nullptr, eps);
     c0 += rows;
+  }
+  if (side) {
+    LILY_CU(cudaEventRecord(join_, side_));
+    LILY_CU(cudaStreamWaitEvent(stream_, join_, 0));
   }
   gdn_core(g, proj_, T_, st_->conv[size_t(layer)], st_->S[size_t(layer)], core_, work_ ? static_cast<char*>(work_) + (scratch_bytes_ - work_bytes_) : nullptr,
            stream_, opt_.chunk_min);
@@ -648,7 +681,7 @@ void CudaBackend::head(int64_t rows, float* logits) {
   }
   if (greedy_) {  // the next step's input slot
     if (sampler_) sample(samp_, logits_ + size_t(rows - 1) * V, d_tokens_, stream_);
-    else argmax(logits_ + size_t(rows - 1) * V, 1, V, d_tokens_, stream_);
+    else argmax(logits_ + size_t(rows - 1) * V, 1, V, d_tokens_, amax_, stream_);
   }
 }
 

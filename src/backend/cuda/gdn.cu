@@ -1,9 +1,13 @@
 // Gated DeltaNet core (model doc §3.4 steps 2-7, §4): causal depthwise conv + SiLU with a carried conv
 // state, L2 norms, gates, the delta rule with an fp32 state [Hv, dv, dk], and the gated RMSNorm.
-// Decode and short steps: one warp per (value head, dv row) keeps its state row in registers across
-// the step's tokens. Prompts: the chunked rule (C = 64, §4.1), one block per (value head, 32-column
-// slice of dv) carrying its state slice in shared memory from chunk to chunk.
+// Decode and short steps (sm_90): one fused kernel, a cluster of CTAs per key head, each warp keeping
+// a few state rows in registers across the step's tokens; other devices and shapes: conv, then one
+// warp per (value head, dv row), then the gated norm, as separate kernels. Prompts: the chunked rule
+// (C = 64, §4.1), one block per (value head, 32-column slice of dv) carrying its state slice in shared
+// memory from chunk to chunk.
+#include <atomic>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/gdn_chunk.h"
 #include "backend/cuda/kernels.cuh"
@@ -127,134 +131,399 @@ __global__ void __launch_bounds__(128) recurrent_kernel(const float* __restrict_
 }
 
 // Decode and short steps, fused: conv + SiLU, L2 norms, gates, the recurrent delta rule and the gated
-// RMSNorm in one kernel. Block = one key head hk and its G = Hv/Hk value heads (so each conv channel,
-// and its conv state, belongs to exactly one block); 32 warps, W = 32/G per value head: warp w serves
-// value head w / W, rows d = (w mod W) + W·r for r < RW = dv / W (<= 8), each row's dk = 32·DKL state
-// columns in registers (lane holds columns lane + 32 i). Per token: channels -> shared memory,
-// norms/gates, rows, then the gated norm.
-constexpr int kFusedThreads = 1024;
-template <int DKL>
-__global__ void __launch_bounds__(kFusedThreads) gdn_step_kernel(const float* __restrict__ proj, int64_t ldp, int T,
-    int Hk, int Hv, int dv, int K, const float* __restrict__ convw, float* __restrict__ conv_state,
-    const float* __restrict__ dt_bias, const float* __restrict__ A_neg, const float* __restrict__ normw, float eps,
-    float* __restrict__ S, float* __restrict__ out) {
-  constexpr int dk = 32 * DKL, kMaxRW = 8;
-  extern __shared__ float sm[];
-  allow_dependent_launch();
-  const int G = Hv / Hk, hk = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int C = 2 * Hk * dk + Hv * dv;
-  const int nch = 2 * dk + G * dv;  // this block's channels: q, k of hk, then v of its value heads
-  float* xs = sm;                   // [nch] conv outputs of the token
-  float* os = xs + nch;             // [G·dv] delta-rule outputs
-  float* sc = os + G * dv;          // [2 + 3G]: q scale, k scale, beta[G], decay[G], norm inv[G]
-  auto channel = [&](int i) {       // global channel index of block channel i
-    return i < dk ? hk * dk + i : i < 2 * dk ? Hk * dk + hk * dk + (i - dk) : 2 * Hk * dk + hk * G * dv + (i - 2 * dk);
-  };
-  const int wph = 32 / G;            // warps per value head
-  const int jj = warp / wph, wr = warp % wph;
-  const int RW = dv / wph;           // rows per warp (host guarantees 1..8)
-  const int j = hk * G + jj;
-  float s[kMaxRW][DKL];
+// RMSNorm in one kernel (sm_90: thread block clusters and distributed shared memory).
+//
+// Grid: one cluster of CS = G·NS CTAs per key head hk (cluster id hk). CTA rank r serves value head
+// j = hk·G + r / NS and its R = dv / NS state rows [R·(r mod NS), +R). 256 threads = 8 warps; warp w
+// owns the RW = R / 8 consecutive rows from row0 = R·(r mod NS) + RW·w. The warp's lanes form RWP
+// (RW rounded up to a power of two) groups of LPR = 32 / RWP lanes; group g holds row row0 + g (idle
+// when g >= RW), each lane CPL = dk / LPR of its columns in registers for the whole call: lane li of
+// a group holds columns VW·(li + LPR·u) + e (u < CPL / VW, e < VW: VW-wide vector accesses).
+// A key head's state spread over up to 8 CTAs (SMs) streams in and out in parallel.
+//
+// Only the state recurrence is sequential over the step's tokens, so the kernel runs in phases:
+//  1. every token's inputs of the CTA's channels (q, k channels of hk, v channels of its rows) staged
+//     in xs[t] with all loads in flight together, then replaced by the conv outputs, each thread
+//     sliding a window of its channels' last kStepMaxK inputs in registers (win[q] = the input 3 - q
+//     steps before the current token's, taps aligned to the newest input); gates, z; then each
+//     token's q and k scales (one warp per vector).
+//  2. per token: the rows' delta rule (dot products reduce over LPR lanes, a warp's rows side by
+//     side), outputs into os[t], and each warp's Σo² over its rows pushed with st.async into
+//     recv[t][8·(r mod NS) + w] of every CTA of its value head, completing that CTA's mbarrier.
+//  3. state and conv state written back, one wait on the mbarrier (all tokens' partials), then the
+//     gated RMSNorm and the outputs: one exchange per call, no cluster barrier per token.
+// Conv state: the CTA of rank 0 writes the q/k channels of hk, each CTA its own v channels. Every CTA
+// reads the old conv state before its arrival at the cluster barrier (end of phase 1), which rank 0
+// passes (start of phase 2) before writing that state in phase 3. The same barrier orders the mbarrier
+// initialisations before any peer's push; a CTA exits only after every push into it has landed.
+constexpr int kStepThreads = 256;
+constexpr int kStepWarps = kStepThreads / 32;
+constexpr int kStepMaxRWP = 8;   // rows per warp (power of two)
+constexpr int kStepMaxCPL = 32;  // state columns per lane (registers: state, q and k, CPL each)
+constexpr int kStepMaxK = 4;     // conv taps held per channel
+constexpr int kStepMinRows = 16; // smallest row slice per CTA (below, the redundant q/k conv dominates)
+constexpr int kStepMaxCluster = 8;  // portable cluster size
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_id_x() {
+  unsigned r;
+  asm("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+  return r;
+}
+// All threads of the cluster, warp-uniform call sites (.aligned). Arrive releases this thread's prior
+// memory operations; wait acquires those of every thread that arrived.
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// The shared::cluster address of this CTA's shared address `a` in the CTA of cluster rank `rank`.
+__device__ __forceinline__ uint32_t peer_addr(uint32_t a, unsigned rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialisations visible to the cluster (peers' complete_tx).
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival plus `bytes` expected transaction bytes for the barrier's current phase.
+__device__ __forceinline__ void mbar_expect(uint32_t bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Spins until the phase of parity `parity` completes. The data arrives in this CTA's own shared memory
+// with the transaction bytes (as with bulk copies), so a CTA-scope acquire suffices; a cluster-scope
+// one would also invalidate L1.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// 4 bytes into a peer's shared memory, completing 4 transaction bytes on the peer's mbarrier.
+__device__ __forceinline__ void st_async_f32(uint32_t remote, float v, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
+               ::"r"(remote), "r"(__float_as_uint(v)), "r"(remote_bar) : "memory");
+}
+#endif
+
+// Sum over aligned groups of W lanes (every lane of a group gets it).
+template <int W>
+__device__ __forceinline__ float group_sum(float v) {
 #pragma unroll
-  for (int r = 0; r < kMaxRW; ++r)
-    if (r < RW)
+  for (int o = W / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// a·b over N elements with four partial sums (shorter dependency chain).
+template <int N>
+__device__ __forceinline__ float dot4(const float* a, const float* b) {
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int i = 0; i < DKL; ++i) s[r][i] = S[(int64_t(j) * dv + wr + wph * r) * dk + lane + 32 * i];
-  // The state rows and conv weights are not written by the previous kernel (programmatic dependent
-  // launch: they load while the input projection finishes); the projections are.
-  grid_dependency_wait();
-  for (int t = 0; t < T; ++t) {
-    // every global input of this token is requested here, before the first barrier
-    const float* pz = proj + int64_t(t) * ldp + C;
-    const float zv = tid < G * dv ? pz[int64_t(hk * G + tid / dv) * dv + tid % dv] : 0.f;
-    if (warp == 2 && lane < G) {
-      const float* pr = pz + Hv * dv;
-      const int jl = hk * G + lane;
-      sc[2 + lane] = sigmoid(pr[jl]);
-      sc[2 + G + lane] = expf(A_neg[jl] * softplus(pr[Hv + jl] + dt_bias[jl]));
-    }
-    for (int i = tid; i < nch; i += kFusedThreads) {
-      const int c = channel(i);
-      float acc = 0.f;
-      for (int q = 0; q < K; ++q) {
-        const int tau = t - K + 1 + q;
-        const float v = tau >= 0 ? proj[int64_t(tau) * ldp + c] : conv_state[int64_t(K - 1 + tau) * C + c];
-        acc += convw[int64_t(c) * K + q] * v;
-      }
-      xs[i] = silu(acc);
-    }
-    __syncthreads();
-    if (warp < 2) {  // warp 0: |q|, warp 1: |k|
-      float ss = 0.f;
-      for (int i = lane; i < dk; i += 32) ss += xs[warp * dk + i] * xs[warp * dk + i];
-      ss = warp_sum(ss);
-      if (lane == 0) sc[warp] = warp == 0 ? rsqrtf(ss + 1e-6f) * rsqrtf(float(dk)) : rsqrtf(ss + 1e-6f);
-    }
-    __syncthreads();
-    {
-      const float qs = sc[0], ks = sc[1], beta = sc[2 + jj], decay = sc[2 + G + jj];
-      float q[DKL], k[DKL];
-#pragma unroll
-      for (int i = 0; i < DKL; ++i) {
-        q[i] = xs[lane + 32 * i] * qs;
-        k[i] = xs[dk + lane + 32 * i] * ks;
-      }
-#pragma unroll
-      for (int r = 0; r < kMaxRW; ++r) {
-        if (r >= RW) break;
-        const int d = wr + wph * r;
-        float m = 0.f;
-#pragma unroll
-        for (int i = 0; i < DKL; ++i) {
-          s[r][i] *= decay;
-          m += s[r][i] * k[i];
-        }
-        m = warp_sum(m);
-        const float delta = beta * (xs[2 * dk + jj * dv + d] - m);
-        float o = 0.f;
-#pragma unroll
-        for (int i = 0; i < DKL; ++i) {
-          s[r][i] += k[i] * delta;
-          o += s[r][i] * q[i];
-        }
-        o = warp_sum(o);
-        if (lane == 0) os[jj * dv + d] = o;
-      }
-    }
-    __syncthreads();
-    if (warp < G) {  // RMS of each value head's outputs
-      float ss = 0.f;
-      for (int d = lane; d < dv; d += 32) ss += os[warp * dv + d] * os[warp * dv + d];
-      ss = warp_sum(ss);
-      if (lane == 0) sc[2 + 2 * G + warp] = rsqrtf(ss / float(dv) + eps);
-    }
-    __syncthreads();
-    if (tid < G * dv) {  // G·dv = 32·RW <= 256 outputs
-      const int h = tid / dv, d = tid % dv, jg = hk * G + h;
-      out[int64_t(t) * Hv * dv + int64_t(jg) * dv + d] = os[tid] * sc[2 + 2 * G + h] * normw[d] * silu(zv);
-    }
-    // the next token's channel writes are ordered after this token's reads by its first barrier; xs
-    // and os are not read after the barrier above except os here, and sc[2+2G..] is rewritten only
-    // after two more barriers.
-  }
-#pragma unroll
-  for (int r = 0; r < kMaxRW; ++r)
-    if (r < RW)
-#pragma unroll
-      for (int i = 0; i < DKL; ++i) S[(int64_t(j) * dv + wr + wph * r) * dk + lane + 32 * i] = s[r][i];
-  // conv state <- the last K-1 inputs of this block's channels (all reads of the old state are done:
-  // every thread passed the barriers of the last token)
-  __syncthreads();
-  for (int i = tid; i < nch; i += kFusedThreads) {
-    const int c = channel(i);
-    float nw[8];
-    for (int r = 0; r < K - 1; ++r) {
-      const int tau = T - (K - 1) + r;
-      nw[r] = tau >= 0 ? proj[int64_t(tau) * ldp + c] : conv_state[int64_t(K - 1 + tau) * C + c];
-    }
-    for (int r = 0; r < K - 1; ++r) conv_state[int64_t(r) * C + c] = nw[r];
+  for (int i = 0; i < N; ++i) acc[i & 3] = fmaf(a[i], b[i], acc[i & 3]);
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+// VW consecutive floats (shared or global memory, aligned to 4·VW bytes).
+template <int VW>
+__device__ __forceinline__ void ld_vec(const float* p, float* d) {
+  if constexpr (VW == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    d[0] = v.x; d[1] = v.y; d[2] = v.z; d[3] = v.w;
+  } else if constexpr (VW == 2) {
+    const float2 v = *reinterpret_cast<const float2*>(p);
+    d[0] = v.x; d[1] = v.y;
+  } else {
+    d[0] = p[0];
   }
 }
+template <int VW>
+__device__ __forceinline__ void st_vec(float* p, const float* d) {
+  if constexpr (VW == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(d[0], d[1], d[2], d[3]);
+  } else if constexpr (VW == 2) {
+    *reinterpret_cast<float2*>(p) = make_float2(d[0], d[1]);
+  } else {
+    p[0] = d[0];
+  }
+}
+
+// Launched with cluster dims (G·ns, 1, 1) and grid Hk·G·ns; host guarantees 1 <= T <= kFusedMaxT,
+// dv % ns == 0, R = dv / ns with R % 8 == 0 and RWP / 2 < R / 8 <= RWP, DKL·RWP <= kStepMaxCPL,
+// G·ns <= kStepMaxCluster, 1 <= K <= kStepMaxK and S 16-byte aligned (vector state loads and stores,
+// each group's row segment contiguous per VW columns). Up to dk = 128 and 16 state columns per lane, at
+// most 128 registers a thread: two CTAs fit on an SM, so a cluster of 8 finds room in a GPC also beside
+// the kernels that programmatic dependent launch overlaps.
+template <int DKL, int RWP>
+__global__ void __launch_bounds__(kStepThreads, DKL <= 4 && DKL * RWP <= 16 ? 2 : 1)
+    gdn_step_kernel(const float* __restrict__ proj, int64_t ldp, int T, int Hk, int Hv, int dv, int K, int ns,
+                    const float* __restrict__ convw, float* __restrict__ conv_state, const float* __restrict__ dt_bias,
+                    const float* __restrict__ A_neg, const float* __restrict__ normw, float eps, float* __restrict__ S,
+                    float* __restrict__ out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int dk = 32 * DKL, LPR = 32 / RWP, CPL = dk / LPR, VW = CPL < 4 ? CPL : 4, NV = CPL / VW;
+  constexpr int kRows = kStepWarps * RWP;  // rows of a CTA, at most
+  constexpr int kCh = 2 * dk + kRows;      // channels of a CTA, at most
+  constexpr int kSlots = (kCh + kStepThreads - 1) / kStepThreads;  // channels per thread
+  constexpr int kTM = kFusedMaxT;
+  __shared__ __align__(16) float xs[kTM][kCh];   // per token: conv outputs q, k of hk, v of rows [R·sl, +R)
+  __shared__ __align__(16) float gs[kTM][4];     // per token: q scale, k scale, beta, decay
+  __shared__ float zs[kTM][kRows];               // per token: z of the CTA's rows
+  __shared__ float os[kTM][kRows];               // per token: delta-rule outputs of the CTA's rows
+  __shared__ float recv[kTM][kStepMaxCluster * kStepWarps];  // per token: Σo² of the value head's warps
+  __shared__ __align__(8) uint64_t bar;                      // recv complete (one phase)
+  allow_dependent_launch();
+  const int G = Hv / Hk, R = dv / ns, RW = R / kStepWarps;
+  const int hk = int(cluster_id_x()), rank = int(cluster_rank());
+  const int jj = rank / ns, sl = rank % ns, j = hk * G + jj;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane / LPR, li = lane % LPR;
+  const bool live = g < RW;              // this lane's group has a row
+  const bool writer = live && li == 0;   // stores the row's delta-rule output
+  const int C = 2 * Hk * dk + Hv * dv;
+  const int nch = 2 * dk + R;
+  const int lrow = warp * RW + (live ? g : 0);  // this lane's row within the CTA's slice
+  if (tid == 0) {
+    mbar_init(smem_addr(&bar), 1);
+    mbar_init_fence();
+  }
+  __syncwarp();  // (one thread; the race checker attributes the initialisation to another lane)
+  if (tid == 0) mbar_expect(smem_addr(&bar), unsigned(sizeof(float) * T * ns * kStepWarps));
+  // Inputs not written by the previous kernel load before grid_dependency_wait (programmatic dependent
+  // launch: they overlap its tail): state rows, conv taps, gate parameters, norm weight.
+  float* Srow = S + (int64_t(j) * dv + sl * R + lrow) * dk;
+  float s[CPL];
+#pragma unroll
+  for (int i = 0; i < CPL; ++i) s[i] = 0.f;
+  if (live) {
+#pragma unroll
+    for (int u = 0; u < NV; ++u) ld_vec<VW>(Srow + VW * (li + LPR * u), s + u * VW);
+  }
+  int ch[kSlots];                  // global channel of slot m (CTA channel tid + 256 m), -1 if none
+  float wa[kSlots][kStepMaxK];     // taps aligned to the newest input: wa[q] multiplies win[q]
+#pragma unroll
+  for (int m = 0; m < kSlots; ++m) {
+    const int i = tid + kStepThreads * m;
+    ch[m] = i >= nch ? -1 : i < dk ? hk * dk + i : i < 2 * dk ? Hk * dk + hk * dk + (i - dk)
+                                                  : 2 * Hk * dk + j * dv + sl * R + (i - 2 * dk);
+#pragma unroll
+    for (int q = 0; q < kStepMaxK; ++q) {
+      const int tap = K - kStepMaxK + q;  // convw[c, tap] multiplies the input K-1-tap steps back
+      wa[m][q] = ch[m] >= 0 && tap >= 0 ? convw[int64_t(ch[m]) * K + tap] : 0.f;
+    }
+  }
+  const float An = A_neg[j], dtb = dt_bias[j];
+  const float nw0 = lane < R ? normw[sl * R + lane] : 0.f, nw1 = lane + 32 < R ? normw[sl * R + lane + 32] : 0.f;
+  grid_dependency_wait();
+
+  // ---- phase 1: conv outputs, gates, z for every token
+  // win[q] = the input 4 - q steps before token 0: conv state row K - 5 + q where that is >= 0
+  float win[kSlots][kStepMaxK];
+#pragma unroll
+  for (int m = 0; m < kSlots; ++m)
+#pragma unroll
+    for (int q = 0; q < kStepMaxK; ++q) {
+      const int row = K - 1 - kStepMaxK + q;
+      win[m][q] = ch[m] >= 0 && row >= 0 ? conv_state[int64_t(row) * C + ch[m]] : 0.f;
+    }
+  // raw inputs into xs (each thread its own channels), z and gate inputs: all loads in flight together
+#pragma unroll 4
+  for (int t = 0; t < T; ++t) {
+    const float* pt = proj + int64_t(t) * ldp;
+#pragma unroll
+    for (int m = 0; m < kSlots; ++m)
+      if (ch[m] >= 0) xs[t][tid + kStepThreads * m] = pt[ch[m]];
+  }
+  const float* pz = proj + C + int64_t(j) * dv + sl * R;  // z of the CTA's rows, token 0
+#pragma unroll 4
+  for (int idx = tid; idx < T * R; idx += kStepThreads) zs[idx / R][idx % R] = pz[int64_t(idx / R) * ldp + idx % R];
+  float bt = 0.f, at = 0.f;
+  if (tid < T) {
+    const float* pr = proj + int64_t(tid) * ldp + C + Hv * dv;
+    bt = pr[j];
+    at = pr[Hv + j];
+  }
+  // conv outputs in place of the raw inputs
+#pragma unroll 4
+  for (int t = 0; t < T; ++t) {
+#pragma unroll
+    for (int m = 0; m < kSlots; ++m) {
+      if (ch[m] >= 0) {
+        float* xi = &xs[t][tid + kStepThreads * m];
+#pragma unroll
+        for (int q = 0; q + 1 < kStepMaxK; ++q) win[m][q] = win[m][q + 1];
+        win[m][kStepMaxK - 1] = *xi;
+        float acc = 0.f;
+#pragma unroll
+        for (int q = 0; q < kStepMaxK; ++q) acc = fmaf(wa[m][q], win[m][q], acc);
+        *xi = silu(acc);
+      }
+    }
+  }
+  if (tid < T) {
+    gs[tid][2] = sigmoid(bt);
+    gs[tid][3] = expf(An * softplus(at + dtb));
+  }
+  // The mbarrier is initialised and this CTA's reads of the old conv state are done (consumed above).
+  cluster_arrive();
+  __syncthreads();
+  // q and k scales: one warp per (token, q or k) vector
+  for (int v = warp; v < 2 * T; v += kStepWarps) {
+    const int t = v >> 1, isk = v & 1;
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < DKL; ++i) {
+      const float x = xs[t][isk * dk + lane + 32 * i];
+      ss = fmaf(x, x, ss);
+    }
+    ss = group_sum<32>(ss);
+    if (lane == 0) gs[t][isk] = isk ? rsqrtf(ss + 1e-6f) : rsqrtf(ss + 1e-6f) * rsqrtf(float(dk));
+  }
+  __syncthreads();
+
+  // ---- phase 2: the recurrence, token by token
+  cluster_wait();  // every peer's mbarrier is initialised; rank 0 may write the q/k conv state later
+  const unsigned peer = unsigned(jj * ns + (lane < ns ? lane : 0));  // lane l < ns pushes to rank jj·ns + l
+  const uint32_t peer_recv = peer_addr(smem_addr(&recv[0][sl * kStepWarps + warp]), peer);
+  const uint32_t peer_bar = peer_addr(smem_addr(&bar), peer);
+  constexpr uint32_t kRecvStride = sizeof(float) * kStepMaxCluster * kStepWarps;
+#pragma unroll 1
+  for (int t = 0; t < T; ++t) {
+    const float4 gt = *reinterpret_cast<const float4*>(gs[t]);  // q scale, k scale, beta, decay
+    const float* x = xs[t];
+    float q[CPL], k[CPL];
+#pragma unroll
+    for (int u = 0; u < NV; ++u) ld_vec<VW>(x + dk + VW * (li + LPR * u), k + u * VW);
+    const float v = x[2 * dk + lrow];
+    // s <- decay·s + k̂·delta, k̂ = ks·k, delta = beta·(v - decay·(s·k̂))
+    const float sk = group_sum<LPR>(dot4<CPL>(s, k));
+    const float cdelta = gt.y * gt.z * (v - gt.w * gt.y * sk);
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) s[i] = fmaf(k[i], cdelta, s[i] * gt.w);
+#pragma unroll
+    for (int u = 0; u < NV; ++u) ld_vec<VW>(x + VW * (li + LPR * u), q + u * VW);
+    const float o = gt.x * group_sum<LPR>(dot4<CPL>(s, q));
+    if (writer) os[t][lrow] = o;
+    float ss = live ? o * o : 0.f;  // Σo² over the warp's rows: one value per group
+#pragma unroll
+    for (int off = LPR; off < 32; off <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if (lane < ns) st_async_f32(peer_recv + t * kRecvStride, ss, peer_bar);
+  }
+
+  // ---- phase 3: write-backs, then the gated RMSNorm once every partial has landed
+  if (live) {
+#pragma unroll
+    for (int u = 0; u < NV; ++u) st_vec<VW>(Srow + VW * (li + LPR * u), s + u * VW);
+  }
+  // conv state row r <- input T - K + 1 + r, held in win[5 - K + r] after the last token
+#pragma unroll
+  for (int m = 0; m < kSlots; ++m) {
+    const int i = tid + kStepThreads * m;
+    if (ch[m] >= 0 && (rank == 0 || i >= 2 * dk)) {
+#pragma unroll
+      for (int q = 0; q < kStepMaxK; ++q) {
+        const int row = q + K - 1 - kStepMaxK;
+        if (row >= 0) conv_state[int64_t(row) * C + ch[m]] = win[m][q];
+      }
+    }
+  }
+  __syncthreads();  // os of every warp
+  mbar_wait(smem_addr(&bar), 0);
+  const float inv_dv = 1.f / float(dv);
+  for (int t = warp; t < T; t += kStepWarps) {  // warp per token
+    float tot = 0.f;
+    for (int e = lane; e < ns * kStepWarps; e += 32) tot += recv[t][e];
+    tot = group_sum<32>(tot);
+    const float inv = rsqrtf(tot * inv_dv + eps);
+    float* orow = out + int64_t(t) * Hv * dv + int64_t(j) * dv + sl * R;
+    if (lane < R) orow[lane] = os[t][lane] * inv * nw0 * silu(zs[t][lane]);
+    if (lane + 32 < R) orow[lane + 32] = os[t][lane + 32] * inv * nw1 * silu(zs[t][lane + 32]);
+  }
+#endif
+}
+
+// Step kernel split of a key head (NS slices per value head, RWP rows per warp rounded up to a power
+// of two); ns = 0: the shape cannot take the step kernel. NS is the largest power of two <= 8 / G whose
+// row slice R = dv / NS splits evenly over the 8 warps, with R >= kStepMinRows (unless NS = 1) and
+// the state columns per lane within kStepMaxCPL.
+struct StepSplit {
+  int ns = 0, rwp = 0;
+};
+StepSplit step_split(int G, int dk, int dv) {
+  StepSplit sp;
+  if (G < 1 || G > kStepMaxCluster || kStepMaxCluster % G != 0) return sp;
+  for (int ns = kStepMaxCluster / G; ns >= 1; ns /= 2) {
+    if (dv % ns != 0) continue;
+    const int R = dv / ns;
+    if (R % kStepWarps != 0 || R / kStepWarps > kStepMaxRWP) continue;
+    if (ns > 1 && R < kStepMinRows) continue;
+    int rwp = 1;
+    while (rwp < R / kStepWarps) rwp *= 2;
+    if ((dk / 32) * rwp > kStepMaxCPL) continue;
+    sp.ns = ns;
+    sp.rwp = rwp;
+    return sp;
+  }
+  return sp;
+}
+
+// Thread block clusters need compute capability 9.0; cached per device.
+bool device_has_clusters() {
+  static std::atomic<int> cache[64];  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  LILY_CU(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) {
+    int major = 0;
+    LILY_CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 9;
+  }
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0;
+    LILY_CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    v = major >= 9 ? 2 : 1;
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
+// cudaLaunchKernelEx configuration with a 1-D cluster dimension and, when enabled, programmatic stream
+// serialization (the PdlLaunch contract). Not copyable (cfg.attrs points into the object).
+struct ClusterPdlLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[2] = {};
+  ClusterPdlLaunch(dim3 grid, dim3 block, unsigned cluster_x, cudaStream_t s) {
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster_x;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  }
+  ClusterPdlLaunch(const ClusterPdlLaunch&) = delete;
+  ClusterPdlLaunch& operator=(const ClusterPdlLaunch&) = delete;
+};
 
 // Normalised q (scaled by 1/sqrt(dk)) and k per (token, key head); g and beta per (token, value head).
 __global__ void prep_kernel(const float* __restrict__ xc, const float* __restrict__ proj, int64_t ldp, int T, int Hk,
@@ -446,21 +715,36 @@ void gdn_core(const GdnDev& g, const float* proj, int T, float* conv_state, floa
   GdnScratch sc = layout(g, T, scratch);
   const int C = g.C();
   const int64_t ldp = g.proj_width();
-  const int G = g.Hv / g.Hk, wph = G > 0 && 32 % G == 0 ? 32 / G : 0;
-  const bool fused = T < chunk_min && T <= kFusedMaxT && wph > 0 && g.dv % wph == 0 && g.dv / wph <= 8 &&
-                     (g.dk == 32 || g.dk == 64 || g.dk == 128 || g.dk == 256) && (g.dv / wph) * (g.dk / 32) <= 32;
-  if (fused) {
-    const size_t smem = sizeof(float) * size_t(2 * g.dk + 2 * G * g.dv + 2 + 3 * G);
-    PdlLaunch L(dim3(unsigned(g.Hk)), dim3(kFusedThreads), smem, s);
-#define LILY_STEP(N) LILY_CU(cudaLaunchKernelEx(&L.cfg, gdn_step_kernel<N>, proj, ldp, T, g.Hk, g.Hv, g.dv, g.K, g.conv, conv_state, \
-                                                g.dt_bias, g.A_neg, g.norm, g.eps, S, out))
+  const int G = g.Hv / g.Hk;
+  const StepSplit sp = T < chunk_min && T <= kFusedMaxT && g.K <= kStepMaxK &&
+                               (g.dk == 32 || g.dk == 64 || g.dk == 128 || g.dk == 256)
+                           ? step_split(G, g.dk, g.dv)
+                           : StepSplit{};
+  if (sp.ns > 0 && (reinterpret_cast<uintptr_t>(S) & 15) == 0 && device_has_clusters()) {
+    ClusterPdlLaunch L(dim3(unsigned(g.Hk * G * sp.ns)), dim3(kStepThreads), unsigned(G * sp.ns), s);
+    auto launch = [&](auto dkl, auto rwp) {
+      constexpr int D = decltype(dkl)::value, W = decltype(rwp)::value;
+      if constexpr (D * W <= kStepMaxCPL) {
+        LILY_CU(cudaLaunchKernelEx(&L.cfg, gdn_step_kernel<D, W>, proj, ldp, T, g.Hk, g.Hv, g.dv, g.K, sp.ns, g.conv,
+                                   conv_state, g.dt_bias, g.A_neg, g.norm, g.eps, S, out));
+      } else {
+        fail_internal("gdn_core: step kernel split out of range");
+      }
+    };
+    auto by_rwp = [&](auto dkl) {
+      switch (sp.rwp) {
+        case 1: launch(dkl, std::integral_constant<int, 1>{}); break;
+        case 2: launch(dkl, std::integral_constant<int, 2>{}); break;
+        case 4: launch(dkl, std::integral_constant<int, 4>{}); break;
+        default: launch(dkl, std::integral_constant<int, 8>{}); break;
+      }
+    };
     switch (g.dk) {
-      case 32: LILY_STEP(1); break;
-      case 64: LILY_STEP(2); break;
-      case 128: LILY_STEP(4); break;
-      default: LILY_STEP(8); break;
+      case 32: by_rwp(std::integral_constant<int, 1>{}); break;
+      case 64: by_rwp(std::integral_constant<int, 2>{}); break;
+      case 128: by_rwp(std::integral_constant<int, 4>{}); break;
+      default: by_rwp(std::integral_constant<int, 8>{}); break;
     }
-#undef LILY_STEP
     LILY_CU_LAUNCH();
     return;
   }

@@ -255,7 +255,6 @@ __global__ void __launch_bounds__(kThreads) gemm_tc_kernel(const Mat W, int out,
     }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Raises the kernel's dynamic shared-memory limit on the current device, once per device (bit d of `raised`):
 // from init_kernels before any capture, and again lazily for callers that skipped it (tests).

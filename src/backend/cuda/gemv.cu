@@ -38,10 +38,16 @@ __device__ __forceinline__ int xs_index(int e) {
 // SwiGLU: gate rows r.. then up rows r + I..). The first two iterations' weights (and affine scales)
 // are loaded before the input row is staged, so DRAM latency overlaps the staging; afterwards each
 // buffer is refilled right after it is consumed.
+// fold.counter != null: after its outputs, the last block to finish runs the top-k on y (one token).
+struct Fold {
+  TopkArgs a;
+  unsigned* counter = nullptr;
+};
+
 template <int MODE, int RPW, bool SWI>
 __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const int32_t* __restrict__ expert, int in,
     int nrows, const float* __restrict__ x, int64_t ldx, int xdiv, float* __restrict__ y, int64_t ldy, bool accumulate,
-    int swiglu_I, const float* __restrict__ norm_w, float eps, int lpr, int ks, int ntiles) {
+    int swiglu_I, const float* __restrict__ norm_w, float eps, int lpr, int ks, int ntiles, const Fold fold) {
   constexpr int NR = SWI ? 2 * RPW : RPW;
   constexpr int C = MODE == 0 ? 8 : 128 / MODE;  // elements per uint4
   extern __shared__ float4 xs4[];
@@ -240,32 +246,44 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
       }
     }
   }
+  if (fold.counter) {
+    __shared__ bool last;
+    __threadfence();  // this block's outputs are visible device-wide before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(fold.counter, 1u) == gridDim.x * gridDim.y - 1;
+    __syncthreads();
+    if (last && warp == 0) {
+      __threadfence();
+      topk_warp(y, 0, fold.a);
+      if (lane == 0) *fold.counter = 0u;
+    }
+  }
 }
 
 template <int MODE, int RPW, bool SWI>
 void launch(dim3 grid, size_t smem, cudaStream_t s, const Mat& W, const int32_t* expert, int in, int nrows,
             const float* x, int64_t ldx, int xdiv, float* y, int64_t ldy, bool accumulate, int swiglu_I,
-            const float* norm_w, float eps, int lpr, int ks, int ntiles) {
+            const float* norm_w, float eps, int lpr, int ks, int ntiles, const Fold& fold) {
   PdlLaunch L(grid, dim3(32 * kWarps), smem, s);
   LILY_CU(cudaLaunchKernelEx(&L.cfg, gemv_kernel<MODE, RPW, SWI>, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate,
-                             swiglu_I, norm_w, eps, lpr, ks, ntiles));
+                             swiglu_I, norm_w, eps, lpr, ks, ntiles, fold));
 }
 
 template <int MODE, bool SWI>
 void launch_rpw(int rpw, dim3 grid, size_t smem, cudaStream_t s, const Mat& W, const int32_t* expert, int in, int nrows,
                 const float* x, int64_t ldx, int xdiv, float* y, int64_t ldy, bool accumulate, int swiglu_I,
-                const float* norm_w, float eps, int lpr, int ks, int ntiles) {
-  if (rpw == 4) launch<MODE, 4, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles);
-  else if (rpw == 2) launch<MODE, 2, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles);
-  else launch<MODE, 1, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles);
+                const float* norm_w, float eps, int lpr, int ks, int ntiles, const Fold& fold) {
+  if (rpw == 4) launch<MODE, 4, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles, fold);
+  else if (rpw == 2) launch<MODE, 2, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles, fold);
+  else launch<MODE, 1, SWI>(grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles, fold);
 }
 
 template <int MODE>
 void launch_mode(bool swi, int rpw, dim3 grid, size_t smem, cudaStream_t s, const Mat& W, const int32_t* expert, int in,
                  int nrows, const float* x, int64_t ldx, int xdiv, float* y, int64_t ldy, bool accumulate, int swiglu_I,
-                 const float* norm_w, float eps, int lpr, int ks, int ntiles) {
-  if (swi) launch_rpw<MODE, true>(rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles);
-  else launch_rpw<MODE, false>(rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles);
+                 const float* norm_w, float eps, int lpr, int ks, int ntiles, const Fold& fold) {
+  if (swi) launch_rpw<MODE, true>(rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles, fold);
+  else launch_rpw<MODE, false>(rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, lpr, ks, ntiles, fold);
 }
 
 constexpr size_t kMaxSmem = 96 * 1024;
@@ -310,8 +328,11 @@ GemvShape gemv_shape(int mode, int in, int nrows, int slots, int sm_count, bool 
   return g;
 }
 
-void gemv_fast(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
-               float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps) {
+namespace {
+
+void gemv_run(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
+              float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps,
+              const Fold& fold) {
   static int sm_count = [] {
     int dev = 0, n = 0;
     cudaGetDevice(&dev);
@@ -326,12 +347,33 @@ void gemv_fast(const Mat& W, const int32_t* expert, int out, int in, const float
   dim3 grid(unsigned(g.blocks), unsigned(slots));
   const bool swi = swiglu_I > 0;
   switch (mode) {
-    case 0: launch_mode<0>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles); break;
-    case 4: launch_mode<4>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles); break;
-    case 8: launch_mode<8>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles); break;
+    case 0: launch_mode<0>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles, fold); break;
+    case 4: launch_mode<4>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles, fold); break;
+    case 8: launch_mode<8>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles, fold); break;
     default: fail_internal("GEMV: unsupported mode");
   }
   LILY_CU_LAUNCH();
+}
+
+}  // namespace
+
+void gemv_fast(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
+               float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps) {
+  gemv_run(W, expert, out, in, x, ldx, xdiv, slots, y, ldy, accumulate, swiglu_I, s, norm_w, eps, Fold{});
+}
+
+bool gemv_topk(const Mat& W, int out, int in, const float* x, float* y, const float* norm_w, float eps,
+               const TopkArgs& topk, unsigned* counter, cudaStream_t s) {
+  if (W.exl3 || !counter) return false;
+  const bool ok = W.affine ? (W.bits == 4 || W.bits == 8) && in % 32 == 0 && W.gs % 32 == 0 && W.row_words % 4 == 0 &&
+                                 aligned16(W.q)
+                           : in % 8 == 0 && W.ld % 8 == 0 && aligned16(W.w);
+  if (!ok) return false;
+  Fold f;
+  f.a = topk;
+  f.counter = counter;
+  gemv_run(W, nullptr, out, in, x, in, 1, 1, y, out, false, 0, s, norm_w, eps, f);
+  return true;
 }
 
 }  // namespace lily::cuda

@@ -67,6 +67,68 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   LILY_CU(cudaLaunchKernelEx(&L.cfg, kernel, std::forward<Args>(args)...));
 }
 
+// Top-k routing of one token (moe.cu's contract), run by one warp: top-k of logits l[0, E) (ties: lowest
+// index), weights softmax over the chosen (norm_topk) or over all E; with `shared` a (k+1)-th slot for
+// expert E weighted sigmoid(l[E]) (shared_gated) or 1. Rows of idx / w hold k (+1) entries. Loads bypass
+// L1 (the logits may come from other blocks of the calling kernel).
+struct TopkArgs {
+  int E = 0, k = 0;
+  bool norm_topk = true, shared = false, shared_gated = false;
+  int32_t* idx = nullptr;
+  float* w = nullptr;
+};
+constexpr int kTopkMaxPerLane = 16;  // E <= 512
+__device__ __forceinline__ void topk_warp(const float* __restrict__ l, int t, const TopkArgs& a) {
+  const int lane = threadIdx.x & 31;
+  float v[kTopkMaxPerLane];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kTopkMaxPerLane; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < a.E ? __ldcg(l + e) : -INFINITY;
+    mx = fmaxf(mx, v[i]);
+  }
+  const float gmax = warp_max(mx);
+  float se = 0.f;
+#pragma unroll
+  for (int i = 0; i < kTopkMaxPerLane; ++i) se += lane + 32 * i < a.E ? expf(v[i] - gmax) : 0.f;
+  const float total = warp_sum(se);
+  float first = 0.f, denom = 0.f, mine = 0.f;
+  int myidx = 0;
+  for (int j = 0; j < a.k; ++j) {
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < kTopkMaxPerLane; ++i)
+      if (v[i] > best) { best = v[i]; bi = lane + 32 * i; }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    if (j == 0) first = best;
+    denom += expf(best - first);
+    if (lane == j) { mine = best; myidx = bi; }
+#pragma unroll
+    for (int i = 0; i < kTopkMaxPerLane; ++i)
+      if (lane + 32 * i == bi) v[i] = -INFINITY;
+  }
+  const int kk = a.shared ? a.k + 1 : a.k;
+  if (lane < a.k) {
+    a.idx[int64_t(t) * kk + lane] = myidx;
+    a.w[int64_t(t) * kk + lane] = a.norm_topk ? expf(mine - first) / denom : expf(mine - gmax) / total;
+  } else if (a.shared && lane == a.k) {
+    a.idx[int64_t(t) * kk + a.k] = a.E;
+    a.w[int64_t(t) * kk + a.k] = a.shared_gated ? sigmoid(__ldcg(l + a.E)) : 1.f;
+  }
+}
+
+// Router GEMV with the top-k folded in (gemv.cu): one token, y = W·norm(x) as gemv_slots, then the last
+// block to finish runs topk_warp on y. counter: a device word that is 0 before the call and after it.
+// Returns false (nothing launched) when the streaming GEMV does not take W.
+bool gemv_topk(const Mat& W, int out, int in, const float* x, float* y, const float* norm_w, float eps,
+               const TopkArgs& topk, unsigned* counter, cudaStream_t s);
+
 constexpr int kGemmBM = 64;  // rows of x per GEMM tile
 constexpr int kGemmBN = 64;  // output columns per GEMM tile
 
@@ -75,6 +137,7 @@ constexpr int kGemmBN = 64;  // output columns per GEMM tile
 void gemv_fast(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
                float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps);
 void init_gemv_kernels();
+
 
 inline bool has(const Mat& m) { return m.exl3 ? m.parts != nullptr : m.affine ? m.q != nullptr : m.w != nullptr; }
 

@@ -23,36 +23,53 @@ __global__ void embed_kernel(const Mat table, int H, const int32_t* __restrict__
   for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = mat_at(table, 0, r, i, H);
 }
 
-__global__ void argmax_kernel(const float* __restrict__ logits, int V, int32_t* __restrict__ out) {
-  __shared__ float bv[32];
-  __shared__ int bi[32];
-  pdl_entry();
-  const float* l = logits + int64_t(blockIdx.x) * V;
-  float best = -INFINITY;
-  int idx = 0x7fffffff;
-#pragma unroll 8
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    const float v = l[i];
-    if (v > best) { best = v; idx = i; }  // per thread: increasing i, so ties keep the lowest
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
-  }
+// Order-preserving 64-bit key of (logit, index): larger logits win, then lower indices (ties keep the
+// lowest, as the host argmax); NaN never wins; 0 means "no candidate".
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+  if (v != v) return 0ull;
+  uint32_t b = __float_as_uint(v);
+  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return (static_cast<unsigned long long>(b) << 32) | uint32_t(~uint32_t(i));
+}
+
+__device__ __forceinline__ unsigned long long block_max_key(unsigned long long k, unsigned long long* red) {
+  for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  if (lane == 0) { bv[w] = best; bi[w] = idx; }
+  if (lane == 0) red[w] = k;
   __syncthreads();
-  if (w == 0) {
-    const int nw = blockDim.x >> 5;
-    best = lane < nw ? bv[lane] : -INFINITY;
-    idx = lane < nw ? bi[lane] : 0x7fffffff;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-      if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
-    }
-    if (lane == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0 : idx;
+  k = lane < int(blockDim.x >> 5) ? red[lane] : 0ull;
+  for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
+  return k;  // valid in warp 0
+}
+
+// grid (B, rows): block b of row r reduces the slice [b·per, (b+1)·per) to a key and folds it into
+// keys[r] with atomicMax; the row's last block (counts[r]) writes out[r] and zeroes keys[r] and
+// counts[r] for the next call. One row of 248K logits is ~1 MB: one block reading it alone takes
+// ~45 µs, a wave of blocks ~3 µs.
+__global__ void argmax_kernel(const float* __restrict__ logits, int V, int per, int32_t* __restrict__ out,
+                              unsigned long long* __restrict__ keys, unsigned* __restrict__ counts) {
+  __shared__ unsigned long long red[32];
+  __shared__ bool last;
+  allow_dependent_launch();
+  grid_dependency_wait();
+  const int row = blockIdx.y;
+  const float* l = logits + int64_t(row) * V;
+  const int b0 = blockIdx.x * per, b1 = min(V, b0 + per);
+  unsigned long long best = 0ull;
+#pragma unroll 8
+  for (int i = b0 + threadIdx.x; i < b1; i += blockDim.x) best = max(best, argmax_key(l[i], i));
+  best = block_max_key(best, red);
+  if (threadIdx.x == 0) {
+    if (best) atomicMax(keys + row, best);
+    __threadfence();
+    last = atomicAdd(counts + row, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last && threadIdx.x == 0) {
+    __threadfence();
+    const unsigned long long k = atomicExch(keys + row, 0ull);
+    counts[row] = 0u;
+    out[row] = k ? int32_t(~uint32_t(k & 0xffffffffu)) : 0;
   }
 }
 
@@ -88,9 +105,17 @@ void embed(const Mat& table, int H, const int32_t* tokens, int T, float* x, cuda
   LILY_CU_LAUNCH();
 }
 
-void argmax(const float* logits, int rows, int V, int32_t* out, cudaStream_t s) {
+size_t argmax_scratch_bytes(int rows) { return size_t(rows) * (sizeof(unsigned long long) + sizeof(unsigned)); }
+
+void argmax(const float* logits, int rows, int V, int32_t* out, void* scratch, cudaStream_t s) {
   if (rows <= 0) return;
-  launch_pdl(argmax_kernel, dim3(rows), dim3(1024), 0, s, logits, V, out);
+  if (V <= 0) fail_internal("argmax: empty rows");
+  auto* keys = static_cast<unsigned long long*>(scratch);
+  auto* counts = reinterpret_cast<unsigned*>(keys + rows);
+  constexpr int kPer = 2048;  // logits per block (8 per thread)
+  const int B = int(std::min<int64_t>(cdiv(V, kPer), 1024));
+  const int per = int(cdiv(V, B));
+  launch_pdl(argmax_kernel, dim3(unsigned(B), unsigned(rows)), dim3(256), 0, s, logits, V, per, out, keys, counts);
   LILY_CU_LAUNCH();
 }
 

@@ -45,57 +45,10 @@ MoeScratch layout(const MoeDev& m, int T, void* base) {
   return s;
 }
 
-// One warp per token: top-k of the router logits (ties: lowest index) and their routing weights.
-// Lane l holds logits l, l + 32, ... (E <= 32 · kMaxPerLane) in registers; no block barriers.
-constexpr int kMaxPerLane = 16;
-// shared (shared expert in the stack): each token gets a (k+1)-th slot, expert E, weight sigmoid(logit E)
-// when gated (logits row holds E + 1 entries) or 1.
-__global__ void topk_kernel(const float* __restrict__ logits, int64_t ld, int E, int k, bool norm_topk,
-                            int32_t* __restrict__ idx, float* __restrict__ wout, bool shared, bool shared_gated) {
+// One warp per token: top-k of the router logits and their routing weights (topk_warp).
+__global__ void topk_kernel(const float* __restrict__ logits, int64_t ld, TopkArgs a) {
   pdl_entry();
-  const int t = blockIdx.x, lane = threadIdx.x;  // one warp per block
-  const float* l = logits + int64_t(t) * ld;
-  float v[kMaxPerLane];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int e = lane + 32 * i;
-    v[i] = e < E ? l[e] : -INFINITY;
-    mx = fmaxf(mx, v[i]);
-  }
-  const float gmax = warp_max(mx);
-  float se = 0.f;
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) se += lane + 32 * i < E ? expf(v[i] - gmax) : 0.f;
-  const float total = warp_sum(se);
-  float first = 0.f, denom = 0.f, mine = 0.f;
-  int myidx = 0;
-  for (int j = 0; j < k; ++j) {
-    float best = -INFINITY;
-    int bi = 0x7fffffff;
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i)
-      if (v[i] > best) { best = v[i]; bi = lane + 32 * i; }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-    }
-    if (j == 0) first = best;
-    denom += expf(best - first);
-    if (lane == j) { mine = best; myidx = bi; }
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i)
-      if (lane + 32 * i == bi) v[i] = -INFINITY;
-  }
-  const int kk = shared ? k + 1 : k;
-  if (lane < k) {
-    idx[int64_t(t) * kk + lane] = myidx;
-    wout[int64_t(t) * kk + lane] = norm_topk ? expf(mine - first) / denom : expf(mine - gmax) / total;
-  } else if (shared && lane == k) {
-    idx[int64_t(t) * kk + k] = E;
-    wout[int64_t(t) * kk + k] = shared_gated ? sigmoid(l[E]) : 1.f;
-  }
+  topk_warp(logits + int64_t(blockIdx.x) * ld, blockIdx.x, a);
 }
 
 // One block: expert histogram, prefix scan, tile map, scatter of slots into expert order.
@@ -203,17 +156,24 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   }
   // router rows [0, E) (+ the shared-expert gate as row E when gate_in_router)
   const int ldl = m.gate_in_router ? m.E + 1 : m.E;
-  linear(m.router, ldl, H, u, H, T, sc.logits, ldl, false, s, nw, eps);
-  if (m.E > 32 * kMaxPerLane || m.slots_per_token() > 32)
+  if (m.E > 32 * kTopkMaxPerLane || m.slots_per_token() > 32)
     fail_internal("moe: at most 512 experts and 32 slots per token (top-k + shared) on CUDA");
-  launch_pdl(topk_kernel, dim3(T), dim3(32), 0, s, sc.logits, int64_t(ldl), m.E, m.k, m.norm_topk, sc.idx, sc.w,
-             m.shared_in_stack, m.gate_in_router);
-  LILY_CU_LAUNCH();
+  TopkArgs ta;
+  ta.E = m.E; ta.k = m.k; ta.norm_topk = m.norm_topk; ta.shared = m.shared_in_stack; ta.shared_gated = m.gate_in_router;
+  ta.idx = sc.idx; ta.w = sc.w;
+  if (!(T == 1 && m.topk_counter && gemv_topk(m.router, ldl, H, u, sc.logits, nw, eps, ta, m.topk_counter, s))) {
+    linear(m.router, ldl, H, u, H, T, sc.logits, ldl, false, s, nw, eps);
+    launch_pdl(topk_kernel, dim3(T), dim3(32), 0, s, sc.logits, int64_t(ldl), ta);
+    LILY_CU_LAUNCH();
+  }
   const int kk = m.slots_per_token();
   const int n = T * kk;
   const int32_t* pos = nullptr;
   if (T <= kMoeGemvRows) {
     gemv_slots(m.gate_up, sc.idx, 0, H, u, H, kk, n, sc.h, m.I, false, m.I, s, nw, eps);
+    // one token, no side-stream shared expert: the down products of every slot and the weighted sum into
+    // the residual are one product over the slots' concatenated rows
+    if (T == 1 && !has_shared && gemv_ring_concat(m.down, sc.idx, H, m.I, sc.h, m.I, sc.w, kk, x, true, s)) return;
     gemv_slots(m.down, sc.idx, H, m.I, sc.h, m.I, 1, n, sc.yb, H, false, 0, s);
   } else {
     const int En = m.E + (m.shared_in_stack ? 1 : 0);  // experts in the stacks

@@ -83,6 +83,18 @@ void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const floa
                 float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w = nullptr,
                 float eps = 1e-6f);
 
+// Decode GEMV with a TMA-fed shared-memory weight ring (gemv_ring.cu): MLX-affine 4/8-bit, one input row,
+// sm_90. Plain products (expert == nullptr, slots == 1) or SwiGLU expert slots (expert ids, swiglu_I > 0,
+// outputs y[s·ldy + r]); same meaning as gemv_slots otherwise. Returns false, launching nothing, when the
+// shape, alignment or device is not covered (gemv_slots then takes the streaming GEMV).
+bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float* x, int slots, float* y, int64_t ldy,
+               bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps);
+// MoE down projection and combine in one product: y[r] (+)= Σ_s weights[s] · (W_{expert[s]}[r, :] · h[s·ldh, :]).
+bool gemv_ring_concat(const Mat& W, const int32_t* expert, int out, int in, const float* h, int64_t ldh,
+                      const float* weights, int slots, float* y, bool accumulate, cudaStream_t s);
+// The ring on or off for gemv_slots (default on; LILY_GEMV_RING=0 in the environment: off). Tests and A/B runs.
+void set_gemv_ring(bool on);
+
 // Launch shape of the decode GEMV for `mode` (0 bf16, else affine bits), reported for tests and tools:
 // RPW rows per warp streamed together, LPR lanes per row, KS warps splitting the reduction dimension,
 // `tiles` row tiles per slot, walked by `blocks` blocks per slot (grid-stride).
@@ -106,8 +118,10 @@ void embed(const Mat& table, int H, const int32_t* tokens, int T, float* x, cuda
 inline void embed(const uint16_t* table, int64_t ld, int H, const int32_t* tokens, int T, float* x, cudaStream_t s) {
   embed(Mat::bf16(table, ld), H, tokens, T, x, s);
 }
-// out[r] = argmax_v logits[r, v] (lowest index on ties).
-void argmax(const float* logits, int rows, int V, int32_t* out, cudaStream_t s);
+// out[r] = argmax_v logits[r, v] (lowest index on ties; NaN never wins). scratch: argmax_scratch_bytes(rows)
+// of device memory, zero before the first call; every call leaves it zero again.
+size_t argmax_scratch_bytes(int rows);
+void argmax(const float* logits, int rows, int V, int32_t* out, void* scratch, cudaStream_t s);
 // *pos += T.
 void advance_pos(int64_t* pos, int T, cudaStream_t s);
 
@@ -127,6 +141,9 @@ struct MoeDev {
   // token then has k + 1 slots, the last one expert E weighted by sigmoid(router row E) (gate_in_router)
   // or 1 (no gate). Needs Is == I and the experts' formats; sh_* are then unused.
   bool shared_in_stack = false;
+  // A zeroed device word (shareable by every layer of a stream): one-token steps then fold the top-k into
+  // the router GEMV (the last block runs it). Null: a separate top-k kernel.
+  unsigned* topk_counter = nullptr;
   int slots_per_token() const { return k + (shared_in_stack ? 1 : 0); }
 };
 size_t moe_scratch_bytes(const MoeDev& m, int T);

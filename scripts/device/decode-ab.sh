@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call for decode work: the CUDA tests named by TESTS, `lily bench` decode (affine4 35B-A3B
+# synth) under each environment setting of AB (space-separated, e.g. "LILY_GEMV_RING=1 LILY_GEMV_RING=0"),
+# and with PROFILE=1 an Nsight Compute per-kernel table of one decode step (profile.sh's summary).
+# Needs the bundle of scripts/device/bundle.sh (carry .devbin). Output under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+D=${DEVBIN:-.devbin}
+[ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"
+OUT=${OUT:-/tmp/lily-ab}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
+export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/$D/golden"
+if [ -n "${TESTS:-}" ]; then
+  timeout "${TEST_TIMEOUT:-240}" "$D/test_cuda" --gtest_filter="$TESTS" > "$OUT/tests.log" 2>&1
+  echo "tests rc=$?"
+  grep -E "Failure|Expected|Which is|actual|FAILED|error" "$OUT/tests.log" | head -${FAIL_LINES:-30}
+  grep -E "^\[  (PASSED|FAILED) \]|tests? from .* ran" "$OUT/tests.log" | tail -3
+fi
+i=0
+for ab in ${AB:-LILY_PDL=1}; do
+  i=$((i + 1))
+  env "$ab" timeout 200 "$D/lily" bench --synth qwen3.5-35b-a3b --format "${FORMAT:-affine4}" --backend cuda \
+    --prefill "${PREFILL:-512}" --decode-context "${CTX:-256,4096}" --repeats 2 --decode-tokens 32 > "$OUT/ab$i.txt" 2>&1
+  echo "== $ab (rc $?)"
+  grep -E "^(prefill|decode@)" "$OUT/ab$i.txt"
+done
+if [ "${PROFILE:-0}" = 1 ]; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || echo /usr/local/cuda/bin/ncu)
+  "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu.csv" \
+    "$D/lily" bench --synth qwen3.5-35b-a3b --format "${FORMAT:-affine4}" --backend cuda --prefill 256 \
+    --decode-context 4096 --repeats 1 --decode-tokens 2 > "$OUT/ncu-bench.log" 2>&1
+  echo "ncu rc=$?"
+  python3 scripts/device/ncu_summary.py "$OUT/ncu.csv" --top ${TOP:-30} | sed -n '/T=1:/,$p'
+fi

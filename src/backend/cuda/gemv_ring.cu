@@ -1,0 +1,470 @@
+// Decode GEMV on MLX-affine 4/8-bit weights for one input row, fed by a ring of shared-memory stages
+// that the Tensor Memory Accelerator fills (cp.async.bulk, completion counted on an mbarrier).
+//
+// At batch 1 a product streams 5-15 MB of weights. A warp-per-row kernel only has its registers' worth
+// of loads in flight and waits on DRAM latency once per row tile; here one thread requests whole row
+// tiles (16-24 KB, contiguous rows) S stages ahead, so each block keeps ~60 KB in flight and the next
+// tile is resident when the warps finish the current one. Weights are never written by kernels, so
+// plain products request their first stages before the programmatic-launch wait; expert products
+// wait first (the ids come from the previous kernel).
+//
+// Dequantisation without int->float conversions (16 per clock per SM on Hopper: a ~2 TB/s ceiling for
+// 4-bit codes): a code c shifted into the mantissa of 1.0f gives f = 1 + c·2^-m exactly, so
+// Σ c·x = 2^m·(Σ f·x − Σ x), with Σ x per 16-byte column computed once per call. 4-bit: each nibble at
+// mantissa bits 19-22 (m = 4); 8-bit: each byte at bits 15-22 (m = 8). c·2^-m is not small next to 1,
+// so the subtraction cancels only a few bits. Per code: a shift, a mask-or, an FMA.
+//
+// Kinds: PLAIN y[r] (+)= W[r]·x; SWIGLU, per expert slot s: y[s, r] = silu(W_e[r]·x)·(W_e[I + r]·x);
+// CONCAT (MoE down projection and combine in one): y[r] (+)= Σ_s w[s]·(W_{e_s}[r]·h_s), one virtual row
+// per output spanning every slot's expert row.
+#include <atomic>
+#include <cstdlib>
+
+#include "backend/cuda/kernels.cuh"
+
+namespace lily::cuda {
+namespace {
+
+constexpr int kThreads = 256, kWarps = 8;
+constexpr int kMaxStages = 4;
+// Two resident blocks per SM leave registers and shared memory for the next kernel's blocks to start
+// beside them (PDL); three hide more dequantisation latency but block that (slower, bench/RESULTS.md).
+constexpr int kBlocksPerSm = 2;
+constexpr size_t kMaxSmem = 108 * 1024;
+constexpr int kMaxSlots = 32;
+constexpr int kMaxV = 8;  // float4 of input per thread: at most 8192 staged elements
+enum Kind { PLAIN = 0, SWIGLU = 1, CONCAT = 2 };
+
+struct RingArgs {
+  const uint8_t* q;     // codes of expert 0, row 0
+  const uint16_t* s;    // scales (bf16), [experts][rows][ng]
+  const uint16_t* b;    // biases (bf16)
+  int64_t qstride_b;    // bytes between experts' codes
+  int64_t row_b;        // bytes per row of codes
+  int64_t sstride;      // elements between experts' scales
+  int ng, gs, in, nrows, I, slots;
+  const int32_t* expert;
+  const float* x;       // input row (CONCAT: slot rows h_s at x + s·ldx)
+  int64_t ldx;
+  const float* xw;      // CONCAT: per-slot weights
+  const float* norm_w;  // PLAIN / SWIGLU: RMSNorm of x first (weight), or null
+  float eps;
+  float* y;
+  int64_t ldy;
+  int accumulate;
+  int tr;               // output rows per tile
+  int ntiles, rtiles;   // tiles in all; tiles per slot (SWIGLU)
+  int n;                // 16-byte columns per (virtual) row
+  int nin;              // 16-byte columns per expert row
+  int lpr;              // lanes per row: 32, 16 or 8
+  uint32_t stage_bytes, codes_bytes, sc_bytes;  // stage size; its codes region; its scale region
+  int stages;
+  int xs_floats;        // staged input (padded to 32 columns)
+};
+
+// The ring needs sm_90 (bulk copies, transaction-counted mbarriers); the host never launches it on older
+// devices, whose builds get trapping stubs.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define LILY_RING_SM90(...) __trap()
+#else
+#define LILY_RING_SM90(...) __VA_ARGS__
+__device__ __forceinline__ uint32_t sm32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+#endif
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+  LILY_RING_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(sm32(bar)), "r"(count) : "memory"));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  LILY_RING_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sm32(bar)), "r"(bytes) : "memory"));
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  LILY_RING_SM90(asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(sm32(bar)),
+      "r"(parity)
+      : "memory"));
+}
+// Global -> shared bulk copy (bytes % 16 == 0, both addresses 16-byte aligned), counted on bar.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  LILY_RING_SM90(asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(sm32(dst)),
+               "l"(src), "r"(bytes), "r"(sm32(bar))
+               : "memory"));
+}
+
+// Element e of the staged row: 16-byte column i = e / C holds elements [C·i, C·i + C); lanes reading
+// columns i..i+31 read 512 contiguous bytes per float4.
+template <int BITS>
+__device__ __forceinline__ int xs_at(int e) {
+  constexpr int C = 128 / BITS;
+  const int i = e / C, j = e % C;
+  return (i >> 5) * 32 * C + (j >> 2) * 128 + (i & 31) * 4 + (j & 3);
+}
+
+// 2^m·Σ f·x over one 16-byte column of codes (f = 1 + c·2^-m, see above); minus 2^m·Σ x it is Σ c·x.
+template <int BITS>
+__device__ __forceinline__ float col_dot(const uint4 w, const float (&xv)[128 / BITS]) {
+  const uint32_t word[4] = {w.x, w.y, w.z, w.w};
+  float a0 = 0.f, a1 = 0.f;
+  if constexpr (BITS == 4) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {  // nibble n (bits 4n..4n+3) -> bits 19..22
+        const uint32_t t = n < 5 ? word[k] << (19 - 4 * n) : word[k] >> (4 * n - 19);
+        const float f = __uint_as_float((t & 0x00780000u) | 0x3f800000u);
+        if (n & 1) a1 = fmaf(f, xv[8 * k + n], a1);
+        else a0 = fmaf(f, xv[8 * k + n], a0);
+      }
+    return 16.f * (a0 + a1);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {  // byte p (bits 8p..8p+7) -> bits 15..22
+        const uint32_t t = p < 2 ? word[k] << (15 - 8 * p) : word[k] >> (8 * p - 15);
+        const float f = __uint_as_float((t & 0x007f8000u) | 0x3f800000u);
+        if (p & 1) a1 = fmaf(f, xv[4 * k + p], a1);
+        else a0 = fmaf(f, xv[4 * k + p], a0);
+      }
+    return 256.f * (a0 + a1);
+  }
+}
+constexpr float kColScale4 = 16.f, kColScale8 = 256.f;
+
+template <int BITS, int KIND, int RPW>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const RingArgs a) {
+  constexpr int C = 128 / BITS;
+  constexpr int NACC = KIND == SWIGLU ? 2 * RPW : RPW;
+  constexpr float kColScale = BITS == 4 ? kColScale4 : kColScale8;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ __align__(8) uint64_t bars[kMaxStages];
+  __shared__ int ex[kMaxSlots];
+  __shared__ float red[32];
+  const int S = a.stages;
+  float* xs = reinterpret_cast<float*>(smem + S * size_t(a.stage_bytes));
+  float* colX = xs + a.xs_floats;  // per 16-byte column: Σ x
+  allow_dependent_launch();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int G = gridDim.x, bid = blockIdx.x;
+  const int my_tiles = bid < a.ntiles ? (a.ntiles - 1 - bid) / G + 1 : 0;
+  const int64_t gb = int64_t(a.ng) * 2;  // bytes of scales per row
+
+  // warp 0: local tile li -> stage li % S; lane 0 posts the byte count, the copies are spread over lanes
+  auto issue = [&](int li) {
+    const int t = bid + li * G;
+    uint8_t* dst = smem + (li % S) * size_t(a.stage_bytes);
+    uint64_t* bar = &bars[li % S];
+    const uint8_t* sb = reinterpret_cast<const uint8_t*>(a.s);
+    const uint8_t* bb = reinterpret_cast<const uint8_t*>(a.b);
+    int r0, nv, parts;  // parts: row blocks copied (codes, scales, biases each)
+    if constexpr (KIND == SWIGLU) {
+      r0 = (t % a.rtiles) * a.tr; nv = min(a.tr, a.I - r0); parts = 2;
+    } else {
+      r0 = t * a.tr; nv = min(a.tr, a.nrows - r0); parts = KIND == CONCAT ? a.slots : 1;
+    }
+    const uint32_t cb = uint32_t(nv * a.row_b), gbb = uint32_t(nv * gb);
+    if (lane == 0) mbar_expect_tx(bar, uint32_t(parts) * (cb + 2 * gbb));
+    __syncwarp();
+    for (int c = lane; c < 3 * parts; c += 32) {
+      const int part = c / 3, what = c % 3;
+      int64_t e = 0, r = r0;
+      if constexpr (KIND == SWIGLU) { e = ex[t / a.rtiles]; r += int64_t(part) * a.I; }  // gate rows, then up rows
+      if constexpr (KIND == CONCAT) e = ex[part];
+      if (what == 0) bulk_copy(dst + part * a.tr * a.row_b, a.q + e * a.qstride_b + r * a.row_b, cb, bar);
+      else bulk_copy(dst + a.codes_bytes + (what - 1) * a.sc_bytes + part * a.tr * gb,
+                     (what == 1 ? sb : bb) + e * a.sstride * 2 + r * gb, gbb, bar);
+    }
+  };
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) mbar_init(&bars[s], 1);
+    LILY_RING_SM90(asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"));
+    LILY_RING_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
+  }
+  __syncwarp();
+  if constexpr (KIND == PLAIN) {
+    if (warp == 0)
+      for (int li = 0; li < min(S, my_tiles); ++li) issue(li);
+    grid_dependency_wait();
+  } else {
+    grid_dependency_wait();
+    if (warp == 0) {
+      if (lane < a.slots) ex[lane] = a.expert[lane];
+      __syncwarp();
+      for (int li = 0; li < min(S, my_tiles); ++li) issue(li);
+    }
+  }
+
+  // ---- stage the input (PLAIN / SWIGLU: RMS-normalised when asked; CONCAT: w[s]·h_s) and Σ x per
+  // column. Every load is issued before the first is used (one L2 round trip, not one per pass): thread
+  // (warp, lane) holds float4 m at elements 1024·m + 128·warp + 4·lane; the lanes sharing a column sum
+  // by shuffles (8 lanes per 4-bit column, 4 per 8-bit one). ----
+  const int nel = KIND == CONCAT ? a.slots * a.in : a.in;
+  float4 v[kMaxV];
+#pragma unroll
+  for (int m = 0; m < kMaxV; ++m) {
+    const int e = 1024 * m + 128 * warp + 4 * lane;
+    v[m] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (e < nel) {
+      if constexpr (KIND == CONCAT) {
+        const int sl = e / a.in;
+        const float4 h = *reinterpret_cast<const float4*>(a.x + sl * a.ldx + (e - sl * a.in));
+        const float w = a.xw[sl];
+        v[m] = make_float4(w * h.x, w * h.y, w * h.z, w * h.w);
+      } else {
+        v[m] = *reinterpret_cast<const float4*>(a.x + e);
+      }
+    }
+  }
+  if (KIND != CONCAT && a.norm_w) {
+    float ss = 0.f;
+#pragma unroll
+    for (int m = 0; m < kMaxV; ++m) ss += v[m].x * v[m].x + v[m].y * v[m].y + v[m].z * v[m].z + v[m].w * v[m].w;
+    const float inv = rsqrtf(block_sum(ss, red) / float(nel) + a.eps);
+#pragma unroll
+    for (int m = 0; m < kMaxV; ++m) {
+      const int e = 1024 * m + 128 * warp + 4 * lane;
+      if (e < nel) {
+        const float4 w = *reinterpret_cast<const float4*>(a.norm_w + e);
+        v[m] = make_float4(v[m].x * inv * w.x, v[m].y * inv * w.y, v[m].z * inv * w.z, v[m].w * inv * w.w);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kMaxV; ++m) {
+    const int e0 = 1024 * m + 128 * warp;
+    if (e0 < nel) {  // nel % 128 == 0: a warp's 128 elements are all in or all out
+      const int e = e0 + 4 * lane;
+      *reinterpret_cast<float4*>(xs + xs_at<BITS>(e)) = v[m];
+      float t = v[m].x + v[m].y + v[m].z + v[m].w;
+#pragma unroll
+      for (int o = C / 8; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+      if (lane % (C / 4) == 0) colX[e / C] = t;
+    }
+  }
+  __syncthreads();
+
+  // ---- tiles ----
+  const int lpr = a.lpr, sub = lane / lpr, sl = lane % lpr, nsub = 32 / lpr;
+  const int rfirst = (warp * nsub + sub) * RPW;  // this lane's first row within a tile
+  for (int li = 0; li < my_tiles; ++li) {
+    const int t = bid + li * G;
+    const uint8_t* st = smem + (li % S) * size_t(a.stage_bytes);
+    const uint16_t* ss = reinterpret_cast<const uint16_t*>(st + a.codes_bytes);
+    const uint16_t* bs = reinterpret_cast<const uint16_t*>(st + a.codes_bytes + a.sc_bytes);
+    mbar_wait(&bars[li % S], uint32_t(li / S) & 1u);
+    float acc[NACC];
+#pragma unroll
+    for (int j = 0; j < NACC; ++j) acc[j] = 0.f;
+    for (int i = sl; i < a.n; i += lpr) {
+      float xv[C];
+      const float4* x4 = reinterpret_cast<const float4*>(xs) + (i >> 5) * 8 * C + (i & 31);
+#pragma unroll
+      for (int k = 0; k < C / 4; ++k) {
+        const float4 v = x4[k * 32];
+        xv[4 * k] = v.x; xv[4 * k + 1] = v.y; xv[4 * k + 2] = v.z; xv[4 * k + 3] = v.w;
+      }
+      const float cx = colX[i], ck = kColScale * cx;
+      // stage row of (row j, column i): CONCAT rows of slot s sit at s·tr, SWIGLU up rows at tr
+      int srow0 = rfirst, col = i;
+      if constexpr (KIND == CONCAT) {
+        const int s = i / a.nin;
+        srow0 += s * a.tr;
+        col = i - s * a.nin;
+      }
+      const int g = (col * C) / a.gs;
+#pragma unroll
+      for (int j = 0; j < NACC; ++j) {
+        const int srow = srow0 + (KIND == SWIGLU && j >= RPW ? a.tr + j - RPW : j);
+        const uint4 w = *reinterpret_cast<const uint4*>(st + srow * a.row_b + col * 16);
+        const float sc = bf(ss[srow * a.ng + g]), bi = bf(bs[srow * a.ng + g]);
+        acc[j] = fmaf(sc, col_dot<BITS>(w, xv) - ck, fmaf(bi, cx, acc[j]));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NACC; ++j)
+      for (int o = lpr >> 1; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+    if (sl == 0) {
+#pragma unroll
+      for (int j = 0; j < RPW; ++j) {
+        if constexpr (KIND == SWIGLU) {
+          const int slot = t / a.rtiles, r = (t % a.rtiles) * a.tr + rfirst + j;
+          if (r < a.I) a.y[slot * a.ldy + r] = silu(acc[j]) * acc[RPW + j];
+        } else {
+          const int r = t * a.tr + rfirst + j;
+          if (r < a.nrows) a.y[r] = a.accumulate ? a.y[r] + acc[j] : acc[j];
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this stage
+    if (warp == 0 && li + S < my_tiles) {
+      LILY_RING_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
+      issue(li + S);
+    }
+  }
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    return v > 0 ? v : 132;
+  }();
+  return n;
+}
+
+std::atomic<int> g_ring_on{-1};  // -1: not read from the environment yet
+
+bool ring_supported() {
+  static const bool sm90 = [] {
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    return major >= 9;  // cp.async.bulk and mbarrier transaction counts
+  }();
+  int on = g_ring_on.load(std::memory_order_relaxed);
+  if (on < 0) {
+    const char* v = std::getenv("LILY_GEMV_RING");
+    on = v && v[0] == '0' ? 0 : 1;
+    g_ring_on.store(on, std::memory_order_relaxed);
+  }
+  return sm90 && on == 1;
+}
+
+template <int BITS, int KIND, int RPW>
+void launch_ring(const RingArgs& a, int grid, size_t smem, cudaStream_t s) {
+  static const bool attr = [smem] {
+    LILY_CU(cudaFuncSetAttribute(gemv_ring_kernel<BITS, KIND, RPW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(kMaxSmem)));
+    (void)smem;
+    return true;
+  }();
+  (void)attr;
+  PdlLaunch L(dim3(unsigned(grid)), dim3(kThreads), smem, s);
+  LILY_CU(cudaLaunchKernelEx(&L.cfg, gemv_ring_kernel<BITS, KIND, RPW>, a));
+  LILY_CU_LAUNCH();
+}
+
+template <int KIND, int RPW>
+void launch_bits(int bits, const RingArgs& a, int grid, size_t smem, cudaStream_t s) {
+  if (bits == 4) launch_ring<4, KIND, RPW>(a, grid, smem, s);
+  else launch_ring<8, KIND, RPW>(a, grid, smem, s);
+}
+
+// Fills the shape fields of a and launches; false when the shape is not covered (nothing launched).
+bool plan_and_launch(const Mat& W, RingArgs& a, int kind, cudaStream_t s) {
+  const int bits = W.bits, C = 128 / bits;
+  const int64_t gb = int64_t(a.ng) * 2;
+  a.nin = a.in / C;
+  a.n = kind == CONCAT ? a.slots * a.nin : a.nin;
+  a.lpr = a.nin >= 32 || kind == CONCAT ? 32 : a.nin >= 16 ? 16 : 8;
+  const int nsub = 32 / a.lpr;
+  const int64_t per_row = (a.row_b + 2 * gb) * (kind == SWIGLU ? 2 : kind == CONCAT ? a.slots : 1);
+  const int64_t rows_out = kind == SWIGLU ? a.I : a.nrows;
+  const int64_t units = kind == SWIGLU ? int64_t(a.slots) * a.I : rows_out;
+  int rpw = 4;
+  while (rpw > 1 && (int64_t(kWarps) * nsub * rpw * per_row > 24 * 1024 || units / (kWarps * nsub * rpw) < 2 * sm_count()))
+    rpw /= 2;
+  a.tr = kWarps * nsub * rpw;
+  // every bulk copy is a multiple of 16 bytes at a 16-byte aligned address
+  auto a16 = [](int64_t v) { return v % 16 == 0; };
+  const int64_t nv_last = rows_out % a.tr == 0 ? a.tr : rows_out % a.tr;
+  if (!a16(a.row_b) || !a16(a.tr * gb) || !a16(nv_last * gb) || !a16(a.qstride_b) || !a16(a.sstride * 2)) return false;
+  if (kind == SWIGLU && !a16(a.I * gb)) return false;
+  if (!aligned16(a.q) || !aligned16(a.s) || !aligned16(a.b)) return false;
+  const int64_t nel = kind == CONCAT ? int64_t(a.slots) * a.in : a.in;
+  if (nel > int64_t(kMaxV) * 4 * kThreads || a.in % 128 != 0 || !aligned16(a.x) || a.ldx % 4 != 0 ||
+      (a.norm_w && !aligned16(a.norm_w)))
+    return false;
+  const int64_t nrw = int64_t(a.tr) * (kind == SWIGLU ? 2 : kind == CONCAT ? a.slots : 1);
+  a.codes_bytes = uint32_t(nrw * a.row_b);
+  a.sc_bytes = uint32_t(nrw * gb);
+  a.stage_bytes = uint32_t((a.codes_bytes + 2 * a.sc_bytes + 127) / 128 * 128);
+  a.rtiles = kind == SWIGLU ? int(cdiv(a.I, a.tr)) : 0;
+  a.ntiles = kind == SWIGLU ? a.slots * a.rtiles : int(cdiv(a.nrows, a.tr));
+  a.xs_floats = int(cdiv(a.n, 32)) * 32 * C;
+  const size_t fixed = sizeof(float) * (size_t(a.xs_floats) + size_t(a.n));
+  a.stages = kMaxStages;
+  while (a.stages > 1 && size_t(a.stages) * a.stage_bytes + fixed > kMaxSmem) --a.stages;
+  const size_t smem = size_t(a.stages) * a.stage_bytes + fixed;
+  if (smem > kMaxSmem) return false;
+  const int grid = int(std::min<int64_t>(a.ntiles, kBlocksPerSm * int64_t(sm_count())));
+  if (grid <= 0) return true;
+  auto go = [&](auto kind_c) {
+    constexpr int K = decltype(kind_c)::value;
+    if (rpw == 4) launch_bits<K, 4>(bits, a, grid, smem, s);
+    else if (rpw == 2) launch_bits<K, 2>(bits, a, grid, smem, s);
+    else launch_bits<K, 1>(bits, a, grid, smem, s);
+  };
+  if (kind == PLAIN) go(std::integral_constant<int, PLAIN>{});
+  else if (kind == SWIGLU) go(std::integral_constant<int, SWIGLU>{});
+  else go(std::integral_constant<int, CONCAT>{});
+  return true;
+}
+
+RingArgs base_args(const Mat& W, int in) {
+  RingArgs a{};
+  a.q = reinterpret_cast<const uint8_t*>(W.q);
+  a.s = W.s;
+  a.b = W.b;
+  a.qstride_b = W.qstride * 4;
+  a.row_b = W.row_words * 4;
+  a.sstride = W.sstride;
+  a.gs = W.gs;
+  a.ng = in / W.gs;
+  a.in = in;
+  return a;
+}
+
+
+bool covered(const Mat& W, int in) {
+  return ring_supported() && W.affine && !W.exl3 && (W.bits == 4 || W.bits == 8) && W.q && W.s && W.b && in % 32 == 0 &&
+         W.gs % 32 == 0 && in % W.gs == 0 && W.row_words * 4 * 8 == int64_t(in) * W.bits;
+}
+
+}  // namespace
+
+void set_gemv_ring(bool on) { g_ring_on.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float* x, int slots, float* y, int64_t ldy,
+               bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps) {
+  if (!covered(W, in) || slots <= 0) return false;
+  const bool swi = swiglu_I > 0;
+  if (swi != (expert != nullptr) || (!swi && slots != 1) || slots > kMaxSlots) return false;
+  if (accumulate && swi) return false;
+  RingArgs a = base_args(W, in);
+  a.nrows = swi ? swiglu_I : out;
+  a.I = swiglu_I;
+  a.slots = slots;
+  a.expert = expert;
+  a.x = x;
+  a.norm_w = norm_w;
+  a.eps = eps;
+  a.y = y;
+  a.ldy = ldy;
+  a.accumulate = accumulate;
+  return plan_and_launch(W, a, swi ? SWIGLU : PLAIN, s);
+}
+
+bool gemv_ring_concat(const Mat& W, const int32_t* expert, int out, int in, const float* h, int64_t ldh,
+                      const float* weights, int slots, float* y, bool accumulate, cudaStream_t s) {
+  if (!covered(W, in) || slots <= 0 || slots > kMaxSlots || !expert) return false;
+  RingArgs a = base_args(W, in);
+  a.nrows = out;
+  a.slots = slots;
+  a.expert = expert;
+  a.x = h;
+  a.ldx = ldh;
+  a.xw = weights;
+  a.y = y;
+  a.ldy = 0;
+  a.accumulate = accumulate;
+  return plan_and_launch(W, a, CONCAT, s);
+}
+
+}  // namespace lily::cuda
