@@ -79,6 +79,8 @@ class Backend {
   virtual void synchronize() {}
   // Peak bytes of memory this backend allocated (weights + state + scratch), for reports.
   virtual size_t peak_memory() const { return 0; }
+  // Prompt tokens per forward step when the caller leaves the choice to the backend.
+  virtual int64_t preferred_prefill_chunk() const { return 2048; }
   // Measured copy bandwidth of the memory the weights live in, bytes/s counting read + write (e.g. a
   // device-to-device cudaMemcpy of a large buffer). 0: host memory, which `lily bench` measures itself.
   virtual double copy_bandwidth() { return 0; }

@@ -19,7 +19,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
   struct Opts {
     std::string model, tokens, backend = "cpu", prompt, tokenizer, chat_template, system, template_kwargs;
     bool raw = false;
-    int64_t max_tokens = 64, chunk = 2048, ctx = 0;
+    int64_t max_tokens = 64, chunk = 0, ctx = 0;
     float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f, rep = 1.0f;
     int top_k = 0;
     int64_t seed = -1;
@@ -42,7 +42,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
   app.add_option("--min-p", o->min_p, "Drop tokens below min-p x the top probability")->capture_default_str();
   app.add_option("--repeat-penalty", o->rep, "Repetition penalty (1 = off)")->capture_default_str();
   app.add_option("--seed", o->seed, "Random seed (default: random)");
-  app.add_option("--prefill-chunk", o->chunk, "Prompt tokens per forward step")->capture_default_str();
+  app.add_option("--prefill-chunk", o->chunk, "Prompt tokens per forward step (0: the backend's choice, 2048 on the CPU, 8192 on CUDA)");
   app.add_option("--ctx-size", o->ctx, "Context size (default: prompt + max tokens)");
   app.add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the model's end-of-sequence ids");

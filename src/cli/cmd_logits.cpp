@@ -13,13 +13,13 @@ namespace {
 Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for a token list", [](CLI::App& app) {
   struct Opts {
     std::string model, tokens, out, backend = "cpu";
-    int64_t chunk = 2048;
+    int64_t chunk = 0;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--model", o->model, "Model directory")->required();
   app.add_option("--tokens", o->tokens, "Token ids, comma separated")->required();
   app.add_option("--out", o->out, "Output file (float32 little-endian, row t predicts token t+1)")->required();
-  app.add_option("--prefill-chunk", o->chunk, "Tokens per forward step")->capture_default_str();
+  app.add_option("--prefill-chunk", o->chunk, "Tokens per forward step (0: the backend's choice, 2048 on the CPU, 8192 on CUDA)");
   app.add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
   return [o]() -> int {
     auto ids = parse_ids(o->tokens, "--tokens");

@@ -33,7 +33,7 @@ Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --mo
   app.add_option("--chat-template", a->chat_template, "Jinja chat template file (overrides the model's)");
   app.add_option("--tokenizer", a->tokenizer, "Directory or tokenizer.json when the model directory has none");
   app.add_option("--backend", a->backend, "cpu or cuda")->capture_default_str();
-  app.add_option("--prefill-chunk", a->prefill_chunk, "Prompt tokens per forward step")->capture_default_str();
+  app.add_option("--prefill-chunk", a->prefill_chunk, "Prompt tokens per forward step; a step stalls the other streams' decoding (0: the backend's choice, 8192 on CUDA)")->capture_default_str();
   app.add_option("--max-tokens", a->max_tokens, "Default completion limit when a request sets none")->capture_default_str();
   app.add_option("--model-id", a->model_id, "Model name reported by /v1/models (default: directory name)");
   app.add_option("--web-dir", a->web_dir, "Directory of the chat page (default: web/ of the source tree)");

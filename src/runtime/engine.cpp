@@ -22,7 +22,8 @@ std::unique_ptr<Engine> Engine::open(const std::string& model_dir, const EngineO
 
 std::unique_ptr<Engine> Engine::from_weights(std::shared_ptr<const ModelWeights> w, const EngineOptions& opt) {
   LILY_CHECK(opt.ctx_size > 0, "--ctx-size must be positive (got {})", opt.ctx_size);
-  LILY_CHECK(opt.prefill_chunk > 0, "--prefill-chunk must be positive (got {})", opt.prefill_chunk);
+  LILY_CHECK(opt.prefill_chunk >= 0, "--prefill-chunk must be positive, or 0 for the backend's choice (got {})",
+             opt.prefill_chunk);
   auto e = std::unique_ptr<Engine>(new Engine());
   e->weights_ = std::move(w);
   e->opt_ = opt;
@@ -38,18 +39,21 @@ std::unique_ptr<Engine> Engine::from_weights(std::shared_ptr<const ModelWeights>
   } else {
     fail("--backend '{}' is unknown (cpu or cuda)", opt.backend);
   }
+  if (e->opt_.prefill_chunk == 0) e->opt_.prefill_chunk = e->backend_->preferred_prefill_chunk();
   return e;
 }
 
 std::unique_ptr<Engine> Engine::from_backend(std::shared_ptr<const ModelWeights> w, std::unique_ptr<Backend> backend,
                                              const EngineOptions& opt) {
   LILY_CHECK(opt.ctx_size > 0, "--ctx-size must be positive (got {})", opt.ctx_size);
-  LILY_CHECK(opt.prefill_chunk > 0, "--prefill-chunk must be positive (got {})", opt.prefill_chunk);
+  LILY_CHECK(opt.prefill_chunk >= 0, "--prefill-chunk must be positive, or 0 for the backend's choice (got {})",
+             opt.prefill_chunk);
   LILY_ASSERT(backend != nullptr && &backend->weights() == w.get());
   auto e = std::unique_ptr<Engine>(new Engine());
   e->weights_ = std::move(w);
   e->backend_ = std::move(backend);
   e->opt_ = opt;
+  if (e->opt_.prefill_chunk == 0) e->opt_.prefill_chunk = e->backend_->preferred_prefill_chunk();
   return e;
 }
 

@@ -12,7 +12,7 @@ namespace lily {
 struct EngineOptions {
   std::string backend = "cpu";  // "cpu" or "cuda"
   int64_t ctx_size = 32768;     // default KV capacity of a session
-  int64_t prefill_chunk = 2048; // prompt tokens per forward step
+  int64_t prefill_chunk = 0;    // prompt tokens per forward step; 0: Backend::preferred_prefill_chunk()
 };
 
 class Engine {

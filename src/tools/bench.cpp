@@ -135,7 +135,8 @@ BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions&
         fmt::print(stderr, "bench: prefill {:>6}: {} {:.1f} tok/s\n", P, r ? "run    " : "warm-up", double(P) / dt);
     }
     row.tok_s = median(row.runs);
-    const double chunks = double((P + opt.prefill_chunk - 1) / opt.prefill_chunk);
+    const int64_t chunk = engine->options().prefill_chunk;
+    const double chunks = double((P + chunk - 1) / chunk);
     row.bytes_per_token = double(rep.weight_bytes) * chunks / double(P) + double(state_bytes) / double(P) + rec * chunks / double(P);
     row.roofline_tok_s = rep.bandwidth / row.bytes_per_token;
     rep.prefill.push_back(row);

@@ -29,7 +29,7 @@ struct BenchOptions {
   std::vector<int64_t> decode_context = {256};
   int repeats = 3;
   int decode_tokens = 32;
-  int64_t prefill_chunk = 2048;
+  int64_t prefill_chunk = 0;  // 0: the backend's preferred size
   uint64_t seed = 1234;
   bool progress = true;  // on stderr
   std::string label;     // model description for the report
