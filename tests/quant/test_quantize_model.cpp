@@ -145,7 +145,9 @@ TEST(QuantizeModel, CalibrationHessians) {
     EXPECT_GT(hq[size_t(i * 129)], 0.0);
     for (int j = 0; j < i; ++j) EXPECT_NEAR(hq[size_t(i * 128 + j)], hq[size_t(j * 128 + i)], 1e-9 * (1 + std::fabs(hq[size_t(i * 128 + j)])));
   }
-  if (H.count(down)) EXPECT_EQ(H[down].size(), size_t(64 * 64));  // an expert sees only its routed tokens
+  if (H.count(down)) {
+    EXPECT_EQ(H[down].size(), size_t(64 * 64));  // an expert sees only its routed tokens
+  }
 }
 
 TEST(QuantizeModel, FractionalBitsAllocation) {
