@@ -6,6 +6,7 @@
 #ifndef LILY_HAVE_CUDA
 TEST(CudaGemv, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #else
+#include <algorithm>
 #include <cmath>
 
 #include "cuda_test_util.h"
@@ -231,6 +232,39 @@ TEST(CudaGemv, RingMatchesReference) {
       EXPECT_TRUE(ring_concat(bits, gs, 2048, 512, 11, true, rng)) << "expert down, 10 + 1 slots, bits " << bits;
     }
   }
+}
+
+TEST(CudaGemv, RingPlansCoverTheModelProducts) {
+  // Host-side plan only (no device work): every decode product of Qwen3.5-35B-A3B and Qwen3-Next-80B-A3B
+  // takes the ring, with whole tiles covering the rows, and its stages fit two blocks per SM.
+  using lily::cuda::gemv_ring_plan;
+  struct P { int kind, in, rows, slots; const char* what; };
+  const P products[] = {{0, 2048, 12288, 1, "GDN input projection"}, {0, 2048, 9216, 1, "attention q|gate|k|v"},
+                        {0, 4096, 2048, 1, "output projections"},   {0, 2048, 248320, 1, "lm head"},
+                        {1, 2048, 512, 9, "expert gate|up, 8 + 1 slots"}, {1, 2048, 512, 11, "expert gate|up, 10 + 1"},
+                        {2, 512, 2048, 9, "expert down + combine, 8 + 1"}, {2, 512, 2048, 11, "expert down + combine, 10 + 1"}};
+  for (int bits : {4, 8})
+    for (int gs : {64, 128})
+      for (const P& p : products) {
+        const auto g = gemv_ring_plan(p.kind, bits, gs, p.in, p.rows, p.slots, 132);
+        ASSERT_TRUE(g.covered) << p.what << " bits " << bits << " gs " << gs;
+        EXPECT_GE(g.stages, 1);
+        EXPECT_LE(g.smem, size_t(108 * 1024));
+        const int64_t units = p.kind == 1 ? int64_t(p.slots) * ((p.rows + g.rows_per_tile - 1) / g.rows_per_tile)
+                                          : (p.rows + g.rows_per_tile - 1) / g.rows_per_tile;
+        EXPECT_EQ(g.tiles, units) << p.what;
+        EXPECT_EQ(g.blocks, std::min<int64_t>(g.tiles, 2 * 132)) << p.what;
+        if (bits == 4 && p.kind == 0 && p.in == 2048) {
+          EXPECT_GE(g.stages, 3) << p.what;  // loads stay ahead of the warps
+        }
+      }
+  // declined: inputs not a multiple of 128, too many slots, 3-bit codes, a partial last tile whose scale rows
+  // are not whole 16-byte units (512 inputs in groups of 128: 8 bytes per row)
+  EXPECT_FALSE(gemv_ring_plan(0, 4, 32, 96, 100, 1, 132).covered);
+  EXPECT_FALSE(gemv_ring_plan(2, 4, 64, 512, 2048, 33, 132).covered);
+  EXPECT_FALSE(gemv_ring_plan(0, 3, 64, 2048, 100, 1, 132).covered);
+  EXPECT_FALSE(gemv_ring_plan(0, 4, 128, 512, 17, 1, 132).covered);
+  EXPECT_TRUE(gemv_ring_plan(0, 4, 128, 512, 16, 1, 132).covered);
 }
 
 TEST(CudaGemv, LaunchShapesCoverTheBranches) {

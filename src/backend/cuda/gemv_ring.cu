@@ -356,50 +356,72 @@ void launch_bits(int bits, const RingArgs& a, int grid, size_t smem, cudaStream_
   else launch_ring<8, KIND, RPW>(a, grid, smem, s);
 }
 
-// Fills the shape fields of a and launches; false when the shape is not covered (nothing launched).
-bool plan_and_launch(const Mat& W, RingArgs& a, int kind, cudaStream_t s) {
-  const int bits = W.bits, C = 128 / bits;
-  const int64_t gb = int64_t(a.ng) * 2;
-  a.nin = a.in / C;
-  a.n = kind == CONCAT ? a.slots * a.nin : a.nin;
-  a.lpr = a.nin >= 32 || kind == CONCAT ? 32 : a.nin >= 16 ? 16 : 8;
-  const int nsub = 32 / a.lpr;
-  const int64_t per_row = (a.row_b + 2 * gb) * (kind == SWIGLU ? 2 : kind == CONCAT ? a.slots : 1);
-  const int64_t rows_out = kind == SWIGLU ? a.I : a.nrows;
-  const int64_t units = kind == SWIGLU ? int64_t(a.slots) * a.I : rows_out;
-  int rpw = 4;
-  while (rpw > 1 && (int64_t(kWarps) * nsub * rpw * per_row > 24 * 1024 || units / (kWarps * nsub * rpw) < 2 * sm_count()))
-    rpw /= 2;
-  a.tr = kWarps * nsub * rpw;
-  // every bulk copy is a multiple of 16 bytes at a 16-byte aligned address
+// Tiles, stages and shared memory of one product (host only). rows: output rows (PLAIN, CONCAT) or I
+// (SWIGLU). ok == false: not covered (a bulk copy would not be whole 16-byte units, the input does not fit
+// the staging registers, or one stage does not fit the shared memory).
+struct Shape {
+  bool ok = false;
+  int rpw = 1, tr = 0, lpr = 32, nin = 0, n = 0, stages = 0, ntiles = 0, rtiles = 0, xs_floats = 0, grid = 0;
+  uint32_t codes_bytes = 0, sc_bytes = 0, stage_bytes = 0;
+  size_t smem = 0;
+};
+
+Shape ring_shape(int kind, int bits, int gs, int in, int rows, int slots, int sms) {
+  Shape h;
+  if ((bits != 4 && bits != 8) || gs <= 0 || gs % 32 != 0 || in <= 0 || in % 128 != 0 || in % gs != 0 || rows <= 0 ||
+      slots <= 0 || slots > kMaxSlots)
+    return h;
+  const int C = 128 / bits;
+  const int64_t row_b = int64_t(in) * bits / 8, gb = int64_t(in / gs) * 2;
+  h.nin = in / C;
+  h.n = kind == CONCAT ? slots * h.nin : h.nin;
+  h.lpr = h.nin >= 32 || kind == CONCAT ? 32 : h.nin >= 16 ? 16 : 8;
+  const int nsub = 32 / h.lpr;
+  const int parts = kind == SWIGLU ? 2 : kind == CONCAT ? slots : 1;  // row blocks per tile
+  const int64_t per_row = (row_b + 2 * gb) * parts;
+  const int64_t units = kind == SWIGLU ? int64_t(slots) * rows : rows;
+  h.rpw = 4;
+  while (h.rpw > 1 && (int64_t(kWarps) * nsub * h.rpw * per_row > 24 * 1024 || units / (kWarps * nsub * h.rpw) < 2 * sms))
+    h.rpw /= 2;
+  h.tr = kWarps * nsub * h.rpw;
   auto a16 = [](int64_t v) { return v % 16 == 0; };
-  const int64_t nv_last = rows_out % a.tr == 0 ? a.tr : rows_out % a.tr;
-  if (!a16(a.row_b) || !a16(a.tr * gb) || !a16(nv_last * gb) || !a16(a.qstride_b) || !a16(a.sstride * 2)) return false;
-  if (kind == SWIGLU && !a16(a.I * gb)) return false;
-  if (!aligned16(a.q) || !aligned16(a.s) || !aligned16(a.b)) return false;
-  const int64_t nel = kind == CONCAT ? int64_t(a.slots) * a.in : a.in;
-  if (nel > int64_t(kMaxV) * 4 * kThreads || a.in % 128 != 0 || !aligned16(a.x) || a.ldx % 4 != 0 ||
-      (a.norm_w && !aligned16(a.norm_w)))
+  const int64_t nv_last = rows % h.tr == 0 ? h.tr : rows % h.tr;
+  if (!a16(row_b) || !a16(h.tr * gb) || !a16(nv_last * gb)) return h;
+  if (kind == SWIGLU && !a16(int64_t(rows) * gb)) return h;  // up rows start I rows in
+  const int64_t nel = kind == CONCAT ? int64_t(slots) * in : in;
+  if (nel > int64_t(kMaxV) * 4 * kThreads) return h;
+  h.codes_bytes = uint32_t(int64_t(h.tr) * parts * row_b);
+  h.sc_bytes = uint32_t(int64_t(h.tr) * parts * gb);
+  h.stage_bytes = uint32_t((h.codes_bytes + 2 * h.sc_bytes + 127) / 128 * 128);
+  h.rtiles = kind == SWIGLU ? int(cdiv(rows, h.tr)) : 0;
+  h.ntiles = kind == SWIGLU ? slots * h.rtiles : int(cdiv(rows, h.tr));
+  h.xs_floats = int(cdiv(h.n, 32)) * 32 * C;
+  const size_t fixed = sizeof(float) * (size_t(h.xs_floats) + size_t(h.n));
+  h.stages = kMaxStages;
+  while (h.stages > 1 && size_t(h.stages) * h.stage_bytes + fixed > kMaxSmem) --h.stages;
+  h.smem = size_t(h.stages) * h.stage_bytes + fixed;
+  if (h.smem > kMaxSmem) return h;
+  h.grid = int(std::min<int64_t>(h.ntiles, kBlocksPerSm * int64_t(sms)));
+  h.ok = true;
+  return h;
+}
+
+// Fills the shape fields of a and launches; false when the product is not covered (nothing launched).
+bool plan_and_launch(const Mat& W, RingArgs& a, int kind, cudaStream_t s) {
+  const Shape h = ring_shape(kind, W.bits, W.gs, a.in, kind == SWIGLU ? a.I : a.nrows, a.slots, sm_count());
+  if (!h.ok) return false;
+  // every bulk copy starts at a 16-byte aligned address; the input is read as float4
+  if (a.qstride_b % 16 != 0 || (a.sstride * 2) % 16 != 0 || !aligned16(a.q) || !aligned16(a.s) || !aligned16(a.b) ||
+      !aligned16(a.x) || a.ldx % 4 != 0 || (a.norm_w && !aligned16(a.norm_w)))
     return false;
-  const int64_t nrw = int64_t(a.tr) * (kind == SWIGLU ? 2 : kind == CONCAT ? a.slots : 1);
-  a.codes_bytes = uint32_t(nrw * a.row_b);
-  a.sc_bytes = uint32_t(nrw * gb);
-  a.stage_bytes = uint32_t((a.codes_bytes + 2 * a.sc_bytes + 127) / 128 * 128);
-  a.rtiles = kind == SWIGLU ? int(cdiv(a.I, a.tr)) : 0;
-  a.ntiles = kind == SWIGLU ? a.slots * a.rtiles : int(cdiv(a.nrows, a.tr));
-  a.xs_floats = int(cdiv(a.n, 32)) * 32 * C;
-  const size_t fixed = sizeof(float) * (size_t(a.xs_floats) + size_t(a.n));
-  a.stages = kMaxStages;
-  while (a.stages > 1 && size_t(a.stages) * a.stage_bytes + fixed > kMaxSmem) --a.stages;
-  const size_t smem = size_t(a.stages) * a.stage_bytes + fixed;
-  if (smem > kMaxSmem) return false;
-  const int grid = int(std::min<int64_t>(a.ntiles, kBlocksPerSm * int64_t(sm_count())));
-  if (grid <= 0) return true;
+  a.nin = h.nin; a.n = h.n; a.lpr = h.lpr; a.tr = h.tr;
+  a.codes_bytes = h.codes_bytes; a.sc_bytes = h.sc_bytes; a.stage_bytes = h.stage_bytes;
+  a.rtiles = h.rtiles; a.ntiles = h.ntiles; a.xs_floats = h.xs_floats; a.stages = h.stages;
   auto go = [&](auto kind_c) {
     constexpr int K = decltype(kind_c)::value;
-    if (rpw == 4) launch_bits<K, 4>(bits, a, grid, smem, s);
-    else if (rpw == 2) launch_bits<K, 2>(bits, a, grid, smem, s);
-    else launch_bits<K, 1>(bits, a, grid, smem, s);
+    if (h.rpw == 4) launch_bits<K, 4>(W.bits, a, h.grid, h.smem, s);
+    else if (h.rpw == 2) launch_bits<K, 2>(W.bits, a, h.grid, h.smem, s);
+    else launch_bits<K, 1>(W.bits, a, h.grid, h.smem, s);
   };
   if (kind == PLAIN) go(std::integral_constant<int, PLAIN>{});
   else if (kind == SWIGLU) go(std::integral_constant<int, SWIGLU>{});
@@ -431,12 +453,25 @@ bool covered(const Mat& W, int in) {
 
 void set_gemv_ring(bool on) { g_ring_on.store(on ? 1 : 0, std::memory_order_relaxed); }
 
+GemvRingPlan gemv_ring_plan(int kind, int bits, int gs, int in, int rows, int slots, int sm_count) {
+  const Shape h = ring_shape(kind, bits, gs, in, rows, slots, sm_count);
+  GemvRingPlan p;
+  p.covered = h.ok;
+  p.rows_per_tile = h.tr;
+  p.stages = h.stages;
+  p.tiles = h.ntiles;
+  p.blocks = h.grid;
+  p.smem = h.smem;
+  return p;
+}
+
 bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float* x, int slots, float* y, int64_t ldy,
                bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps) {
   if (!covered(W, in) || slots <= 0) return false;
   const bool swi = swiglu_I > 0;
   if (swi != (expert != nullptr) || (!swi && slots != 1) || slots > kMaxSlots) return false;
   if (accumulate && swi) return false;
+  if ((swi ? swiglu_I : out) <= 0) return true;  // nothing to compute
   RingArgs a = base_args(W, in);
   a.nrows = swi ? swiglu_I : out;
   a.I = swiglu_I;
@@ -454,6 +489,7 @@ bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float
 bool gemv_ring_concat(const Mat& W, const int32_t* expert, int out, int in, const float* h, int64_t ldh,
                       const float* weights, int slots, float* y, bool accumulate, cudaStream_t s) {
   if (!covered(W, in) || slots <= 0 || slots > kMaxSlots || !expert) return false;
+  if (out <= 0) return true;
   RingArgs a = base_args(W, in);
   a.nrows = out;
   a.slots = slots;

@@ -92,6 +92,15 @@ bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float
 // MoE down projection and combine in one product: y[r] (+)= Σ_s weights[s] · (W_{expert[s]}[r, :] · h[s·ldh, :]).
 bool gemv_ring_concat(const Mat& W, const int32_t* expert, int out, int in, const float* h, int64_t ldh,
                       const float* weights, int slots, float* y, bool accumulate, cudaStream_t s);
+// The ring's plan for a product (host only; tests and tools): kind 0 plain rows, 1 SwiGLU expert slots, 2 MoE
+// down projection + combine; rows: output rows, or I for SwiGLU. covered == false: gemv_ring declines it
+// whatever the pointers (it may also decline for unaligned pointers or strides).
+struct GemvRingPlan {
+  bool covered = false;
+  int rows_per_tile = 0, stages = 0, tiles = 0, blocks = 0;
+  size_t smem = 0;
+};
+GemvRingPlan gemv_ring_plan(int kind, int bits, int gs, int in, int rows, int slots, int sm_count);
 // The ring on or off for gemv_slots (default on; LILY_GEMV_RING=0 in the environment: off). Tests and A/B runs.
 void set_gemv_ring(bool on);
 
