@@ -455,14 +455,7 @@ void set_gemv_ring(bool on) { g_ring_on.store(on ? 1 : 0, std::memory_order_rela
 
 GemvRingPlan gemv_ring_plan(int kind, int bits, int gs, int in, int rows, int slots, int sm_count) {
   const Shape h = ring_shape(kind, bits, gs, in, rows, slots, sm_count);
-  GemvRingPlan p;
-  p.covered = h.ok;
-  p.rows_per_tile = h.tr;
-  p.stages = h.stages;
-  p.tiles = h.ntiles;
-  p.blocks = h.grid;
-  p.smem = h.smem;
-  return p;
+  return GemvRingPlan{h.ok, h.tr, h.stages, h.ntiles, h.grid, h.smem};
 }
 
 bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float* x, int slots, float* y, int64_t ldy,
