@@ -54,6 +54,16 @@ Weights make(int bits, int gs, int E, int out, int in, std::mt19937& rng) {
   return W;
 }
 
+// x RMS-normalised (eps 1e-6) times w, as the fused GEMVs stage it; x itself when !norm.
+std::vector<float> rms_normed(std::vector<float> x, const std::vector<float>& w, bool norm) {
+  if (!norm) return x;
+  double ss = 0;
+  for (float v : x) ss += double(v) * v;
+  const double inv = 1 / std::sqrt(ss / double(x.size()) + 1e-6);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(x[i] * inv * w[i]);
+  return x;
+}
+
 double dot(const float* w, const float* x, int in) {
   double s = 0;
   for (int i = 0; i < in; ++i) s += double(w[i]) * x[i];
@@ -72,13 +82,7 @@ void run_case(int bits, int gs, int out, int in, int slots, bool swiglu, bool no
   auto y0 = randn(size_t(slots) * out, rng);
   std::vector<double> ref(size_t(slots) * out);
   for (int s = 0; s < slots; ++s) {
-    std::vector<float> xs(x.begin() + long(s) * in, x.begin() + long(s + 1) * in);
-    if (norm) {
-      double ss = 0;
-      for (float v : xs) ss += double(v) * v;
-      const double inv = 1 / std::sqrt(ss / in + 1e-6);
-      for (int i = 0; i < in; ++i) xs[size_t(i)] = float(xs[size_t(i)] * inv * nw[size_t(i)]);
-    }
+    const std::vector<float> xs = rms_normed({x.begin() + long(s) * in, x.begin() + long(s + 1) * in}, nw, norm);
     const float* we = W.deq.data() + size_t(ex[size_t(s)]) * rows * in;
     for (int o = 0; o < out; ++o) {
       double v = dot(we + size_t(o) * in, xs.data(), in);
@@ -130,13 +134,7 @@ bool ring_plain(int bits, int gs, int out, int in, bool norm, bool acc, std::mt1
   Weights W = make(bits, gs, 1, out, in, rng);
   auto x = randn(size_t(in), rng), nw = randn(size_t(in), rng, 0.5f), y0 = randn(size_t(out), rng);
   for (auto& v : nw) v += 1.f;
-  std::vector<float> xs = x;
-  if (norm) {
-    double ss = 0;
-    for (float v : x) ss += double(v) * v;
-    const double inv = 1 / std::sqrt(ss / in + 1e-6);
-    for (int i = 0; i < in; ++i) xs[size_t(i)] = float(x[size_t(i)] * inv * nw[size_t(i)]);
-  }
+  const std::vector<float> xs = rms_normed(x, nw, norm);
   std::vector<double> ref(static_cast<size_t>(out));
   for (int o = 0; o < out; ++o) ref[size_t(o)] = dot(W.deq.data() + size_t(o) * in, xs.data(), in) + (acc ? y0[size_t(o)] : 0.0);
   Dev<float> dx(x), dnw(nw), dy(y0);
@@ -156,13 +154,7 @@ bool ring_swiglu(int bits, int gs, int I, int in, int slots, bool norm, std::mt1
   for (int s = 0; s < slots; ++s) ex[size_t(s)] = (s * 3 + 2) % E;
   auto x = randn(size_t(in), rng), nw = randn(size_t(in), rng, 0.5f);
   for (auto& v : nw) v += 1.f;
-  std::vector<float> xs = x;
-  if (norm) {
-    double ss = 0;
-    for (float v : x) ss += double(v) * v;
-    const double inv = 1 / std::sqrt(ss / in + 1e-6);
-    for (int i = 0; i < in; ++i) xs[size_t(i)] = float(x[size_t(i)] * inv * nw[size_t(i)]);
-  }
+  const std::vector<float> xs = rms_normed(x, nw, norm);
   std::vector<double> ref(size_t(slots) * I);
   for (int s = 0; s < slots; ++s) {
     const float* we = W.deq.data() + size_t(ex[size_t(s)]) * 2 * I * in;

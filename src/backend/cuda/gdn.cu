@@ -502,29 +502,6 @@ bool device_has_clusters() {
   return v == 2;
 }
 
-// cudaLaunchKernelEx configuration with a 1-D cluster dimension and, when enabled, programmatic stream
-// serialization (the PdlLaunch contract). Not copyable (cfg.attrs points into the object).
-struct ClusterPdlLaunch {
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[2] = {};
-  ClusterPdlLaunch(dim3 grid, dim3 block, unsigned cluster_x, cudaStream_t s) {
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = s;
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster_x;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 2 : 1;
-  }
-  ClusterPdlLaunch(const ClusterPdlLaunch&) = delete;
-  ClusterPdlLaunch& operator=(const ClusterPdlLaunch&) = delete;
-};
-
 // Normalised q (scaled by 1/sqrt(dk)) and k per (token, key head); g and beta per (token, value head).
 __global__ void prep_kernel(const float* __restrict__ xc, const float* __restrict__ proj, int64_t ldp, int T, int Hk,
                             int Hv, int dk, int dv, const float* __restrict__ dt_bias, const float* __restrict__ A_neg,
@@ -721,7 +698,7 @@ void gdn_core(const GdnDev& g, const float* proj, int T, float* conv_state, floa
                            ? step_split(G, g.dk, g.dv)
                            : StepSplit{};
   if (sp.ns > 0 && (reinterpret_cast<uintptr_t>(S) & 15) == 0 && device_has_clusters()) {
-    ClusterPdlLaunch L(dim3(unsigned(g.Hk * G * sp.ns)), dim3(kStepThreads), unsigned(G * sp.ns), s);
+    PdlLaunch L(dim3(unsigned(g.Hk * G * sp.ns)), dim3(kStepThreads), 0, s, unsigned(G * sp.ns));
     auto launch = [&](auto dkl, auto rwp) {
       constexpr int D = decltype(dkl)::value, W = decltype(rwp)::value;
       if constexpr (D * W <= kStepMaxCPL) {

@@ -41,19 +41,31 @@ inline bool pdl_enabled() {
 
 // Launch configuration for cudaLaunchKernelEx with programmatic stream serialization when PDL is
 // enabled: the kernel may start while the previous one finishes and must call grid_dependency_wait()
-// before reading anything that kernel writes. Not copyable (cfg.attrs points into the object).
+// before reading anything that kernel writes. cluster_x > 0: thread-block clusters of cluster_x CTAs
+// along x (sm_90). Not copyable (cfg.attrs points into the object).
 struct PdlLaunch {
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1] = {};
-  PdlLaunch(dim3 grid, dim3 block, size_t smem, cudaStream_t s) {
+  cudaLaunchAttribute attr[2] = {};
+  PdlLaunch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, unsigned cluster_x = 0) {
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    unsigned n = 0;
+    if (cluster_x > 0) {
+      attr[n].id = cudaLaunchAttributeClusterDimension;
+      attr[n].val.clusterDim.x = cluster_x;
+      attr[n].val.clusterDim.y = 1;
+      attr[n].val.clusterDim.z = 1;
+      ++n;
+    }
+    if (pdl_enabled()) {
+      attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[n].val.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cfg.numAttrs = n;
   }
   PdlLaunch(const PdlLaunch&) = delete;
   PdlLaunch& operator=(const PdlLaunch&) = delete;
