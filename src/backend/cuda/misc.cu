@@ -44,8 +44,8 @@ __device__ __forceinline__ unsigned long long block_max_key(unsigned long long k
 
 // grid (B, rows): block b of row r reduces the slice [b·per, (b+1)·per) to a key and folds it into
 // keys[r] with atomicMax; the row's last block (counts[r]) writes out[r] and zeroes keys[r] and
-// counts[r] for the next call. One row of 248K logits is ~1 MB: one block reading it alone takes
-// ~45 µs, a wave of blocks ~3 µs.
+// counts[r] for the next call. One row of 248K logits is ~1 MB: read by one block it costs ~48 µs
+// on an H200, by a grid of 122 blocks ~7 µs.
 __global__ void argmax_kernel(const float* __restrict__ logits, int V, int per, int32_t* __restrict__ out,
                               unsigned long long* __restrict__ keys, unsigned* __restrict__ counts) {
   __shared__ unsigned long long red[32];
