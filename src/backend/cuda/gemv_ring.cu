@@ -62,8 +62,8 @@ struct RingArgs {
   int xs_floats;        // staged input (padded to 32 columns)
 };
 
-// The ring needs sm_90 (bulk copies, transaction-counted mbarriers); the host never launches it on older
-// devices, whose builds get trapping stubs.
+// The ring needs sm_90 (bulk copies, transaction-counted mbarriers). gemv_ring never launches it on
+// older devices (ring_supported); their device code compiles these instructions to __trap().
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define LILY_RING_SM90(...) __trap()
 #else
