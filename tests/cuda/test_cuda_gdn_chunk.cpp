@@ -137,6 +137,7 @@ TEST(CudaGdnChunk, Covers) {
   EXPECT_TRUE(lily::cuda::gdn_chunk_fast_covers(128, 128));
   EXPECT_FALSE(lily::cuda::gdn_chunk_fast_covers(256, 128));  // the single-pass / recurrent kernels take it
   EXPECT_FALSE(lily::cuda::gdn_chunk_fast_covers(48, 32));
+  EXPECT_FALSE(lily::cuda::gdn_chunk_fast_covers(64, 30));  // 16-byte copies of value rows need dv % 4 == 0
 }
 
 TEST(CudaGdnChunk, MatchesReference) {
@@ -150,6 +151,7 @@ TEST(CudaGdnChunk, MatchesReference) {
     run_case(1, 4, 128, 128, steps, chunk_min, rng);  // four
   }
   run_case(1, 2, 128, 128, {65, 2048}, 64, rng);
+  run_case(1, 3, 32, 20, {130, 17, 64}, 16, rng);  // dv below one column slice of every pass
   run_case(2, 4, 32, 32, {129, 2048}, 16, rng);
 }
 

@@ -40,24 +40,32 @@ GdnScratch layout(const GdnDev& d, int T, void* base) {
 }
 
 // y[t, c] = silu(sum_j w[c, j] · s[t - K + 1 + j, c]); s[<0] from the conv state. 32 rows per thread.
-__global__ void conv_kernel(const float* __restrict__ proj, int64_t ldp, int T, int C, int K, const float* __restrict__ w,
+// K is a template parameter so that the sliding window stays in registers.
+template <int K>
+__global__ void conv_kernel(const float* __restrict__ proj, int64_t ldp, int T, int C, const float* __restrict__ w,
                             float* __restrict__ state, float* __restrict__ y, bool write_state) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int t0 = blockIdx.y * 32, t1 = min(T, t0 + 32);
-  float win[8];  // K <= 8: inputs t-K+1 .. t
-  float wc[8];
+  float win[K];  // inputs t-K+1 .. t
+  float wc[K];
+#pragma unroll
   for (int j = 0; j < K; ++j) wc[j] = w[int64_t(c) * K + j];
   auto in = [&](int t) { return t >= 0 ? proj[int64_t(t) * ldp + c] : state[int64_t(K - 1 + t) * C + c]; };
+#pragma unroll
   for (int j = 0; j < K - 1; ++j) win[j] = in(t0 - K + 1 + j);
+#pragma unroll 4
   for (int t = t0; t < t1; ++t) {
     win[K - 1] = in(t);
     float acc = 0.f;
+#pragma unroll
     for (int j = 0; j < K; ++j) acc += wc[j] * win[j];
     y[int64_t(t) * C + c] = silu(acc);
+#pragma unroll
     for (int j = 0; j < K - 1; ++j) win[j] = win[j + 1];
   }
   if (write_state) {  // one row-chunk only (T <= 32): this thread read every input of channel c already
+#pragma unroll
     for (int j = 0; j < K - 1; ++j) state[int64_t(j) * C + c] = win[j];
   }
 }
@@ -726,8 +734,22 @@ void gdn_core(const GdnDev& g, const float* proj, int T, float* conv_state, floa
     return;
   }
   const bool one_chunk = T <= 32;  // then the conv kernel also writes the new conv state
-  conv_kernel<<<dim3(cdiv(C, 128), cdiv(T, 32)), 128, 0, s>>>(proj, ldp, T, C, g.K, g.conv, conv_state, sc.conv_out, one_chunk);
-  LILY_CU_LAUNCH();
+  {
+    const dim3 grid(cdiv(C, 128), cdiv(T, 32));
+#define LILY_CONV(N) conv_kernel<N><<<grid, 128, 0, s>>>(proj, ldp, T, C, g.conv, conv_state, sc.conv_out, one_chunk)
+    switch (g.K) {
+      case 1: LILY_CONV(1); break;
+      case 2: LILY_CONV(2); break;
+      case 3: LILY_CONV(3); break;
+      case 4: LILY_CONV(4); break;
+      case 5: LILY_CONV(5); break;
+      case 6: LILY_CONV(6); break;
+      case 7: LILY_CONV(7); break;
+      default: LILY_CONV(8); break;
+    }
+#undef LILY_CONV
+    LILY_CU_LAUNCH();
+  }
   if (!one_chunk) {
     conv_state_kernel<<<cdiv(C, 128), 128, 0, s>>>(proj, ldp, T, C, g.K, conv_state);
     LILY_CU_LAUNCH();

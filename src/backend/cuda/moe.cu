@@ -51,34 +51,55 @@ __global__ void topk_kernel(const float* __restrict__ logits, int64_t ld, TopkAr
   topk_warp(logits + int64_t(blockIdx.x) * ld, blockIdx.x, a);
 }
 
-// One block: expert histogram, prefix scan, tile map, scatter of slots into expert order.
-__global__ void route_kernel(const int32_t* __restrict__ idx, int n, int E, int k, int32_t* __restrict__ counts,
-                             int32_t* __restrict__ slot_pos, int32_t* __restrict__ sorted_tok,
-                             int32_t* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
+// One block of 1024 threads (E <= 1024): expert histogram, prefix scan over experts (thread e owns expert e),
+// tile map, scatter of slots into expert order.
+__global__ void __launch_bounds__(1024) route_kernel(const int32_t* __restrict__ idx, int n, int E, int k,
+                                                     int32_t* __restrict__ counts, int32_t* __restrict__ slot_pos,
+                                                     int32_t* __restrict__ sorted_tok, int32_t* __restrict__ tiles,
+                                                     int32_t* __restrict__ n_tiles) {
   extern __shared__ int sh[];  // cnt[E], off[E], fill[E]
+  __shared__ int wsum[32][2];  // per-warp totals of (slots, tiles)
   int* cnt = sh;
   int* off = sh + E;
   int* fill = sh + 2 * E;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) { cnt[e] = 0; fill[e] = 0; }
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  for (int e = tid; e < E; e += blockDim.x) { cnt[e] = 0; fill[e] = 0; }
   __syncthreads();
-  for (int s = threadIdx.x; s < n; s += blockDim.x) atomicAdd(&cnt[idx[s]], 1);
+  for (int s = tid; s < n; s += blockDim.x) atomicAdd(&cnt[idx[s]], 1);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int o = 0, t = 0;
-    for (int e = 0; e < E; ++e) {
-      off[e] = o;
-      counts[e] = cnt[e];
-      for (int r = 0; r < cnt[e]; r += kGemmBM) {
-        tiles[3 * t] = e; tiles[3 * t + 1] = o + r; tiles[3 * t + 2] = min(kGemmBM, cnt[e] - r);
-        ++t;
-      }
-      o += cnt[e];
+  const int c = tid < E ? cnt[tid] : 0;
+  const int nt = (c + kGemmBM - 1) / kGemmBM;
+  int cs = c, ts = nt;  // inclusive warp scans
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int a = __shfl_up_sync(0xffffffffu, cs, o), b2 = __shfl_up_sync(0xffffffffu, ts, o);
+    if (lane >= o) { cs += a; ts += b2; }
+  }
+  if (lane == 31) { wsum[w][0] = cs; wsum[w][1] = ts; }
+  __syncthreads();
+  int cb = 0, tb = 0, ctot = 0, ttot = 0;
+  for (int i = 0; i < int(blockDim.x >> 5); ++i) {
+    if (i < w) { cb += wsum[i][0]; tb += wsum[i][1]; }
+    ctot += wsum[i][0];
+    ttot += wsum[i][1];
+  }
+  if (tid < E) {
+    const int o = cb + cs - c, t0 = tb + ts - nt;  // exclusive offsets of expert tid
+    off[tid] = o;
+    counts[tid] = c;
+    for (int i = 0; i < nt; ++i) {
+      const int t = t0 + i;
+      tiles[3 * t] = tid;
+      tiles[3 * t + 1] = o + i * kGemmBM;
+      tiles[3 * t + 2] = min(kGemmBM, c - i * kGemmBM);
     }
-    counts[E] = o;
-    *n_tiles = t;
+  }
+  if (tid == 0) {
+    counts[E] = ctot;
+    *n_tiles = ttot;
   }
   __syncthreads();
-  for (int s = threadIdx.x; s < n; s += blockDim.x) {
+  for (int s = tid; s < n; s += blockDim.x) {
     const int e = idx[s];
     const int p = off[e] + atomicAdd(&fill[e], 1);
     slot_pos[s] = p;
@@ -177,6 +198,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
     gemv_slots(m.down, sc.idx, H, m.I, sc.h, m.I, 1, n, sc.yb, H, false, 0, s);
   } else {
     const int En = m.E + (m.shared_in_stack ? 1 : 0);  // experts in the stacks
+    if (En > 1024) fail_internal("moe: at most 1024 experts in the stacks on CUDA");
     route_kernel<<<1, 1024, sizeof(int) * 3 * En, s>>>(sc.idx, n, En, kk, sc.counts, sc.slot_pos, sc.sorted_tok,
                                                        sc.tiles, sc.n_tiles);
     LILY_CU_LAUNCH();
