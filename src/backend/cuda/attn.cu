@@ -189,127 +189,282 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const float* __restr
   }
 }
 
-// Decode attention (R = G·T <= 8 packed rows): block = one KV head × one key split, one warp per packed
-// row. A tile of 32 keys (K and V, bf16) is staged in shared memory; each lane holds DPL = HD/32 dims of
-// its row's query and output, a key's score is a warp sum, and the online softmax runs per warp. Writes
-// the split partials (or, with one split, the gated output).
-constexpr int kDecKeys = 32, kDecRows = 8;
+// Decode attention (R = G·T <= 8 packed rows) on the tensor cores, at fp32-grade precision.
+// Block = one KV head × one key split, kDecWarps warps. The split's keys go in 16-key sub-tiles to the
+// warps round-robin; each warp streams its own sub-tiles (K and V, bf16, separate cp.async groups)
+// through its own NS-stage ring, so warps only meet at the final merge. Per sub-tile, mma.sync
+// m16n8k16 (bf16 in, fp32 out):
+//   S = Q Kᵀ  A rows 0-7: bf16(q) of packed rows 0-7; rows 8-15: bf16(q - bf16(q)). The pair holds q to
+//             2^-16 relative; K is bf16 in the cache, so the products are exact and a thread adds its
+//             row g and row g + 8 accumulators.
+//   O += P V  p (fp32) split the same way into A rows 0-7 / 8-15; the two halves of the result are added
+//             into fp32 registers as O = O·alpha + (hi + lo) (round-to-nearest accumulation over tiles).
+// Online softmax in fp32 per warp (row max and sum over the 4 lanes of a quad). The warps merge through
+// shared memory and write the split partials (or, with one split, the gated output).
+constexpr int kDecRows = 8, kDecWarps = 4, kDecSub = 16;  // packed rows, warps per block, keys per sub-tile
+
 template <int HD>
-__global__ void __launch_bounds__(256) attn_decode_kernel(const float* __restrict__ q, const float* __restrict__ proj,
-    int64_t ldp, int T, int Hq, int Hkv, const int64_t* __restrict__ pos, const uint16_t* __restrict__ kc,
-    const uint16_t* __restrict__ vc, int64_t cap, int nsplit, float* __restrict__ out, float* __restrict__ po,
-    float* __restrict__ pm, float* __restrict__ pl) {
-  constexpr int DPL = HD / 32;  // dims per lane: 2, 4 or 8
-  __shared__ __align__(16) uint16_t Ks[kDecKeys * HD];
-  __shared__ __align__(16) uint16_t Vs[kDecKeys * HD];
+struct DecTile {
+  static constexpr int LD = HD + 8;  // bf16 row pitch: +16 bytes puts the 8 rows of an ldmatrix phase in distinct bank groups
+  // ring stages per warp: while a warp waits, NS sub-tiles (NS × 2 × 16 × HD × 2 bytes) are in flight;
+  // 4 warps keep ~64-128 KB per SM in flight, above HBM bandwidth × latency per SM (~40 KB on H200)
+  static constexpr int NS = HD == 256 ? 2 : HD == 128 ? 3 : 4;
+  static constexpr int STAGE = 2 * kDecSub * LD;  // bf16 per stage: 16 K rows, then 16 V rows
+  static constexpr int OP = HD + 8;               // fp32 pitch of the merge rows (2 wavefronts per float2 store)
+  static constexpr size_t smem = sizeof(uint16_t) * (size_t(16) * LD + size_t(kDecWarps) * NS * STAGE);
+  static_assert(sizeof(float) * (size_t(kDecWarps) * kDecRows * (OP + 2)) <= smem, "merge area exceeds the rings");
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared, asynchronous; full == false zero-fills the destination and reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool full) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Returns once at most N of this thread's most recent commit groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+// d += a·b: a 16×16 bf16 (row major), b 16×8 bf16 (column major), d 16×8 fp32.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x = hi + lo (to 2^-16 relative) as bf16 pairs: hi = bf16(x), lo = bf16(x - hi); x0 in the low halves.
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  hi = uint32_t(__bfloat16_as_ushort(h.x)) | uint32_t(__bfloat16_as_ushort(h.y)) << 16;
+  const __nv_bfloat162 r = __floats2bfloat162_rn(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
+  lo = uint32_t(__bfloat16_as_ushort(r.x)) | uint32_t(__bfloat16_as_ushort(r.y)) << 16;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_kernel(const float* __restrict__ q,
+    const float* __restrict__ proj, int64_t ldp, int T, int Hq, int Hkv, const int64_t* __restrict__ pos,
+    const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int64_t cap, int nsplit, float* __restrict__ out,
+    float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl) {
+  using C = DecTile<HD>;
+  constexpr int LD = C::LD, NS = C::NS, NW = kDecWarps, SUB = kDecSub, CPR = HD / 8;  // CPR: 16-byte chunks per row
+  extern __shared__ __align__(16) uint16_t dsm[];
+  uint16_t* Qs = dsm;  // [16][LD]: rows 0-7 hi, rows 8-15 lo parts of the packed query rows (zero past R)
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, c = lane & 3;  // mma fragment row (= packed row) and column pair
+  uint16_t* ring = dsm + 16 * LD + warp * NS * C::STAGE;  // this warp's [NS][K 16 | V 16][LD]
   // no early trigger: the combine has nothing to prefetch, and its blocks would hold SM slots during the
   // key sweep
   grid_dependency_wait();
   const int h = blockIdx.x, split = blockIdx.y;
   const int G = Hq / Hkv, R = G * T;
-  const int r = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int t = r / G, hq = h * G + r % G;
   const int64_t p0 = *pos, N = p0 + T;
   const int64_t chunk = (N + nsplit - 1) / nsplit;
-  const int64_t kb = int64_t(split) * chunk, ke = min(N, kb + chunk);
-  const int64_t klast = p0 + t;  // causal: keys <= klast
-  float qv[DPL], acc[DPL];
-#pragma unroll
-  for (int d = 0; d < DPL; ++d) {
-    qv[d] = q[(int64_t(t) * Hq + hq) * HD + lane * DPL + d];
-    acc[d] = 0.f;
-  }
-  float m = -INFINITY, l = 0.f;
+  const int64_t kb = min(N, int64_t(split) * chunk), ke = min(N, kb + chunk);
+  const int nsub = int((ke - kb + SUB - 1) / SUB);
+  const int cnt = nsub > warp ? (nsub - warp + NW - 1) / NW : 0;  // this warp's sub-tiles: warp, warp + NW, ...
   const uint16_t* kh = kc + int64_t(h) * cap * HD;
   const uint16_t* vh = vc + int64_t(h) * cap * HD;
-  for (int64_t k0 = kb; k0 < ke; k0 += kDecKeys) {
-    const int nk = int(ke - k0 < int64_t(kDecKeys) ? ke - k0 : int64_t(kDecKeys));
-    __syncthreads();
-    for (int e = threadIdx.x; e < nk * HD / 8; e += blockDim.x) {
-      reinterpret_cast<uint4*>(Ks)[e] = __ldg(reinterpret_cast<const uint4*>(kh + k0 * HD) + e);
-      reinterpret_cast<uint4*>(Vs)[e] = __ldg(reinterpret_cast<const uint4*>(vh + k0 * HD) + e);
-    }
-    __syncthreads();
-    float my = -INFINITY;  // lane kk keeps the score of key k0 + kk
-    for (int kk = 0; kk < nk; ++kk) {
-      const uint16_t* kr = Ks + kk * HD + lane * DPL;
-      float dot = 0.f;
+
+  // Sub-tile j of this warp into stage j % NS as two commit groups (K, then V); empty groups past cnt
+  // keep the group count per call fixed. Keys at or past ke are zero-filled (cache rows there may be stale).
+  auto issue = [&](int j) {
+    const int64_t k0 = kb + int64_t(warp + NW * j) * SUB;
+    const uint32_t st = smem_u32(ring + (j % NS) * C::STAGE);
 #pragma unroll
-      for (int d = 0; d < DPL; d += 2) {
-        const uint32_t w2 = *reinterpret_cast<const uint32_t*>(kr + d);
-        dot += __uint_as_float(w2 << 16) * qv[d] + __uint_as_float(w2 & 0xffff0000u) * qv[d + 1];
+    for (int part = 0; part < 2; ++part) {
+      if (j < cnt) {
+        const uint16_t* src = part ? vh : kh;
+#pragma unroll
+        for (int i = 0; i < SUB * CPR / 32; ++i) {
+          const int e = lane + 32 * i, kk = e / CPR, d = (e % CPR) * 8;
+          const bool live = k0 + kk < ke;
+          cp_async16(st + 2 * ((part * SUB + kk) * LD + d), src + (k0 + (live ? kk : 0)) * HD + d, live);
+        }
       }
-      dot = warp_sum(dot);
-      if (lane == kk) my = k0 + kk <= klast ? dot : -INFINITY;
+      cp_async_commit();
     }
-    const float mnew = fmaxf(m, warp_max(my));
-    if (mnew == -INFINITY) continue;  // every key of this tile is in this row's future
-    const float p = __expf(my - mnew), alpha = __expf(m - mnew);
-    l = l * alpha + warp_sum(p);
-    m = mnew;
+  };
 #pragma unroll
-    for (int d = 0; d < DPL; ++d) acc[d] *= alpha;
-    for (int kk = 0; kk < nk; ++kk) {
-      const float pk = __shfl_sync(0xffffffffu, p, kk);
-      const uint16_t* vr = Vs + kk * HD + lane * DPL;
+  for (int j = 0; j < NS - 1; ++j) issue(j);
+
+  for (int e = tid; e < kDecRows * CPR; e += 32 * NW) {
+    const int r = e / CPR, d = (e % CPR) * 8;
+    uint4 hi = make_uint4(0, 0, 0, 0), lo = hi;
+    if (r < R) {
+      const float4* src = reinterpret_cast<const float4*>(q + (int64_t(r / G) * Hq + h * G + r % G) * HD + d);
+      const float4 x = src[0], y = src[1];
+      split_bf16x2(x.x, x.y, hi.x, lo.x);
+      split_bf16x2(x.z, x.w, hi.y, lo.y);
+      split_bf16x2(y.x, y.y, hi.z, lo.z);
+      split_bf16x2(y.z, y.w, hi.w, lo.w);
+    }
+    *reinterpret_cast<uint4*>(Qs + r * LD + d) = hi;
+    *reinterpret_cast<uint4*>(Qs + (kDecRows + r) * LD + d) = lo;
+  }
+  __syncthreads();
+
+  // ldmatrix lane addresses: Q as the A operand; K rows (keys) as B; V rows through .trans as B
+  const uint32_t qa = smem_u32(Qs + (lane & 15) * LD + (lane >> 4) * 8);
+  const int koff = 2 * (((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * 8);
+  const int voff = 2 * ((SUB + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8);
+  const int64_t lim = p0 + g / G;  // last key packed row g may see
+  float o[HD / 8][2];              // row g, dims 8·dn + 2c and + 1
 #pragma unroll
-      for (int d = 0; d < DPL; d += 2) {
-        const uint32_t w2 = *reinterpret_cast<const uint32_t*>(vr + d);
-        acc[d] += pk * __uint_as_float(w2 << 16);
-        acc[d + 1] += pk * __uint_as_float(w2 & 0xffff0000u);
-      }
+  for (int dn = 0; dn < HD / 8; ++dn) o[dn][0] = o[dn][1] = 0.f;
+  float m = -INFINITY, l = 0.f;  // l: this lane's share of the row sum
+
+  for (int j = 0; j < cnt; ++j) {
+    __syncwarp();  // every lane is done reading stage (j - 1) % NS, which this issue refills
+    issue(j + NS - 1);
+    cp_async_wait<2 * NS - 1>();  // K of sub-tile j (this lane's copies) ...
+    __syncwarp();                 // ... and every lane's
+    const uint32_t st = smem_u32(ring + (j % NS) * C::STAGE);
+    float s[2][2][4] = {};  // [chain over alternate 16-dim steps][8-key n-tile][fragment]
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t a[4], b[4];
+      ldsm_x4(a, qa + 32 * kk);
+      ldsm_x4(b, st + koff + 32 * kk);
+      mma_bf16(s[kk & 1][0], a, b[0], b[1]);
+      mma_bf16(s[kk & 1][1], a, b[2], b[3]);
+    }
+    const int64_t k0 = kb + int64_t(warp + NW * j) * SUB;
+    float x[4];  // row g, keys k0 + 2c, + 1, k0 + 8 + 2c, + 1
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = i >> 1, e = i & 1;
+      const int64_t key = k0 + 8 * n + 2 * c + e;
+      const float v = (s[0][n][e] + s[0][n][e + 2]) + (s[1][n][e] + s[1][n][e + 2]);
+      x[i] = key < ke && key <= lim ? v : -INFINITY;
+    }
+    float mt = fmaxf(fmaxf(m, fmaxf(x[0], x[1])), fmaxf(x[2], x[3]));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    const float mb = mt == -INFINITY ? 0.f : mt;  // a row with no visible key yet keeps p = 0, alpha = 0
+    const float alpha = __expf(m - mb);
+    m = mt;
+    float p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = __expf(x[i] - mb);
+    l = l * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
+    uint32_t a[4];  // A rows g: hi, g + 8: lo; keys 2c, 2c + 1 then 8 + 2c, 9 + 2c
+    split_bf16x2(p[0], p[1], a[0], a[1]);
+    split_bf16x2(p[2], p[3], a[2], a[3]);
+    cp_async_wait<2 * NS - 2>();  // V of sub-tile j
+    __syncwarp();
+#pragma unroll
+    for (int dp = 0; dp < HD / 16; ++dp) {
+      uint32_t b[4];  // keys 0-7 | 8-15 × dims 16·dp + (0-7, 8-15), transposed
+      ldsm_x4_t(b, st + voff + 32 * dp);
+      float t0[4] = {0.f, 0.f, 0.f, 0.f}, t1[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_bf16(t0, a, b[0], b[1]);
+      mma_bf16(t1, a, b[2], b[3]);
+      o[2 * dp][0] = fmaf(o[2 * dp][0], alpha, t0[0] + t0[2]);
+      o[2 * dp][1] = fmaf(o[2 * dp][1], alpha, t0[1] + t0[3]);
+      o[2 * dp + 1][0] = fmaf(o[2 * dp + 1][0], alpha, t1[0] + t1[2]);
+      o[2 * dp + 1][1] = fmaf(o[2 * dp + 1][1], alpha, t1[1] + t1[3]);
     }
   }
-  if (r >= R) return;
-  if (nsplit == 1) {
+  cp_async_wait<0>();  // only empty groups can remain; the merge below reuses the rings
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+  // merge the warps: Os [NW][8][OP] (this warp's O scaled to the block max), Ms / Ls [NW][8]
+  constexpr int OP = C::OP;
+  float* Os = reinterpret_cast<float*>(dsm);
+  float* Ms = Os + NW * kDecRows * OP;
+  float* Ls = Ms + NW * kDecRows;
+  __syncthreads();  // every warp is done with Qs and its ring
+  if (c == 0) { Ms[warp * kDecRows + g] = m; Ls[warp * kDecRows + g] = l; }
+  __syncthreads();
+  float M = -INFINITY;
 #pragma unroll
-    for (int d = 0; d < DPL; ++d) {
-      const int dd = lane * DPL + d;
-      const float gate = proj[int64_t(t) * ldp + int64_t(hq) * 2 * HD + HD + dd];
-      out[int64_t(t) * Hq * HD + int64_t(hq) * HD + dd] = (l > 0.f ? acc[d] / l : 0.f) * sigmoid(gate);
+  for (int w = 0; w < NW; ++w) M = fmaxf(M, Ms[w * kDecRows + g]);
+  const float f = m == -INFINITY ? 0.f : __expf(m - M);
+#pragma unroll
+  for (int dn = 0; dn < HD / 8; ++dn)
+    *reinterpret_cast<float2*>(Os + (warp * kDecRows + g) * OP + 8 * dn + 2 * c) = make_float2(o[dn][0] * f, o[dn][1] * f);
+  __syncthreads();
+  for (int e = tid; e < R * HD; e += 32 * NW) {
+    const int r = e / HD, d = e % HD;
+    float Mr = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) Mr = fmaxf(Mr, Ms[w * kDecRows + r]);
+    float L = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float mw = Ms[w * kDecRows + r];
+      L += (mw == -INFINITY ? 0.f : __expf(mw - Mr)) * Ls[w * kDecRows + r];
+      acc += Os[(w * kDecRows + r) * OP + d];
     }
-  } else {
-    const int64_t pi = (int64_t(split) * Hkv + h) * R + r;
-#pragma unroll
-    for (int d = 0; d < DPL; ++d) po[pi * HD + lane * DPL + d] = acc[d];
-    if (lane == 0) { pm[pi] = m; pl[pi] = l; }
+    const int t = r / G, hq = h * G + r % G;
+    if (nsplit == 1) {
+      const float gate = proj[int64_t(t) * ldp + int64_t(hq) * 2 * HD + HD + d];
+      out[int64_t(t) * Hq * HD + int64_t(hq) * HD + d] = (L > 0.f ? acc / L : 0.f) * sigmoid(gate);
+    } else {
+      const int64_t pi = (int64_t(split) * Hkv + h) * R + r;
+      po[pi * HD + d] = acc;
+      if (d == 0) { pm[pi] = Mr; pl[pi] = L; }
+    }
   }
 }
 
 // grid (R, Hkv, hd / 32), block 256 threads: merge the splits of one packed row for 32 of its dims,
-// apply the gate. The split maxima and weights are reduced by the whole block; warp w then sums splits
-// w, w + 8, ... for the 32 dims (lane = dim), and warp 0 adds the 8 partial sums.
+// apply the gate. Every global load (split maxima, sums, the partials of splits w, w + 8, ... for warp w,
+// lane = dim, and the gate) is issued before the first reduction, so the kernel waits on one L2 round
+// trip. The block reduces the maxima and weights; warp 0 adds the 8 warps' partial sums.
 __global__ void attn_combine_kernel(const float* __restrict__ po, const float* __restrict__ pm, const float* __restrict__ pl,
                                     int nsplit, int T, int Hq, int Hkv, int hd, const float* __restrict__ proj, int64_t ldp,
                                     float* __restrict__ out) {
-  __shared__ float f[128];
+  constexpr int kMaxSplits = 128, kPer = kMaxSplits / 8;  // 8 warps, kPer splits each
+  __shared__ float f[kMaxSplits];
   __shared__ float red[32];
   __shared__ float part[8][33];
   pdl_entry();
-  const int r = blockIdx.x, h = blockIdx.y, d = blockIdx.z * 32 + (threadIdx.x & 31), w = threadIdx.x >> 5;
+  const int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, d = blockIdx.z * 32 + lane, w = threadIdx.x >> 5;
   const int G = Hq / Hkv, R = G * T;
   const int tid = threadIdx.x;
-  const float ms = tid < nsplit ? pm[(int64_t(tid) * Hkv + h) * R + r] : -INFINITY;
-  float m = ms;  // block max (nsplit <= 128 < blockDim)
-  m = warp_max(m);
-  if ((tid & 31) == 0) red[tid >> 5] = m;
+  const int t = r / G, hq = h * G + r % G;
+  const bool mine = tid < nsplit;
+  const float ms = mine ? pm[(int64_t(tid) * Hkv + h) * R + r] : -INFINITY;
+  const float ls = mine ? pl[(int64_t(tid) * Hkv + h) * R + r] : 0.f;
+  float ov[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int s = w + 8 * i;
+    ov[i] = s < nsplit ? po[((int64_t(s) * Hkv + h) * R + r) * hd + d] : 0.f;
+  }
+  const float gate = w == 0 ? proj[int64_t(t) * ldp + int64_t(hq) * 2 * hd + hd + d] : 0.f;
+  float m = warp_max(ms);  // block max (nsplit <= 128 < blockDim)
+  if (lane == 0) red[w] = m;
   __syncthreads();
   m = -INFINITY;
-  for (int i = 0; i < int(blockDim.x >> 5); ++i) m = fmaxf(m, red[i]);
-  const float fs = (tid < nsplit && ms != -INFINITY) ? expf(ms - m) : 0.f;
-  if (tid < nsplit) f[tid] = fs;
-  const float l = block_sum(tid < nsplit ? fs * pl[(int64_t(tid) * Hkv + h) * R + r] : 0.f, red);  // also orders f[]
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m = fmaxf(m, red[i]);
+  const float fs = (mine && ms != -INFINITY) ? expf(ms - m) : 0.f;
+  if (tid < kMaxSplits) f[tid] = fs;
+  const float l = block_sum(fs * ls, red);  // also orders f[] (and the reads of red above)
   float o = 0.f;
-#pragma unroll 4
-  for (int s = w; s < nsplit; s += 8) o += po[((int64_t(s) * Hkv + h) * R + r) * hd + d] * f[s];
-  part[w][threadIdx.x & 31] = o;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) o += ov[i] * f[w + 8 * i];
+  part[w][lane] = o;
   __syncthreads();
   if (w != 0) return;
   float tot = 0.f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) tot += part[i][threadIdx.x & 31];
-  const int t = r / G, hq = h * G + r % G;
-  const float gate = proj[int64_t(t) * ldp + int64_t(hq) * 2 * hd + hd + d];
+  for (int i = 0; i < 8; ++i) tot += part[i][lane];
   out[int64_t(t) * Hq * hd + int64_t(hq) * hd + d] = (l > 0.f ? tot / l : 0.f) * sigmoid(gate);
 }
 
@@ -326,20 +481,52 @@ void launch_attn(dim3 grid, cudaStream_t s, const float* q, const float* proj, i
   attn_kernel<HD><<<grid, kAttnThreads, smem, s>>>(q, proj, ldp, T, Hq, Hkv, pos, kc, vc, cap, nsplit, out, po, pm, pl);
 }
 
+int g_smem_optin = 1 << 30;  // opt-in shared memory per block of the device, read by init_attn_kernels
+
+bool decode_fits(int hd) {
+  const size_t need = hd == 64 ? DecTile<64>::smem : hd == 128 ? DecTile<128>::smem : DecTile<256>::smem;
+  return need <= size_t(g_smem_optin);
+}
+
+template <int HD>
+void init_decode() {
+  if (decode_fits(HD))
+    LILY_CU(cudaFuncSetAttribute(attn_decode_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(DecTile<HD>::smem)));
+}
+
+int dec_sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      v = 0;
+    }
+    return v > 0 ? v : 132;
+  }();
+  return n;
+}
+
 }  // namespace
 
 void init_attn_kernels() {
   LILY_CU(cudaFuncSetAttribute(attn_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn_smem<64>())));
   LILY_CU(cudaFuncSetAttribute(attn_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn_smem<128>())));
   LILY_CU(cudaFuncSetAttribute(attn_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn_smem<256>())));
+  int dev = 0;
+  LILY_CU(cudaGetDevice(&dev));
+  LILY_CU(cudaDeviceGetAttribute(&g_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  init_decode<64>();
+  init_decode<128>();
+  init_decode<256>();
   init_attn_prefill_kernels();
 }
 
-// Decode (R = G·T <= 8): 32-key splits up to 128 per KV head; prompts: ~2 waves of row tiles.
+// Decode (R = G·T <= 8): one wave of blocks over the KV heads (the decode kernel's shared memory allows
+// one block per SM), each split at least one 16-key sub-tile; prompts: ~2 waves of row tiles.
 int attn_splits(const AttnDev& a, int T, int64_t ctx_max) {
   if (int64_t(a.Hq / a.Hkv) * T <= kDecRows) {
-    const int64_t want = (2 * 132 + a.Hkv - 1) / a.Hkv;
-    const int64_t by_len = std::max<int64_t>(1, (ctx_max + T + kDecKeys - 1) / kDecKeys);
+    const int64_t want = std::max(1, dec_sm_count() / a.Hkv);
+    const int64_t by_len = (ctx_max + T + kDecSub - 1) / kDecSub;
     return int(std::clamp<int64_t>(std::min(want, by_len), 1, 128));
   }
   const bool tc = attn_prefill_supported(a.hd);  // tensor-core tiles: 64 rows, >= 256 keys per split
@@ -362,11 +549,11 @@ void attn_core(const AttnDev& a, const float* proj, int T, const int64_t* pos, u
              a.rot, a.theta, a.eps, a.q_norm, a.k_norm, a.inv_freq, pos, k_cache, v_cache, cap, sc.q);
   LILY_CU_LAUNCH();
   const int R = (a.Hq / a.Hkv) * T;
-  if (R <= kDecRows) {
-    dim3 g2(a.Hkv, nsplit);
-    const dim3 th(32 * R);
-#define LILY_DEC(HD) launch_pdl(attn_decode_kernel<HD>, g2, th, 0, s, sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, \
-                                cap, nsplit, out, sc.po, sc.pm, sc.pl)
+  const bool decode = R <= kDecRows;
+  if (decode && decode_fits(a.hd)) {
+    const dim3 g2(a.Hkv, nsplit), th(32 * kDecWarps);
+#define LILY_DEC(HD) launch_pdl(attn_decode_kernel<HD>, g2, th, DecTile<HD>::smem, s, sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, \
+                                k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl)
     switch (a.hd) {
       case 64: LILY_DEC(64); break;
       case 128: LILY_DEC(128); break;
@@ -374,9 +561,9 @@ void attn_core(const AttnDev& a, const float* proj, int T, const int64_t* pos, u
       default: fail_internal("attn_core: head_dim must be 64, 128 or 256 on CUDA");
     }
 #undef LILY_DEC
-  } else if (attn_prefill_supported(a.hd) && !attn_prefill_simt()) {
+  } else if (!decode && attn_prefill_supported(a.hd) && !attn_prefill_simt()) {
     attn_prefill(sc.q, proj, ldp, T, a.Hq, a.Hkv, a.hd, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl, s);
-  } else {
+  } else {  // prompts on request, and decode where the device's shared memory is too small for the ring
   dim3 grid(a.Hkv, cdiv(R, BR), nsplit);
   switch (a.hd) {
     case 64: launch_attn<64>(grid, s, sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl); break;

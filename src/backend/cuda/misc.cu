@@ -16,6 +16,31 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, int64_t ldx, const f
   for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
 }
 
+// One warp per row, the row held in registers (NV float4 per lane, H = 128·NV): one read of x, no block
+// barrier; 8 rows per block.
+template <int NV>
+__global__ void __launch_bounds__(256) rmsnorm_warp_kernel(const float* __restrict__ x, int64_t ldx,
+    const float* __restrict__ w, int T, float eps, float* __restrict__ y, int64_t ldy) {
+  const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= T) return;
+  const float4* xr = reinterpret_cast<const float4*>(x + int64_t(row) * ldx);
+  float4 v[NV];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    v[k] = __ldg(xr + lane + 32 * k);
+    ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+  }
+  const float inv = rsqrtf(warp_sum(ss) / float(128 * NV) + eps);
+  float4* yr = reinterpret_cast<float4*>(y + int64_t(row) * ldy);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const float4 g = __ldg(w4 + lane + 32 * k);
+    yr[lane + 32 * k] = make_float4(v[k].x * inv * g.x, v[k].y * inv * g.y, v[k].z * inv * g.z, v[k].w * inv * g.w);
+  }
+}
+
 __global__ void embed_kernel(const Mat table, int H, const int32_t* __restrict__ tokens, float* __restrict__ x) {
   pdl_entry();
   const int64_t r = tokens[blockIdx.x];
@@ -95,7 +120,19 @@ void init_kernels() {
 
 void rmsnorm(const float* x, int64_t ldx, const float* w, int T, int H, float eps, float* y, int64_t ldy, cudaStream_t s) {
   if (T <= 0) return;
-  rmsnorm_kernel<<<T, 1024, 0, s>>>(x, ldx, w, H, eps, y, ldy);  // wide blocks: few dependent loads per thread
+  const bool vec = H % 128 == 0 && H <= 128 * 16 && ldx % 4 == 0 && ldy % 4 == 0 && aligned16(x) && aligned16(y) &&
+                   aligned16(w);
+  if (vec) {
+    const unsigned blocks = cdiv(T, 8);
+    switch (H / 128) {
+#define LILY_RMS(N) case N: rmsnorm_warp_kernel<N><<<blocks, 256, 0, s>>>(x, ldx, w, T, eps, y, ldy); break
+      LILY_RMS(1); LILY_RMS(2); LILY_RMS(3); LILY_RMS(4); LILY_RMS(5); LILY_RMS(6); LILY_RMS(7); LILY_RMS(8);
+      LILY_RMS(9); LILY_RMS(10); LILY_RMS(11); LILY_RMS(12); LILY_RMS(13); LILY_RMS(14); LILY_RMS(15); LILY_RMS(16);
+#undef LILY_RMS
+    }
+  } else {
+    rmsnorm_kernel<<<T, 1024, 0, s>>>(x, ldx, w, H, eps, y, ldy);  // wide blocks: few dependent loads per thread
+  }
   LILY_CU_LAUNCH();
 }
 
