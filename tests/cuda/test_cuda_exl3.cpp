@@ -17,6 +17,7 @@ TEST(CudaExl3, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "cuda_compare.h"
 #include "cuda_test_util.h"
 #include "io/safetensors.h"
 #include "model/qwen_hybrid.h"
@@ -27,6 +28,7 @@ TEST(CudaExl3, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 
 namespace fs = std::filesystem;
 using namespace lily;
+using lily::cudatest::compare_backends;
 using lily::cudatest::Dev;
 using lily::cudatest::randn;
 using lily::cudatest::rel_err;
@@ -357,84 +359,11 @@ TEST(CudaExl3, MoeSlotsAndTiles) {
 }
 
 // ---- whole models ------------------------------------------------------------------------------
-int64_t argmax(const float* p, int64_t n) { return std::max_element(p, p + n) - p; }
-
 std::vector<int32_t> golden_prompt(const std::string& dir) {
   std::ifstream jf(dir + "/golden.json");
   std::stringstream ss;
   ss << jf.rdbuf();
   return nlohmann::json::parse(ss.str())["prompt_ids"].get<std::vector<int32_t>>();
-}
-
-// Logits of CUDA against the CPU backend on the same weights: strict top-1 agreement, top-1 agreement up
-// to near-ties (the CPU logit of the CUDA pick within 1e-2 · max(1, logit RMS) of the CPU maximum, the
-// scale of the other backend-level differences such as the bf16 KV cache), and max |Δlogit|.
-struct Agreement {
-  double top1 = 0, top1_ties = 0, max_abs = 0, rms = 0, worst_gap = 0;
-};
-Agreement agreement(const float* gpu, const float* cpu, int64_t rows, int64_t V) {
-  Agreement a;
-  double ss = 0;
-  for (int64_t i = 0; i < rows * V; ++i) ss += double(cpu[i]) * cpu[i];
-  a.rms = std::sqrt(ss / double(rows * V));
-  const double tie = 1e-2 * std::max(1.0, a.rms);
-  int strict = 0, loose = 0;
-  for (int64_t t = 0; t < rows; ++t) {
-    const float* c = cpu + t * V;
-    const float* g = gpu + t * V;
-    const int64_t ic = argmax(c, V), ig = argmax(g, V);
-    const double gap = double(c[ic]) - c[ig];
-    strict += ic == ig;
-    loose += gap <= tie;
-    a.worst_gap = std::max(a.worst_gap, gap);
-    for (int64_t v = 0; v < V; ++v)
-      a.max_abs = std::isfinite(g[v]) ? std::max(a.max_abs, std::abs(double(g[v]) - c[v])) : INFINITY;
-  }
-  a.top1 = double(strict) / double(rows);
-  a.top1_ties = double(loose) / double(rows);
-  return a;
-}
-
-// Teacher-forced over the prompt (one prompt pass: GEMM paths; then one row per step: GEMV paths) and
-// 24 greedy tokens, CUDA against the CPU backend on the same weights.
-void compare_backends(std::shared_ptr<const ModelWeights> w, const std::vector<int32_t>& prompt, const char* what) {
-  const int64_t T = int64_t(prompt.size()), V = w->cfg.vocab;
-  cpu::CpuBackend cpu(w);
-  auto gpu = make_cuda_backend(w);
-  auto sc = cpu.new_state(T + 32);
-  auto sg = gpu->new_state(T + 32);
-  std::vector<float> lc(size_t(T * V)), lg(size_t(T * V)), ld(size_t(T * V));
-  forward_step(cpu, *sc, prompt, T, lc.data());
-  forward_step(*gpu, *sg, prompt, T, lg.data());
-  sg->reset();
-  for (int64_t t = 0; t < T; ++t)
-    forward_step(*gpu, *sg, std::span(prompt).subspan(size_t(t), 1), 1, ld.data() + t * V);
-  for (int pass = 0; pass < 2; ++pass) {
-    const Agreement a = agreement(pass == 0 ? lg.data() : ld.data(), lc.data(), T, V);
-    const char* how = pass == 0 ? "prompt" : "decode";
-    EXPECT_GE(a.top1_ties, 0.995) << what << " " << how;
-    EXPECT_GE(a.top1, 0.99) << what << " " << how;
-    EXPECT_LT(a.max_abs, 2e-2 * std::max(1.0, a.rms)) << what << " " << how;
-    std::printf("[%s] %s top-1 %.4f (up to near-ties %.4f, largest CPU logit gap of a CUDA pick %.3g), max|dlogit| %.3g, "
-                "logit RMS %.3g\n", what, how, a.top1, a.top1_ties, a.worst_gap, a.max_abs, a.rms);
-  }
-  std::vector<float> row(static_cast<size_t>(V));
-  // greedy 24 tokens from the first 16 prompt tokens
-  const size_t P = std::min<size_t>(16, prompt.size());
-  std::vector<int32_t> ids_c, ids_g;
-  for (int b = 0; b < 2; ++b) {
-    Backend& be = b == 0 ? static_cast<Backend&>(cpu) : *gpu;
-    auto st = be.new_state(int64_t(P) + 32);
-    std::vector<int32_t>& ids = b == 0 ? ids_c : ids_g;
-    forward_step(be, *st, std::span(prompt).first(P), 1, row.data());
-    ids.push_back(int32_t(argmax(row.data(), V)));
-    while (ids.size() < 24) {
-      forward_step(be, *st, std::span(ids).last(1), 1, row.data());
-      ids.push_back(int32_t(argmax(row.data(), V)));
-    }
-  }
-  EXPECT_EQ(ids_g, ids_c) << what << " greedy";
-  std::printf("[%s] greedy 24 tokens %s (CUDA vs CPU)\n", what, ids_g == ids_c ? "identical" : "differ");
 }
 
 TEST(CudaExl3, GoldenModelK4MatchesCpu) {

@@ -17,6 +17,7 @@ TEST(CudaModel, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "cuda_compare.h"
 #include "model/qwen_hybrid.h"
 #include "tools/quantize.h"
 #include "model/weights.h"
@@ -109,7 +110,11 @@ TEST_P(CudaGolden, MatchesReference) {
   Compare c = compare(logits.data(), g.logits.data(), T, V);
   EXPECT_GE(c.top1, 0.995) << "prompt top-1";
   EXPECT_LT(c.max_abs, 2e-2 * std::max(1.0, c.rms_ref)) << "prompt max |Δlogit|";
-  std::printf("[%s] prompt: top-1 %.4f, max|Δ| %.3g (ref RMS %.3g)\n", GetParam().c_str(), c.top1, c.max_abs, c.rms_ref);
+  const double ppl_ref = cudatest::perplexity(g.logits.data(), g.prompt, V);
+  const double ppl_prompt = cudatest::perplexity(logits.data(), g.prompt, V);
+  EXPECT_LT(std::abs(ppl_prompt / ppl_ref - 1), 5e-4) << "prompt perplexity " << ppl_prompt << " vs " << ppl_ref;
+  std::printf("[%s] prompt: top-1 %.4f, max|Δ| %.3g (ref RMS %.3g), perplexity %.6g vs reference %.6g\n",
+              GetParam().c_str(), c.top1, c.max_abs, c.rms_ref, ppl_prompt, ppl_ref);
 
   // 2. two steps of 64 + 86 rows (state carried into the second)
   st->reset();
@@ -129,7 +134,9 @@ TEST_P(CudaGolden, MatchesReference) {
   c = compare(logits.data(), g.logits.data(), T, V);
   EXPECT_GE(c.top1, 0.995) << "decode top-1";
   EXPECT_LT(c.max_abs, 2e-2 * std::max(1.0, c.rms_ref));
-  std::printf("[%s] decode: top-1 %.4f, max|Δ| %.3g\n", GetParam().c_str(), c.top1, c.max_abs);
+  const double ppl_decode = cudatest::perplexity(logits.data(), g.prompt, V);
+  EXPECT_LT(std::abs(ppl_decode / ppl_ref - 1), 5e-4) << "decode perplexity " << ppl_decode << " vs " << ppl_ref;
+  std::printf("[%s] decode: top-1 %.4f, max|Δ| %.3g, perplexity %.6g\n", GetParam().c_str(), c.top1, c.max_abs, ppl_decode);
 
   // 4. greedy: prompt of greedy_prompt_len, then host-side argmax through forward_step
   const int64_t P = g.greedy_prompt_len, n = int64_t(g.greedy.size());
@@ -153,6 +160,16 @@ TEST_P(CudaGolden, MatchesReference) {
   });
   EXPECT_EQ(gpu, g.greedy) << "greedy (GPU argmax)";
   EXPECT_GT(be->peak_memory(), size_t(0));
+}
+
+// The golden checkpoint (bf16) on both backends: teacher-forced agreement, perplexity and 64 greedy tokens
+// (the reference holds 24).
+TEST_P(CudaGolden, MatchesCpuBackend) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = find_golden(GetParam());
+  if (dir.empty()) GTEST_SKIP() << GetParam() << " not present";
+  auto w = ModelWeights::load(dir);
+  cudatest::compare_backends(w, read_golden(dir).prompt, GetParam().c_str(), {}, 64);
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, CudaGolden,

@@ -7,6 +7,7 @@ TEST(Cuda, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #include <algorithm>
 #include <memory>
 #include <numeric>
+#include <tuple>
 
 #include "cuda_test_util.h"
 #include "quant/affine/affine.h"
@@ -387,7 +388,10 @@ struct GdnRef {
   }
 };
 
-void run_gdn_case(int Hk, int Hv, int dk, int dv, const std::vector<int>& steps, int chunk_min, std::mt19937& rng) {
+// ba_in > 0: b|a come from a bf16 product W [2·Hv, ba_in] of RMSNorm(x)·nw handed to gdn_core (computed
+// inside the step kernel for one token, by a GEMV otherwise); proj's b|a columns start as NaN on the device.
+void run_gdn_case(int Hk, int Hv, int dk, int dv, const std::vector<int>& steps, int chunk_min, std::mt19937& rng,
+                  int ba_in = 0) {
   GdnRef R;
   R.Hk = Hk; R.Hv = Hv; R.dk = dk; R.dv = dv; R.K = 4;
   R.conv = randn(size_t(R.C()) * 4, rng, 0.5f);
@@ -405,12 +409,53 @@ void run_gdn_case(int Hk, int Hv, int dk, int dv, const std::vector<int>& steps,
   lily::cuda::GdnDev g;
   g.Hk = Hk; g.Hv = Hv; g.dk = dk; g.dv = dv; g.K = 4;
   g.conv = dconv.p; g.dt_bias = ddtb.p; g.A_neg = dA.p; g.norm = dnorm.p;
+  std::vector<uint16_t> Wb;
+  std::vector<float> Wf, nw;
+  if (ba_in > 0) {
+    std::tie(Wb, Wf) = randn_bf16(size_t(2) * Hv * ba_in, rng, 2.f / std::sqrt(float(ba_in)));
+    nw = randn(ba_in, rng, 0.3f);
+    for (auto& v : nw) v += 1.f;
+  }
+  Dev<uint16_t> dW(Wb);
+  Dev<float> dnw(nw);
+  const lily::cuda::Mat Wm = lily::cuda::Mat::bf16(dW.p, ba_in);
   for (int T : steps) {
     auto proj = randn(size_t(T) * R.PW(), rng);
-    Dev<float> dp(proj), dout(size_t(T) * Hv * dv);
+    std::vector<float> x;
+    lily::cuda::GdnBa ba;
+    const int cb = R.C() + Hv * dv;  // first b|a column of proj
+    auto dev_proj = proj;
+    if (ba_in > 0) {
+      x = randn(size_t(T) * ba_in, rng, 2.f);
+      for (int t = 0; t < T; ++t) {
+        double ss = 0;
+        for (int i = 0; i < ba_in; ++i) ss += double(x[size_t(t) * ba_in + i]) * x[size_t(t) * ba_in + i];
+        const double inv = 1 / std::sqrt(ss / ba_in + 1e-6);
+        for (int r = 0; r < 2 * Hv; ++r) {
+          double acc = 0;
+          for (int i = 0; i < ba_in; ++i)
+            acc += double(x[size_t(t) * ba_in + i]) * inv * nw[size_t(i)] * Wf[size_t(r) * ba_in + i];
+          proj[size_t(t) * R.PW() + cb + r] = float(acc);
+          dev_proj[size_t(t) * R.PW() + cb + r] = std::nanf("");
+        }
+      }
+    }
+    // as the model: the GEMVs of one or two rows normalise x themselves, longer steps get it normalised
+    const bool fused = T <= 2;
+    if (ba_in > 0 && !fused)
+      for (int t = 0; t < T; ++t) {
+        double ss = 0;
+        for (int i = 0; i < ba_in; ++i) ss += double(x[size_t(t) * ba_in + i]) * x[size_t(t) * ba_in + i];
+        const double inv = 1 / std::sqrt(ss / ba_in + 1e-6);
+        for (int i = 0; i < ba_in; ++i) x[size_t(t) * ba_in + i] = float(x[size_t(t) * ba_in + i] * inv * nw[size_t(i)]);
+      }
+    Dev<float> dp(dev_proj), dout(size_t(T) * Hv * dv), dx(x);
+    if (ba_in > 0) {
+      ba.W = &Wm; ba.in = ba_in; ba.x = dx.p; ba.ldx = ba_in; ba.norm_w = fused ? dnw.p : nullptr; ba.eps = 1e-6f;
+    }
     Dev<char> scratch(lily::cuda::gdn_scratch_bytes(g, T));
     dout.poison();
-    lily::cuda::gdn_core(g, dp.p, T, dcs.p, dS.p, dout.p, scratch.p, nullptr, chunk_min);
+    lily::cuda::gdn_core(g, dp.p, T, dcs.p, dS.p, dout.p, scratch.p, nullptr, chunk_min, ba_in > 0 ? &ba : nullptr);
     auto ref = R.step(proj, T);
     EXPECT_LT(rel_err(dout.down(), ref), 2e-4) << "dk=" << dk << " T=" << T << " chunk_min=" << chunk_min;
     EXPECT_LT(rel_err(dS.down(), R.S), 2e-4) << "state dk=" << dk << " T=" << T;
@@ -442,6 +487,12 @@ TEST(CudaOps, GdnRecurrentMatchesReference) {
   run_gdn_case(1, 8, 32, 128, {1, 3, 1}, 1 << 30, rng);               // G 8, dv 128: R 128 too many rows (unfused)
   run_gdn_case(2, 4, 32, 32, {1, 2, 16}, 1 << 30, rng);               // dk 32, G 2: NS 2, R 16 (two columns a lane)
   run_gdn_case(16, 32, 128, 128, {16, 1}, 8, rng);                    // T >= chunk_min: unfused, state carried on
+  // b|a handed to gdn_core: inside the step kernel for one token (hidden 2048 and awkward widths), a GEMV
+  // for longer steps and the widths the step kernel does not take
+  run_gdn_case(16, 32, 128, 128, {1, 1, 3, 1}, 1 << 30, rng, 2048);
+  run_gdn_case(2, 4, 64, 48, {1, 2, 1}, 1 << 30, rng, 136);
+  run_gdn_case(1, 2, 32, 32, {1, 17, 1}, 8, rng, 4096);
+  run_gdn_case(2, 4, 32, 32, {1, 2}, 1 << 30, rng, 4104);  // past the fold's width: GEMV
 }
 
 TEST(CudaOps, GdnChunkedMatchesReference) {

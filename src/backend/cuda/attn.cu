@@ -1,8 +1,9 @@
 // Gated full attention core (model doc §3.3): q/k RMSNorm + partial NeoX RoPE + KV append, then causal
-// GQA attention. One kernel serves prompts and decode: a block owns one KV head, a tile of 16 packed
-// query rows (token, query head of that KV head's group), so each K/V row loaded serves the whole
-// group, and one split of the key range (flash-decoding); splits are merged by a second kernel that
-// also applies the sigmoid output gate. Softmax in fp32, online over key tiles of 32.
+// GQA attention over packed query rows (token, query head of one KV head's group), so each K/V row loaded
+// serves the whole group, split over the key range (flash-decoding). Decode (≤ 8 packed rows) runs the
+// tensor-core decode kernel below; prompts the tensor-core kernel of attn_prefill.cu; the fp32 SIMT
+// kernel (16-row tiles, 32-key tiles) is the fallback for shapes and devices those do not take. A second
+// kernel merges the splits and applies the sigmoid output gate. Softmax in fp32, online over key tiles.
 #include <algorithm>
 #include <cmath>
 

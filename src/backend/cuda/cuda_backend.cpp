@@ -607,13 +607,25 @@ void CudaBackend::gdn_mixer(int layer) {
   const float eps = float(w_->cfg.rms_eps);
   const bool fuse = T_ <= kGemvMaxRows;  // the GEMVs normalise x themselves
   if (!fuse) rmsnorm(x_, H, D.in_norm, T_, H, eps, u_, H, stream_);
+  static const bool ba_fold = [] {
+    const char* v = std::getenv("LILY_BA_FOLD");
+    return !(v && std::string(v) == "0");
+  }();
   int c0 = 0;
+  GdnBa ba;
+  const GdnBa* bap = nullptr;
   for (auto& [m, rows] : D.gdn_in) {
-    linear(m, rows, H, fuse ? x_ : u_, H, T_, proj_ + c0, PW, false, stream_, fuse ? D.in_norm : nullptr, eps);
+    if (ba_fold && c0 == g.C() + g.Hv * g.dv && rows == 2 * g.Hv) {
+      // b|a in a format of its own: gdn_core runs it, inside the recurrent step for one token
+      ba.W = &m; ba.in = H; ba.x = fuse ? x_ : u_; ba.ldx = H; ba.norm_w = fuse ? D.in_norm : nullptr; ba.eps = eps;
+      bap = &ba;
+    } else {
+      linear(m, rows, H, fuse ? x_ : u_, H, T_, proj_ + c0, PW, false, stream_, fuse ? D.in_norm : nullptr, eps);
+    }
     c0 += rows;
   }
   gdn_core(g, proj_, T_, st_->conv[size_t(layer)], st_->S[size_t(layer)], core_, work_ ? static_cast<char*>(work_) + (scratch_bytes_ - work_bytes_) : nullptr,
-           stream_, opt_.chunk_min);
+           stream_, opt_.chunk_min, bap);
   linear(D.gdn_out, H, g.Hv * g.dv, core_, g.Hv * g.dv, T_, x_, H, true, stream_);
 }
 

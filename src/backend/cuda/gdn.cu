@@ -277,12 +277,24 @@ __device__ __forceinline__ void st_vec(float* p, const float* d) {
 // each group's row segment contiguous per VW columns). Up to dk = 128 and 16 state columns per lane, at
 // most 128 registers a thread: two CTAs fit on an SM, so a cluster of 8 finds room in a GPC also beside
 // the kernels that programmatic dependent launch overlaps.
+// b|a folded into the step (one token): rows j and Hv + j of the bf16 W [2·Hv, H] (row stride ld) times
+// RMSNorm(x)·norm_w; w == null: proj holds b|a. H % 8 == 0 and H <= 8·kStepThreads·kBaMaxU.
+constexpr int kBaMaxU = 2;
+struct BaFold {
+  const uint16_t* w = nullptr;
+  int64_t ld = 0;
+  int H = 0;
+  const float* x = nullptr;
+  const float* norm_w = nullptr;
+  float eps = 0.f;
+};
+
 template <int DKL, int RWP>
 __global__ void __launch_bounds__(kStepThreads, DKL <= 4 && DKL * RWP <= 16 ? 2 : 1)
     gdn_step_kernel(const float* __restrict__ proj, int64_t ldp, int T, int Hk, int Hv, int dv, int K, int ns,
                     const float* __restrict__ convw, float* __restrict__ conv_state, const float* __restrict__ dt_bias,
                     const float* __restrict__ A_neg, const float* __restrict__ normw, float eps, float* __restrict__ S,
-                    float* __restrict__ out) {
+                    float* __restrict__ out, const BaFold ba) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int dk = 32 * DKL, LPR = 32 / RWP, CPL = dk / LPR, VW = CPL < 4 ? CPL : 4, NV = CPL / VW;
   constexpr int kRows = kStepWarps * RWP;  // rows of a CTA, at most
@@ -337,7 +349,44 @@ __global__ void __launch_bounds__(kStepThreads, DKL <= 4 && DKL * RWP <= 16 ? 2 
   }
   const float An = A_neg[j], dtb = dt_bias[j];
   const float nw0 = lane < R ? normw[sl * R + lane] : 0.f, nw1 = lane + 32 < R ? normw[sl * R + lane + 32] : 0.f;
+  uint4 wb[kBaMaxU], wa2[kBaMaxU];  // this thread's 8-element pieces of the b and a rows (weights: before the wait)
+#pragma unroll
+  for (int u = 0; u < kBaMaxU; ++u) {
+    const int e = 8 * (tid + kStepThreads * u);
+    const bool ok = ba.w && e < ba.H;
+    wb[u] = ok ? __ldg(reinterpret_cast<const uint4*>(ba.w + int64_t(j) * ba.ld + e)) : make_uint4(0, 0, 0, 0);
+    wa2[u] = ok ? __ldg(reinterpret_cast<const uint4*>(ba.w + int64_t(Hv + j) * ba.ld + e)) : make_uint4(0, 0, 0, 0);
+  }
   grid_dependency_wait();
+  __shared__ float bared[kStepWarps][3];
+  if (ba.w) {  // Σx², Σ(x·n)·w_b, Σ(x·n)·w_a over the row, one block reduction for the three
+    float ss = 0.f, db = 0.f, da = 0.f;
+#pragma unroll
+    for (int u = 0; u < kBaMaxU; ++u) {
+      const int e = 8 * (tid + kStepThreads * u);
+      if (e < ba.H) {
+        float xv[8], nv[8], fb[8], fa[8];
+        ld_vec<4>(ba.x + e, xv);
+        ld_vec<4>(ba.x + e + 4, xv + 4);
+        ld_vec<4>(ba.norm_w + e, nv);
+        ld_vec<4>(ba.norm_w + e + 4, nv + 4);
+        bf8(wb[u], fb);
+        bf8(wa2[u], fa);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          ss = fmaf(xv[i], xv[i], ss);
+          const float xn = xv[i] * nv[i];
+          db = fmaf(xn, fb[i], db);
+          da = fmaf(xn, fa[i], da);
+        }
+      }
+    }
+    ss = group_sum<32>(ss);
+    db = group_sum<32>(db);
+    da = group_sum<32>(da);
+    if (lane == 0) { bared[warp][0] = ss; bared[warp][1] = db; bared[warp][2] = da; }
+    __syncthreads();
+  }
 
   // ---- phase 1: conv outputs, gates, z for every token
   // win[q] = the input 4 - q steps before token 0: conv state row K - 5 + q where that is >= 0
@@ -361,7 +410,16 @@ __global__ void __launch_bounds__(kStepThreads, DKL <= 4 && DKL * RWP <= 16 ? 2 
 #pragma unroll 4
   for (int idx = tid; idx < T * R; idx += kStepThreads) zs[idx / R][idx % R] = pz[int64_t(idx / R) * ldp + idx % R];
   float bt = 0.f, at = 0.f;
-  if (tid < T) {
+  if (ba.w) {
+    if (tid == 0) {
+      float ss = 0.f, db = 0.f, da = 0.f;
+#pragma unroll
+      for (int w = 0; w < kStepWarps; ++w) { ss += bared[w][0]; db += bared[w][1]; da += bared[w][2]; }
+      const float inv = rsqrtf(ss / float(ba.H) + ba.eps);
+      bt = db * inv;
+      at = da * inv;
+    }
+  } else if (tid < T) {
     const float* pr = proj + int64_t(tid) * ldp + C + Hv * dv;
     bt = pr[j];
     at = pr[Hv + j];
@@ -693,8 +751,8 @@ size_t gdn_scratch_bytes(const GdnDev& g, int T) {
   return layout(g, T, nullptr).bytes + gdn_chunk_scratch_bytes(T, g.Hv, g.dk, g.dv);  // the chunk pass's part last
 }
 
-void gdn_core(const GdnDev& g, const float* proj, int T, float* conv_state, float* S, float* out, void* scratch,
-              cudaStream_t s, int chunk_min) {
+void gdn_core(const GdnDev& g, float* proj, int T, float* conv_state, float* S, float* out, void* scratch,
+              cudaStream_t s, int chunk_min, const GdnBa* ba) {
   if (T <= 0) return;
   if (!(g.K >= 1 && g.K <= 8 && g.Hv % g.Hk == 0)) fail_internal("gdn_core: bad dimensions");
   GdnScratch sc = layout(g, T, scratch);
@@ -705,13 +763,26 @@ void gdn_core(const GdnDev& g, const float* proj, int T, float* conv_state, floa
                                (g.dk == 32 || g.dk == 64 || g.dk == 128 || g.dk == 256)
                            ? step_split(G, g.dk, g.dv)
                            : StepSplit{};
-  if (sp.ns > 0 && (reinterpret_cast<uintptr_t>(S) & 15) == 0 && device_has_clusters()) {
+  const bool step = sp.ns > 0 && (reinterpret_cast<uintptr_t>(S) & 15) == 0 && device_has_clusters();
+  BaFold fold;
+  if (ba) {
+    const Mat& W = *ba->W;
+    const bool fits = step && T == 1 && !W.affine && !W.exl3 && ba->norm_w && ba->in % 8 == 0 &&
+                      ba->in <= 8 * kStepThreads * kBaMaxU && W.ld % 8 == 0 && aligned16(W.w) && aligned16(ba->x) &&
+                      aligned16(ba->norm_w);
+    if (fits) {
+      fold.w = W.w; fold.ld = W.ld; fold.H = ba->in; fold.x = ba->x; fold.norm_w = ba->norm_w; fold.eps = ba->eps;
+    } else {
+      linear(W, 2 * g.Hv, ba->in, ba->x, ba->ldx, T, proj + C + int64_t(g.Hv) * g.dv, ldp, false, s, ba->norm_w, ba->eps);
+    }
+  }
+  if (step) {
     PdlLaunch L(dim3(unsigned(g.Hk * G * sp.ns)), dim3(kStepThreads), 0, s, unsigned(G * sp.ns));
     auto launch = [&](auto dkl, auto rwp) {
       constexpr int D = decltype(dkl)::value, W = decltype(rwp)::value;
       if constexpr (D * W <= kStepMaxCPL) {
         LILY_CU(cudaLaunchKernelEx(&L.cfg, gdn_step_kernel<D, W>, proj, ldp, T, g.Hk, g.Hv, g.dv, g.K, sp.ns, g.conv,
-                                   conv_state, g.dt_bias, g.A_neg, g.norm, g.eps, S, out));
+                                   conv_state, g.dt_bias, g.A_neg, g.norm, g.eps, S, out, fold));
       } else {
         fail_internal("gdn_core: step kernel split out of range");
       }

@@ -178,8 +178,20 @@ size_t gdn_scratch_bytes(const GdnDev& g, int T);
 // From the input projections proj [T, proj_width()] to the gated-normed output out [T, Hv·dv].
 // conv_state [K-1, C] fp32 (row 0 oldest) and S [Hv, dv, dk] fp32 are read and updated.
 // T >= chunk_min uses the chunked rule (C = 64), shorter steps the recurrent form.
-void gdn_core(const GdnDev& g, const float* proj, int T, float* conv_state, float* S, float* out, void* scratch,
-              cudaStream_t s, int chunk_min = 64);
+// The b|a input projection handed to gdn_core: W [2·Hv, in] times rows x (ldx), RMS-normalised first when
+// norm_w is set (only for T <= kGemvMaxRows, as linear). gdn_core writes proj's b|a columns with it, or for
+// one token with bf16 W computes b and a inside the recurrent step kernel (no separate product on the
+// decode path).
+struct GdnBa {
+  const Mat* W = nullptr;
+  int in = 0;
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const float* norm_w = nullptr;
+  float eps = 1e-6f;
+};
+void gdn_core(const GdnDev& g, float* proj, int T, float* conv_state, float* S, float* out, void* scratch,
+              cudaStream_t s, int chunk_min = 64, const GdnBa* ba = nullptr);
 
 // ---- gated attention core -----------------------------------------------------------------
 struct AttnDev {
