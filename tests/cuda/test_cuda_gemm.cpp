@@ -167,7 +167,8 @@ TEST(CudaGemm, DenseMatchesReference) {
 TEST(CudaGemm, ExpertTilesMatchReference) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(12);
-  const int counts[] = {0, 1, 64, 0, 65, 200, 3};  // experts with no rows, one tile, several tiles
+  // experts with no rows, one tile, several tiles; partial tiles ending in each m16 tile of both row warps
+  const int counts[] = {0, 1, 64, 0, 65, 200, 3, 16, 17, 32, 33, 47, 48, 49, 63};
   const int E = int(std::size(counts));
   const int tokens = 97;
   std::vector<int> ex, tiles;

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/kernels.cuh"
@@ -72,7 +73,7 @@ struct Cfg {
 template <int WB, bool SPLIT, int BM>
 __global__ void __launch_bounds__(kThreads) gemm_tc_kernel(const Mat W, int out, int in, const float* __restrict__ x,
     int64_t ldx, const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy, bool accumulate,
-    const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T) {
+    const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, bool skip_empty) {
   using C = Cfg<WB, SPLIT, BM>;
   extern __shared__ __align__(16) uint16_t smem[];
   __shared__ int rows_src[BM];
@@ -179,7 +180,9 @@ __global__ void __launch_bounds__(kThreads) gemm_tc_kernel(const Mat W, int out,
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.f;
-  auto compute = [&](const uint16_t* st) {
+  // MTL: m16 tiles of this warp computed (the others hold no live row of a partial expert tile)
+  auto compute = [&](const uint16_t* st, auto mtl) {
+    constexpr int MTL = decltype(mtl)::value;
     const uint16_t* as = st + (wm * (BM / 2) + (lane & 15)) * kLds + ((lane >> 4) << 3);
     const uint16_t* bs = st + C::NA * C::A_ELEMS + (wn * 32 + (lane & 7) + ((lane >> 4) << 3)) * kLds + (((lane >> 3) & 1) << 3);
 #pragma unroll
@@ -188,7 +191,7 @@ __global__ void __launch_bounds__(kThreads) gemm_tc_kernel(const Mat W, int out,
 #pragma unroll
       for (int p = 0; p < C::NA; ++p)
 #pragma unroll
-        for (int mt = 0; mt < C::MT; ++mt) ldsm_x4(a[p][mt], as + p * C::A_ELEMS + mt * 16 * kLds + ks * 16);
+        for (int mt = 0; mt < MTL; ++mt) ldsm_x4(a[p][mt], as + p * C::A_ELEMS + mt * 16 * kLds + ks * 16);
 #pragma unroll
       for (int p = 0; p < C::NB; ++p)
 #pragma unroll
@@ -199,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) gemm_tc_kernel(const Mat W, int out,
           b[p][2 * j + 1][0] = r[2]; b[p][2 * j + 1][1] = r[3];
         }
 #pragma unroll
-      for (int mt = 0; mt < C::MT; ++mt)
+      for (int mt = 0; mt < MTL; ++mt)
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           if constexpr (SPLIT) mma_bf16(acc[mt][nt], a[C::NA - 1][mt], b[0][nt]);  // x_lo · w_hi
@@ -225,7 +228,13 @@ __global__ void __launch_bounds__(kThreads) gemm_tc_kernel(const Mat W, int out,
       load_a((kt + 1) * kBK);
       if constexpr (WB == 0) issue_b_bf16(nxt, (kt + 1) * kBK); else load_b_aff((kt + 1) * kBK);
     }
-    compute(cur);
+    if constexpr (BM == 64) {  // expert tiles: a warp whose upper (or every) m16 tile is empty skips its MMAs
+      const int live_mt = skip_empty ? (nrows - wm * (BM / 2) + 15) / 16 : C::MT;
+      if (live_mt >= C::MT) compute(cur, std::integral_constant<int, C::MT>{});
+      else if (live_mt == 1) compute(cur, std::integral_constant<int, 1>{});
+    } else {
+      compute(cur, std::integral_constant<int, C::MT>{});
+    }
     if (more) {
       store_a(nxt);
       if constexpr (WB != 0) store_b_aff(nxt);
@@ -282,8 +291,12 @@ void launch(const Mat& W, int out, int in, const float* x, int64_t ldx, const in
   using C = Cfg<WB, SPLIT, BM>;
   raise_smem<WB, SPLIT, BM>();
   const dim3 grid = tiles ? dim3(cdiv(out, kBN), unsigned(max_tiles)) : dim3(cdiv(T, BM), cdiv(out, kBN));
+  static const bool skip = [] {
+    const char* v = std::getenv("LILY_GEMM_SKIP_EMPTY");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
   gemm_tc_kernel<WB, SPLIT, BM><<<grid, kThreads, C::SMEM, s>>>(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles,
-                                                                 n_tiles, T);
+                                                                 n_tiles, T, skip);
   LILY_CU_LAUNCH();
 }
 
