@@ -60,6 +60,7 @@ struct RingArgs {
   uint32_t stage_bytes, codes_bytes, sc_bytes;  // stage size; its codes region; its scale region
   int stages;
   int xs_floats;        // staged input (padded to 32 columns)
+  int ids_ready;        // CONCAT: the expert ids are complete when this kernel starts (see gemv_ring_concat)
 };
 
 // The ring needs sm_90 (bulk copies, transaction-counted mbarriers). gemv_ring never launches it on
@@ -147,7 +148,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
   const int S = a.stages;
   float* xs = reinterpret_cast<float*>(smem + S * size_t(a.stage_bytes));
   float* colX = xs + a.xs_floats;  // per 16-byte column: Σ x
-  allow_dependent_launch();
+  // SwiGLU slots let the next kernel start only once their own wait has returned: the expert ids (written
+  // before this kernel's prerequisite finished) are then complete, and the MoE down product that follows
+  // requests its experts' weights before its own wait.
+  if constexpr (KIND != SWIGLU) allow_dependent_launch();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int G = gridDim.x, bid = blockIdx.x;
   const int my_tiles = bid < a.ntiles ? (a.ntiles - 1 - bid) / G + 1 : 0;
@@ -191,12 +195,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
       for (int li = 0; li < min(S, my_tiles); ++li) issue(li);
     grid_dependency_wait();
   } else {
-    grid_dependency_wait();
+    const bool early = KIND == CONCAT && a.ids_ready;
+    if (!early) grid_dependency_wait();
+    if constexpr (KIND == SWIGLU) allow_dependent_launch();
     if (warp == 0) {
       if (lane < a.slots) ex[lane] = a.expert[lane];
       __syncwarp();
       for (int li = 0; li < min(S, my_tiles); ++li) issue(li);
     }
+    if (early) grid_dependency_wait();
   }
 
   // ---- stage the input (PLAIN / SWIGLU: RMS-normalised when asked; CONCAT: w[s]·h_s) and Σ x per
@@ -480,7 +487,7 @@ bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float
 }
 
 bool gemv_ring_concat(const Mat& W, const int32_t* expert, int out, int in, const float* h, int64_t ldh,
-                      const float* weights, int slots, float* y, bool accumulate, cudaStream_t s) {
+                      const float* weights, int slots, float* y, bool accumulate, cudaStream_t s, bool ids_ready) {
   if (!covered(W, in) || slots <= 0 || slots > kMaxSlots || !expert) return false;
   if (out <= 0) return true;
   RingArgs a = base_args(W, in);
@@ -493,6 +500,7 @@ bool gemv_ring_concat(const Mat& W, const int32_t* expert, int out, int in, cons
   a.y = y;
   a.ldy = 0;
   a.accumulate = accumulate;
+  a.ids_ready = ids_ready ? 1 : 0;
   return plan_and_launch(W, a, CONCAT, s);
 }
 

@@ -3,12 +3,24 @@
 // decode (T <= kMoeGemvRows) runs one GEMV slot per (token, choice); prompts sort the (token, choice)
 // slots by expert on the device (histogram, prefix scan, scatter, tile map) and run the tiled GEMM over
 // a tile list whose live length is read on the device.
+#include <cstdlib>
+
 #include "backend/cuda/kernels.cuh"
 
 namespace lily::cuda {
 namespace {
 
 constexpr int kMoeGemvRows = 4;
+
+// The MoE down product requests its experts' weights before its programmatic-launch wait when the
+// gate‖up product ran on the ring (LILY_RING_EARLY_IDS=0: after it).
+bool ring_early_ids() {
+  static const bool on = [] {
+    const char* v = std::getenv("LILY_RING_EARLY_IDS");
+    return !(v && v[0] == '0' && v[1] == 0);
+  }();
+  return on;
+}
 
 struct MoeScratch {
   float *logits, *w, *gu, *h, *yb, *sh_gu, *sh_h, *ysh, *sg;
@@ -191,10 +203,13 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   const int n = T * kk;
   const int32_t* pos = nullptr;
   if (T <= kMoeGemvRows) {
-    gemv_slots(m.gate_up, sc.idx, 0, H, u, H, kk, n, sc.h, m.I, false, m.I, s, nw, eps);
+    const bool ring_gu = T == 1 && gemv_ring(m.gate_up, sc.idx, 0, H, u, n, sc.h, m.I, false, m.I, s, nw, eps);
+    if (!ring_gu) gemv_slots(m.gate_up, sc.idx, 0, H, u, H, kk, n, sc.h, m.I, false, m.I, s, nw, eps);
     // one token, no side-stream shared expert: the down products of every slot and the weighted sum into
     // the residual are one product over the slots' concatenated rows
-    if (T == 1 && !has_shared && gemv_ring_concat(m.down, sc.idx, H, m.I, sc.h, m.I, sc.w, kk, x, true, s)) return;
+    if (T == 1 && !has_shared &&
+        gemv_ring_concat(m.down, sc.idx, H, m.I, sc.h, m.I, sc.w, kk, x, true, s, ring_gu && ring_early_ids()))
+      return;
     gemv_slots(m.down, sc.idx, H, m.I, sc.h, m.I, 1, n, sc.yb, H, false, 0, s);
   } else {
     const int En = m.E + (m.shared_in_stack ? 1 : 0);  // experts in the stacks

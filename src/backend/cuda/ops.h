@@ -90,8 +90,11 @@ void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const floa
 bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float* x, int slots, float* y, int64_t ldy,
                bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps);
 // MoE down projection and combine in one product: y[r] (+)= Σ_s weights[s] · (W_{expert[s]}[r, :] · h[s·ldh, :]).
+// ids_ready: the previous kernel on s is the ring's SwiGLU product over the same expert ids (it lets its
+// dependents start only after its own wait), so the ids may be read, and the weights requested, before this
+// kernel's programmatic-launch wait.
 bool gemv_ring_concat(const Mat& W, const int32_t* expert, int out, int in, const float* h, int64_t ldh,
-                      const float* weights, int slots, float* y, bool accumulate, cudaStream_t s);
+                      const float* weights, int slots, float* y, bool accumulate, cudaStream_t s, bool ids_ready = false);
 // The ring's plan for a product (host only; tests and tools): kind 0 plain rows, 1 SwiGLU expert slots, 2 MoE
 // down projection + combine; rows: output rows, or I for SwiGLU. covered == false: gemv_ring declines it
 // whatever the pointers (it may also decline for unaligned pointers or strides).
