@@ -181,7 +181,8 @@ INSTANTIATE_TEST_SUITE_P(Golden, CudaGolden,
                          });
 
 // A golden model quantized to MLX affine (4 and 8 bit, group 64): the CUDA backend, reading the packed
-// weights, against the CPU backend on the same quantized checkpoint (prompt and decode logits).
+// weights, against the CPU backend on the same quantized checkpoint (cuda_compare.h: teacher-forced
+// prompt and decode logits, perplexity, 64 greedy tokens).
 TEST_P(CudaGolden, AffineMatchesCpuBackend) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = find_golden(GetParam());
@@ -194,31 +195,11 @@ TEST_P(CudaGolden, AffineMatchesCpuBackend) {
     qo.progress = false;
     quantize_model(qo);
     auto w = ModelWeights::load(out.string());
-    auto g = read_golden(dir);
-    const int64_t T = 100, V = w->cfg.vocab;
-    std::vector<int32_t> ids(g.prompt.begin(), g.prompt.begin() + T);
     // The CUDA affine kernels take float activations: the CPU reference is the exact path, not int8.
     cpu::CpuOptions copt;
     copt.affine = cpu::AffinePath::Exact;
-    cpu::CpuBackend cpu(w, copt);
-    auto gpu = make_cuda_backend(w);
-    auto sc = cpu.new_state(T + 8);
-    auto sg = gpu->new_state(T + 8);
-    std::vector<float> lc(size_t(T * V)), lg(size_t(T * V));
-    forward_step(cpu, *sc, ids, T, lc.data());
-    forward_step(*gpu, *sg, ids, T, lg.data());
-    Compare c = compare(lg.data(), lc.data(), T, V);
-    EXPECT_GE(c.top1, 0.99) << bits << "-bit prompt";
-    EXPECT_LT(c.max_abs, 2e-2 * std::max(1.0, c.rms_ref)) << bits << "-bit prompt";
-    for (int step = 0; step < 4; ++step) {  // decode rows through the affine GEMV
-      std::vector<int32_t> tok{int32_t(argmax(lc.data() + (T - 1) * V, V))};
-      forward_step(cpu, *sc, tok, 1, lc.data() + (T - 1) * V);
-      forward_step(*gpu, *sg, tok, 1, lg.data() + (T - 1) * V);
-      Compare d = compare(lg.data() + (T - 1) * V, lc.data() + (T - 1) * V, 1, V);
-      EXPECT_EQ(d.top1, 1.0) << bits << "-bit decode step " << step;
-      EXPECT_LT(d.max_abs, 2e-2 * std::max(1.0, d.rms_ref)) << bits << "-bit decode step " << step;
-    }
-    std::printf("[%s] affine %d-bit vs CPU: prompt top-1 %.4f, max|Δ| %.3g\n", GetParam().c_str(), bits, c.top1, c.max_abs);
+    const std::string what = GetParam() + " affine " + std::to_string(bits) + "-bit";
+    cudatest::compare_backends(w, read_golden(dir).prompt, what.c_str(), copt, 64);
     fs::remove_all(out);
   }
 }
