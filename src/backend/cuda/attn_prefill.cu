@@ -18,6 +18,7 @@
 #include <atomic>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/ptx.cuh"
 
 namespace lily::cuda {
 namespace {
@@ -25,30 +26,7 @@ namespace {
 constexpr int kWarps = 4, kThreads = 32 * kWarps, kKeys = 64;
 std::atomic<bool> g_simt{false};
 
-__device__ __forceinline__ uint32_t sm_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
-// 16-byte global → shared copy; valid == false zero-fills the destination and reads nothing.
-__device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm4_t(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-// c += a · b, a 16×16 (row), b 16×8 (col), bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // Two floats → packed bf16 pair, lo in the low half (the lower column of an mma fragment).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -91,11 +69,11 @@ __global__ void __launch_bounds__(kThreads, HD == 256 ? 2 : HD == 128 ? 3 : 4) a
     for (int e = tid; e < KT * HD / 8; e += kThreads) {
       const int kk = e / (HD / 8), d = (e % (HD / 8)) * 8;
       const bool ok = k0 + kk < ke;
-      cp16(sm_addr(dst + kk * LD + d), src + (ok ? k0 + kk : k0) * HD + d, ok);
+      cp_async16(smem_u32(dst + kk * LD + d), src + (ok ? k0 + kk : k0) * HD + d, ok);
     }
   };
   if (kb < ke) load_tile(Ks, kh, kb);
-  cp_commit();
+  cp_async_commit();
   for (int e = tid; e < BQ * HD / 8; e += kThreads) {
     const int i = e / (HD / 8), d = (e % (HD / 8)) * 8, r = r0 + i;
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -118,10 +96,10 @@ __global__ void __launch_bounds__(kThreads, HD == 256 ? 2 : HD == 128 ? 3 : 4) a
   const uint16_t* vrow = Vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
 
   for (int64_t k0 = kb; k0 < ke; k0 += KT) {
-    cp_wait_all();
+    cp_async_wait<0>();
     __syncthreads();  // K(k0) (and Q) visible; every warp is done reading the previous V tile
     load_tile(Vs, vh, k0);
-    cp_commit();
+    cp_async_commit();
 
     float s[KT / 8][4];
 #pragma unroll
@@ -129,13 +107,13 @@ __global__ void __launch_bounds__(kThreads, HD == 256 ? 2 : HD == 128 ? 3 : 4) a
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
       uint32_t a[4];
-      ldsm4(a, sm_addr(qrow + kk * 16));
+      ldsm_x4(a, smem_u32(qrow + kk * 16));
 #pragma unroll
       for (int jp = 0; jp < KT / 16; ++jp) {
         uint32_t b[4];  // keys jp·16 + (0..7 | 8..15), dims kk·16 + (0..7, 8..15)
-        ldsm4(b, sm_addr(krow + jp * 16 * LD + kk * 16));
-        mma(s[2 * jp], a, b[0], b[1]);
-        mma(s[2 * jp + 1], a, b[2], b[3]);
+        ldsm_x4(b, smem_u32(krow + jp * 16 * LD + kk * 16));
+        mma_bf16(s[2 * jp], a, b[0], b[1]);
+        mma_bf16(s[2 * jp + 1], a, b[2], b[3]);
       }
     }
     if (k0 + KT > min(ke, kfull)) {
@@ -176,10 +154,10 @@ __global__ void __launch_bounds__(kThreads, HD == 256 ? 2 : HD == 128 ? 3 : 4) a
       o[dn][2] *= alpha[1]; o[dn][3] *= alpha[1];
     }
 
-    cp_wait_all();
+    cp_async_wait<0>();
     __syncthreads();  // V(k0) visible; every warp is done reading K(k0)
     if (k0 + KT < ke) load_tile(Ks, kh, k0 + KT);
-    cp_commit();
+    cp_async_commit();
 #pragma unroll
     for (int kc2 = 0; kc2 < KT / 16; ++kc2) {
       const uint32_t a[4] = {pack_bf16(s[2 * kc2][0], s[2 * kc2][1]), pack_bf16(s[2 * kc2][2], s[2 * kc2][3]),
@@ -188,13 +166,13 @@ __global__ void __launch_bounds__(kThreads, HD == 256 ? 2 : HD == 128 ? 3 : 4) a
 #pragma unroll
       for (int dp = 0; dp < HD / 16; ++dp) {
         uint32_t b[4];  // keys kc2·16 + (0..7, 8..15), dims dp·16 + (0..7 | 8..15), transposed
-        ldsm4_t(b, sm_addr(vrow + kc2 * 16 * LD + dp * 16));
-        mma(o[2 * dp], a, b[0], b[1]);
-        mma(o[2 * dp + 1], a, b[2], b[3]);
+        ldsm_x4_t(b, smem_u32(vrow + kc2 * 16 * LD + dp * 16));
+        mma_bf16(o[2 * dp], a, b[0], b[1]);
+        mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
       }
     }
   }
-  cp_wait_all();
+  cp_async_wait<0>();
 
 #pragma unroll
   for (int i = 0; i < 2; ++i) {

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/gdn_chunk.h"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/ptx.cuh"
 
 namespace lily::cuda {
 namespace {
@@ -63,25 +64,6 @@ size_t out_smem(int dk) {
   return sizeof(float) * (size_t(kC) * pitch(dk) + size_t(dk) * kOC + size_t(kC) * kC + size_t(kC) * kOC + kC);
 }
 
-// 16-byte global -> shared copy, asynchronous on sm_80+; live == false writes zeros (src is not read).
-__device__ __forceinline__ void cp16(float* dst, const float* src, bool live) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(live ? 16 : 0) : "memory");
-#else
-  *reinterpret_cast<float4*>(dst) = live ? *reinterpret_cast<const float4*>(src) : make_float4(0.f, 0.f, 0.f, 0.f);
-#endif
-}
-__device__ __forceinline__ void cp_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cp_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
 // Block (chunk c = blockIdx.x, value head j = blockIdx.y). Products: thread (ty, tx) = (tid / 16, tid % 16)
@@ -110,15 +92,15 @@ __global__ void __launch_bounds__(kWyThreads, 2) wy_kernel(const float* __restri
     const int r = e / (DK / 4), i = 4 * (e % (DK / 4));
     const bool live = r < L;
     const int64_t src = live ? (int64_t(t0 + r) * Hk + hk) * DK + i : 0;
-    cp16(Qs + r * P + i, qn + src, live);
-    cp16(Ks + r * P + i, kn + src, live);
+    cp_async16(smem_u32(Qs + r * P + i), qn + src, live);
+    cp_async16(smem_u32(Ks + r * P + i), kn + src, live);
   }
   for (int e = tid; e < kC * dv / 4; e += kWyThreads) {
     const int r = e / (dv / 4), i = 4 * (e % (dv / 4));
     const bool live = r < L;
-    cp16(Vs + r * dv + i, live ? xc + int64_t(t0 + r) * Cw + 2 * Hk * DK + int64_t(j) * dv + i : xc, live);
+    cp_async16(smem_u32(Vs + r * dv + i), live ? xc + int64_t(t0 + r) * Cw + 2 * Hk * DK + int64_t(j) * dv + i : xc, live);
   }
-  cp_commit();
+  cp_async_commit();
   if (tid < kC) {
     gam[tid] = tid < L ? g[int64_t(t0 + tid) * Hv + j] : 0.f;
     bet[tid] = tid < L ? beta[int64_t(t0 + tid) * Hv + j] : 0.f;
@@ -134,7 +116,7 @@ __global__ void __launch_bounds__(kWyThreads, 2) wy_kernel(const float* __restri
     gam[2 * tid] = run - b + a;
     gam[2 * tid + 1] = run;
   }
-  cp_wait_all();
+  cp_async_wait_all();
   __syncthreads();
   if (tid < kC) {
     Gg[int64_t(j) * Tp + t0 + tid] = gam[tid];
@@ -247,16 +229,16 @@ __global__ void __launch_bounds__(kStateThreads, 1) state_kernel(const float* __
     for (int e = tid; e < kC * DK / 4; e += kStateThreads) {
       const int r = e / (DK / 4), i = 4 * (e % (DK / 4));
       const bool live = r < L;
-      cp16(W + r * P + i, Wg + (int64_t(j) * Tp + tn + r) * DK + i, true);
-      cp16(K + r * P + i, live ? kn + (int64_t(tn + r) * Hk + hk) * DK + i : kn, live);
+      cp_async16(smem_u32(W + r * P + i), Wg + (int64_t(j) * Tp + tn + r) * DK + i, true);
+      cp_async16(smem_u32(K + r * P + i), live ? kn + (int64_t(tn + r) * Hk + hk) * DK + i : kn, live);
     }
     for (int e = tid; e < kC * kNC / 4; e += kStateThreads) {
       const int r = e / (kNC / 4), i = 4 * (e % (kNC / 4));
       const bool live = i < ncols;
-      cp16(Ub + (b * kC + r) * kNC + i, live ? Ug + (int64_t(j) * Tp + tn + r) * dv + c0 + i : Ug, live);
+      cp_async16(smem_u32(Ub + (b * kC + r) * kNC + i), live ? Ug + (int64_t(j) * Tp + tn + r) * dv + c0 + i : Ug, live);
     }
-    if (tid < kC / 4) cp16(Gb + b * kC + 4 * tid, Gg + int64_t(j) * Tp + tn + 4 * tid, true);
-    cp_commit();
+    if (tid < kC / 4) cp_async16(smem_u32(Gb + b * kC + 4 * tid), Gg + int64_t(j) * Tp + tn + 4 * tid, true);
+    cp_async_commit();
   };
   fetch(0);
   for (int e = tid; e < DK * kNC; e += kStateThreads) {
@@ -269,7 +251,7 @@ __global__ void __launch_bounds__(kStateThreads, 1) state_kernel(const float* __
     const float* K = Kb + b * kC * P;
     const float* U = Ub + b * kC * kNC;
     const float* gam = Gb + b * kC;
-    cp_wait_all();
+    cp_async_wait_all();
     __syncthreads();
     if (c + 1 < nch) fetch(c + 1);  // the other buffer was last read before the previous barrier
     float* Hcg = Hc + (int64_t(j) * nch + c) * DK * dv + c0;
@@ -354,25 +336,25 @@ __global__ void __launch_bounds__(kOutThreads, 2) out_kernel(const float* __rest
   for (int e = tid; e < kC * DK / 4; e += kOutThreads) {
     const int r = e / (DK / 4), i = 4 * (e % (DK / 4));
     const bool live = r < L;
-    cp16(Qs + r * P + i, live ? qn + (int64_t(t0 + r) * Hk + hk) * DK + i : qn, live);
+    cp_async16(smem_u32(Qs + r * P + i), live ? qn + (int64_t(t0 + r) * Hk + hk) * DK + i : qn, live);
   }
   const float* Hcg = Hc + (int64_t(j) * nch + c) * DK * dv + c0;
   for (int e = tid; e < DK * kOC / 4; e += kOutThreads) {
     const int i = e / (kOC / 4), q = 4 * (e % (kOC / 4));
     const bool live = q < ncols;
-    cp16(Hs + i * kOC + q, live ? Hcg + int64_t(i) * dv + q : Hc, live);
+    cp_async16(smem_u32(Hs + i * kOC + q), live ? Hcg + int64_t(i) * dv + q : Hc, live);
   }
   const float* Bc = Bg + (int64_t(j) * nch + c) * kC * kC;
-  for (int e = tid; e < kC * kC / 4; e += kOutThreads) cp16(Bs + 4 * e, Bc + 4 * e, true);
+  for (int e = tid; e < kC * kC / 4; e += kOutThreads) cp_async16(smem_u32(Bs + 4 * e), Bc + 4 * e, true);
   const float* Ug0 = Ug + (int64_t(j) * Tp + t0) * dv + c0;
   for (int e = tid; e < kC * kOC / 4; e += kOutThreads) {
     const int r = e / (kOC / 4), q = 4 * (e % (kOC / 4));
     const bool live = q < ncols;
-    cp16(Vs + r * kOC + q, live ? Ug0 + int64_t(r) * dv + q : Ug, live);
+    cp_async16(smem_u32(Vs + r * kOC + q), live ? Ug0 + int64_t(r) * dv + q : Ug, live);
   }
-  if (tid < kC / 4) cp16(gam + 4 * tid, Gg + int64_t(j) * Tp + t0 + 4 * tid, true);
-  cp_commit();
-  cp_wait_all();
+  if (tid < kC / 4) cp_async16(smem_u32(gam + 4 * tid), Gg + int64_t(j) * Tp + t0 + 4 * tid, true);
+  cp_async_commit();
+  cp_async_wait_all();
   __syncthreads();
   float acc[8][2] = {};
 #pragma unroll 2

@@ -16,6 +16,7 @@
 
 #include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/ptx.cuh"
 
 namespace lily::cuda {
 namespace {
@@ -25,28 +26,6 @@ constexpr int kBK = 64;
 constexpr int kLds = kBK + 8;  // shared row stride in bf16 elements
 constexpr int kThreads = 256;
 static_assert(kGemmBM == 64, "the tile-map instantiation assumes tiles of at most 64 rows");
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-// 16-byte asynchronous copy; valid == false zero-fills the destination without reading src.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 // (v0, v1) -> packed bf16 pair hi (v0 in the low half) and the pair of remainders lo = bf16(v - hi).
 __device__ __forceinline__ void split2(float v0, float v1, uint32_t& hi, uint32_t& lo) {
@@ -123,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) gemm_tc_kernel(const Mat W, int out,
     for (int i = 0; i < kBN * kBK / 8 / kThreads; ++i) {
       const int idx = tid + kThreads * i, n = idx >> 3, kk = (idx & 7) << 3;
       const bool ok = n0 + n < out && k0 + kk < in;
-      cp_async16(bs + n * kLds + kk, ok ? wb + int64_t(n0 + n) * W.ld + k0 + kk : W.w, ok);
+      cp_async16(smem_u32(bs + n * kLds + kk), ok ? wb + int64_t(n0 + n) * W.ld + k0 + kk : W.w, ok);
     }
   };
 
@@ -191,13 +170,13 @@ __global__ void __launch_bounds__(kThreads) gemm_tc_kernel(const Mat W, int out,
 #pragma unroll
       for (int p = 0; p < C::NA; ++p)
 #pragma unroll
-        for (int mt = 0; mt < MTL; ++mt) ldsm_x4(a[p][mt], as + p * C::A_ELEMS + mt * 16 * kLds + ks * 16);
+        for (int mt = 0; mt < MTL; ++mt) ldsm_x4(a[p][mt], smem_u32(as + p * C::A_ELEMS + mt * 16 * kLds + ks * 16));
 #pragma unroll
       for (int p = 0; p < C::NB; ++p)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           uint32_t r[4];
-          ldsm_x4(r, bs + p * C::B_ELEMS + j * 16 * kLds + ks * 16);
+          ldsm_x4(r, smem_u32(bs + p * C::B_ELEMS + j * 16 * kLds + ks * 16));
           b[p][2 * j][0] = r[0]; b[p][2 * j][1] = r[1];
           b[p][2 * j + 1][0] = r[2]; b[p][2 * j + 1][1] = r[3];
         }
@@ -205,9 +184,9 @@ __global__ void __launch_bounds__(kThreads) gemm_tc_kernel(const Mat W, int out,
       for (int mt = 0; mt < MTL; ++mt)
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
-          if constexpr (SPLIT) mma_bf16(acc[mt][nt], a[C::NA - 1][mt], b[0][nt]);  // x_lo · w_hi
-          if constexpr (C::NB == 2) mma_bf16(acc[mt][nt], a[0][mt], b[1][nt]);     // x_hi · w_lo
-          mma_bf16(acc[mt][nt], a[0][mt], b[0][nt]);
+          if constexpr (SPLIT) mma_bf16(acc[mt][nt], a[C::NA - 1][mt], b[0][nt][0], b[0][nt][1]);  // x_lo · w_hi
+          if constexpr (C::NB == 2) mma_bf16(acc[mt][nt], a[0][mt], b[1][nt][0], b[1][nt][1]);     // x_hi · w_lo
+          mma_bf16(acc[mt][nt], a[0][mt], b[0][nt][0], b[0][nt][1]);
         }
     }
   };
