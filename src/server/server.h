@@ -11,7 +11,7 @@
 
 #include "runtime/engine.h"
 #include "server/chat_format.h"
-#include "server/scheduler.h"
+#include "runtime/scheduler.h"
 #include "text/tokenizer.h"
 
 namespace httplib {

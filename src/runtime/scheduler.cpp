@@ -1,4 +1,4 @@
-#include "server/scheduler.h"
+#include "runtime/scheduler.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "runtime/generate.h"
 
-namespace lily::server {
+namespace lily {
 
 namespace {
 double now_ms() {
@@ -325,4 +325,4 @@ void Scheduler::fail_job(Active& a, const std::exception& e, bool input) {
   finish(a, "error", false);
 }
 
-}  // namespace lily::server
+}  // namespace lily

@@ -19,7 +19,7 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 
-namespace lily::server {
+namespace lily {
 
 struct GenParams {
   std::vector<int32_t> prompt;
@@ -130,4 +130,4 @@ class Scheduler {
   std::thread thread_;
 };
 
-}  // namespace lily::server
+}  // namespace lily

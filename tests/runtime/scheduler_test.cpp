@@ -16,9 +16,9 @@
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
-#include "server/scheduler.h"
+#include "runtime/scheduler.h"
 
-namespace lily::server {
+namespace lily {
 namespace {
 
 using HostLoopBackend = lily::test_support::ContractBackend;
@@ -185,4 +185,4 @@ TEST_F(SchedulerDevice, YieldsToANewcomerAndBothMatchTheirSoloRuns) {
 }
 
 }  // namespace
-}  // namespace lily::server
+}  // namespace lily
