@@ -194,15 +194,22 @@ bool Scheduler::step(Active& a) {
     if (device_eligible(a)) return device_steps(a);
     // Decode: sample from the current logits, hand the token over, then feed it back.
     std::span<const float> row(a.logits);
-    if (!p.logit_bias.empty() || (p.sample_vocab > 0 && p.sample_vocab < V)) {
+    if (!p.logit_bias.empty() || (p.sample_vocab > 0 && p.sample_vocab < V) || p.constraint) {
       a.biased = a.logits;
       for (auto [t, b] : p.logit_bias)
         if (t >= 0 && t < V) a.biased[size_t(t)] += b;
       if (p.sample_vocab > 0)
         for (int64_t t = p.sample_vocab; t < V; ++t) a.biased[size_t(t)] = -INFINITY;
+      if (p.constraint) {
+        const std::span<const uint64_t> m = p.constraint->allowed();
+        LILY_ASSERT(int64_t(m.size()) * 64 >= V);
+        for (int64_t t = 0; t < V; ++t)
+          if (!(m[size_t(t >> 6)] >> (t & 63) & 1)) a.biased[size_t(t)] = -INFINITY;
+      }
       row = a.biased;
     }
     const int32_t tok = a.sampler->sample(row, a.generated);
+    if (p.constraint) p.constraint->accept(tok);
     a.generated.push_back(tok);
     a.res.completion_tokens = int64_t(a.generated.size());
     if (a.generated.size() == 1) a.res.ttft_ms = now_ms() - a.t_start;
@@ -232,7 +239,7 @@ bool Scheduler::step(Active& a) {
 
 bool Scheduler::device_eligible(const Active& a) {
   const auto& p = a.job->params;
-  if (p.token_logits || !p.logit_bias.empty() || !engine_.backend().can_decode_on_device()) return false;
+  if (p.token_logits || !p.logit_bias.empty() || p.constraint || !engine_.backend().can_decode_on_device()) return false;
   if (int64_t(a.generated.size()) >= p.max_tokens || a.s->n_tokens() + 1 > a.s->capacity()) return false;
   std::lock_guard lk(mu_);
   return active_.size() == 1 && queue_.empty() && !stop_;

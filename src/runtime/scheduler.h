@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/constraint.h"
 #include "runtime/engine.h"
 #include "runtime/prompt_cache.h"
 #include "runtime/sampler.h"
@@ -36,6 +37,8 @@ struct GenParams {
   // on_token needs the logits row of each token (logprobs). When false, no logit_bias is set and the
   // request runs alone, a backend that samples on the device (CUDA) decodes without per-token logits.
   bool token_logits = true;
+  // Structured output / forced tool call: only ids it allows are drawn; each emitted token advances it.
+  std::shared_ptr<TokenConstraint> constraint;
 };
 
 struct GenResult {
