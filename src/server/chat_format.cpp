@@ -11,6 +11,12 @@
 
 namespace lily::server {
 
+void OutputDelta::append(OutputDelta&& d) {
+  content += d.content;
+  reasoning += d.reasoning;
+  for (auto& t : d.tool_calls) tool_calls.push_back(std::move(t));
+}
+
 namespace {
 
 // The text layer's incremental parser, in the server's delta shape. Each finished call gets an id.

@@ -1,0 +1,255 @@
+#include "server/core.h"
+
+#include <algorithm>
+#include <ctime>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "text/utf8.h"
+
+namespace lily::server {
+
+json openai_error_body(const ApiError& e) {
+  json err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param.empty()) err["param"] = e.param;
+  if (!e.code.empty()) err["code"] = e.code;
+  return {{"error", err}};
+}
+
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string random_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{}{:016x}{:08x}", prefix, rng(), uint32_t(rng()));
+}
+
+namespace {
+
+// Equal strings, in time that depends only on the longer length (API keys).
+bool same_secret(std::string_view a, std::string_view b) {
+  size_t n = std::max(a.size(), b.size());
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  for (size_t i = 0; i < n; ++i) {
+    unsigned x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0u, y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0u;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+
+}  // namespace
+
+Core::Core(Engine& e, std::shared_ptr<const text::Tokenizer> t, std::shared_ptr<const ChatFormat> c, ServerOptions o,
+           Scheduler& s)
+    : engine(e), tok(std::move(t)), chat(std::move(c)), opt(std::move(o)), sched(s), created(int64_t(std::time(nullptr))) {}
+
+void Core::route(const std::string& method, const std::string& path, Handler h, RouteOptions o) {
+  Route r;
+  r.method = method;
+  r.prefix = !path.empty() && path.back() == '*';
+  r.path = r.prefix ? path.substr(0, path.size() - 1) : path;
+  r.handler = std::move(h);
+  r.opt = std::move(o);
+  routes_.push_back(std::move(r));
+}
+
+const Core::Route* Core::find(const std::string& method, const std::string& path) const {
+  for (auto& r : routes_)
+    if (r.method == method && (r.prefix ? path.size() > r.path.size() && starts_with(path, r.path) : path == r.path)) return &r;
+  return nullptr;
+}
+
+const Core::Route* Core::find_any(const std::string& path) const {
+  for (auto& r : routes_)
+    if (r.prefix ? path.size() > r.path.size() && starts_with(path, r.path) : path == r.path) return &r;
+  return nullptr;
+}
+
+json Core::error_body(const Route* r, const ApiError& e) const {
+  return r && r->opt.errors ? r->opt.errors(e) : openai_error_body(e);
+}
+
+void Core::send_error(const Route* r, HttpResponse& res, const ApiError& e) const {
+  res.status = e.status;
+  res.stream = nullptr;
+  if (e.status == 503) res.headers.set("Retry-After", std::to_string(sched.retry_after_seconds()));
+  res.set(dump_json(error_body(r, e)), "application/json");
+}
+
+bool Core::screen(const HttpRequest& head, HttpResponse& res) {
+  if (head.method == "OPTIONS") {
+    res.headers.set("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    res.headers.set("Access-Control-Allow-Headers", "Authorization, Content-Type");
+    res.status = 204;
+    res.set("", "text/plain");
+    return true;
+  }
+  const auto& key = opt.api_key;
+  if (key.empty()) return false;
+  // Open without a key: routes marked open, and the chat page's static files.
+  const Route* r = find(head.method, head.path);
+  bool open = r ? r->opt.open : head.method == "GET" && !starts_with(head.path, "/v1");
+  if (open) return false;
+  std::string auth = head.header("Authorization"), xkey = head.header("x-api-key");
+  bool bearer = starts_with(auth, "Bearer ") && same_secret(std::string_view(auth).substr(7), key);
+  if (bearer || (head.headers.has("x-api-key") && same_secret(xkey, key))) return false;
+  send_error(r, res, ApiError{401, "Incorrect or missing API key (send 'Authorization: Bearer KEY')", "authentication_error", "",
+                              "invalid_api_key"});
+  return true;
+}
+
+void Core::dispatch(HttpRequest& req, HttpResponse& res) {
+  const Route* r = find(req.method, req.path);
+  try {
+    if (!r)
+      throw ApiError{404, fmt::format("Unknown route: {} {}", req.method, text::utf8_sanitize(req.path)), "invalid_request_error",
+                     "", "not_found"};
+    if (r->prefix) req.path_param = req.path.substr(r->path.size());
+    r->handler(req, res);
+  } catch (const ApiError& e) {
+    send_error(r, res, e);
+  } catch (const FieldError& e) {
+    send_error(r, res, ApiError{400, text::utf8_sanitize(e.what()), "invalid_request_error", e.param, e.code});
+  } catch (const InputError& e) {
+    send_error(r, res, ApiError{400, text::utf8_sanitize(e.what()), "invalid_request_error", "", "invalid_value"});
+  } catch (const std::exception& e) {
+    send_error(r, res, ApiError{500, fmt::format("internal error: {}", text::utf8_sanitize(e.what())), "server_error", "",
+                                "internal_error"});
+  } catch (...) {
+    send_error(r, res, ApiError{500, "internal error", "server_error", "", "internal_error"});
+  }
+}
+
+void Core::refuse(const HttpRequest& req, HttpResponse& res, const ApiError& e) { send_error(find_any(req.path), res, e); }
+
+void Core::record_status(int status) {
+  std::lock_guard lk(stat_mu_);
+  ++counts_.by_status[std::to_string(status)];
+}
+
+void Core::count(const std::string& endpoint) {
+  std::lock_guard lk(stat_mu_);
+  ++counts_.by_endpoint[endpoint];
+}
+
+Core::HttpCounts Core::http_counts() const {
+  std::lock_guard lk(stat_mu_);
+  return counts_;
+}
+
+json Core::parse_body(const HttpRequest& req) const {
+  try {
+    json b = json::parse(req.body);
+    if (!b.is_object()) bad("", "the request body must be a JSON object", "invalid_json");
+    return b;
+  } catch (const json::parse_error& e) {
+    bad("", fmt::format("the request body is not valid JSON: {}", text::utf8_sanitize(e.what())), "invalid_json");
+  }
+}
+
+void Core::need_text(const char* what) const {
+  if (!tok) bad("", fmt::format("{} needs a tokenizer, and this model has none (serve it with --tokenizer DIR)", what), "no_tokenizer");
+}
+
+int32_t Core::sample_vocab() const { return tok ? int32_t(std::min<int64_t>(tok->vocab_size(), vocab())) : 0; }
+
+std::vector<int32_t> Core::stop_ids() const {
+  std::vector<int32_t> ids;
+  if (tok) ids = tok->stop_ids();
+  for (auto id : engine.config().eos_ids)
+    if (std::find(ids.begin(), ids.end(), int32_t(id)) == ids.end()) ids.push_back(int32_t(id));
+  std::erase_if(ids, [&](int32_t id) { return id < 0 || id >= vocab(); });
+  return ids;
+}
+
+void Core::check_prompt_ids(const std::vector<int32_t>& ids, const char* param) const {
+  if (ids.empty()) bad(param, "the prompt is empty");
+  for (int32_t t : ids)
+    if (t < 0 || t >= vocab()) bad(param, fmt::format("prompt token id {} is outside the model's vocabulary (0..{})", t, vocab() - 1));
+}
+
+int64_t Core::max_tokens(std::optional<int64_t> asked, size_t prompt, const char* param) const {
+  int64_t room = sched.ctx_size() - int64_t(prompt);
+  if (room < 1)
+    bad(param, fmt::format("the prompt has {} tokens, which does not fit the context size {}", prompt, sched.ctx_size()),
+        "context_length_exceeded");
+  return std::min(room, asked.value_or(opt.default_max_tokens));
+}
+
+std::shared_ptr<GenJob> Core::submit(GenParams gp, std::vector<std::string> stops, std::unique_ptr<OutputStream> parser,
+                                     int top_logprobs, bool progress) {
+  auto job = std::make_shared<GenJob>(std::move(gp), tok, std::move(stops), std::move(parser), top_logprobs, progress);
+  if (!sched.submit(job))
+    throw ApiError{503, "The server is busy: every slot is in use and the queue is full; retry later", "server_error", "",
+                   "server_busy"};
+  return job;
+}
+
+ApiError Core::result_error(const GenResult& r) {
+  return ApiError{r.error_is_input ? 400 : 500, r.error, r.error_is_input ? "invalid_request_error" : "server_error", "",
+                  r.error_is_input ? "invalid_value" : "internal_error"};
+}
+
+std::string Core::sse(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+namespace {
+
+// Cancels the job when the last copy of a stream's body function is gone: a response that ended early
+// (or never started) stops its generation; after a finished job it does nothing.
+struct CancelAtEnd {
+  explicit CancelAtEnd(std::shared_ptr<GenJob> j) : job(std::move(j)) {}
+  CancelAtEnd(const CancelAtEnd&) = delete;
+  ~CancelAtEnd() { job->cancel(); }
+  std::shared_ptr<GenJob> job;
+};
+
+}  // namespace
+
+void Core::stream(HttpResponse& res, std::shared_ptr<GenJob> job, std::vector<std::string> head, OnEvent on_event) const {
+  int keepalive = opt.keepalive_ms;
+  res.headers.set("Cache-Control", "no-cache");
+  res.headers.set("X-Accel-Buffering", "no");
+  res.content_type = "text/event-stream";
+  auto guard = std::make_shared<CancelAtEnd>(job);
+  res.stream = [guard, head = std::move(head), on_event = std::move(on_event), keepalive](StreamSink& sink) {
+    GenJob& j = *guard->job;
+    auto write = [&](const std::string& s) {
+      if (sink.write(s)) return true;
+      j.cancel();
+      return false;
+    };
+    for (auto& h : head)
+      if (!write(h)) return;
+    for (;;) {
+      auto ev = j.channel.pop(keepalive);
+      if (!ev) {
+        if (!write(": keep-alive\n\n")) return;
+        continue;
+      }
+      std::vector<std::string> out;
+      bool final = on_event(*ev, out);
+      for (auto& s : out)
+        if (!write(s)) return;
+      if (final) return;
+    }
+  };
+}
+
+Event Core::wait(const HttpRequest& req, GenJob& job, const std::function<void(Event&)>& on_event) const {
+  for (;;) {
+    auto ev = job.channel.pop(100);
+    if (!ev) {
+      if (req.client_gone && req.client_gone()) job.cancel();
+      continue;
+    }
+    if (ev->kind == Event::Final) {
+      if (ev->result.finish_reason == "error") throw result_error(ev->result);
+      return std::move(*ev);
+    }
+    on_event(*ev);
+  }
+}
+
+}  // namespace lily::server

@@ -1,0 +1,37 @@
+#include "server/fields.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace lily::server {
+
+const json* field(const json& b, const char* k) {
+  auto it = b.find(k);
+  return it == b.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::optional<double> number(const json& b, const char* k) {
+  auto* v = field(b, k);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) bad(k, fmt::format("'{}' must be a number", k));
+  return v->get<double>();
+}
+
+std::optional<int64_t> integer(const json& b, const char* k) {
+  auto* v = field(b, k);
+  if (!v) return std::nullopt;
+  if (v->is_number_integer()) return v->get<int64_t>();
+  if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() && std::fabs(v->get<double>()) < 9e15)
+    return int64_t(v->get<double>());
+  bad(k, fmt::format("'{}' must be an integer", k));
+}
+
+std::optional<bool> boolean(const json& b, const char* k) {
+  auto* v = field(b, k);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) bad(k, fmt::format("'{}' must be true or false", k));
+  return v->get<bool>();
+}
+
+}  // namespace lily::server

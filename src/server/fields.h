@@ -1,0 +1,39 @@
+// Reading request fields from a parsed JSON body: typed getters that throw FieldError naming the
+// field. Shared by every API's request parser; nothing here knows an API's field names.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace lily::server {
+
+using json = nlohmann::ordered_json;
+
+// A request field with a bad value: HTTP 400 naming `param` (dotted path, "" for the whole body).
+struct FieldError : InputError {
+  FieldError(std::string param, const std::string& message, std::string code = "invalid_value")
+      : InputError(message), param(std::move(param)), code(std::move(code)) {}
+  std::string param, code;
+};
+
+[[noreturn]] inline void bad(std::string param, const std::string& message, std::string code = "invalid_value") {
+  throw FieldError(std::move(param), message, std::move(code));
+}
+
+// Limits on what one request may ask for, beyond the size of its body.
+struct RequestLimits {
+  size_t stop_strings = 16;
+};
+
+// The value of `k` in object `b`; null when absent or JSON null.
+const json* field(const json& b, const char* k);
+// Typed reads of `k`: nothing when absent or null, FieldError(k) when of the wrong type.
+std::optional<double> number(const json& b, const char* k);
+std::optional<int64_t> integer(const json& b, const char* k);
+std::optional<bool> boolean(const json& b, const char* k);
+
+}  // namespace lily::server

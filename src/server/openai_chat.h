@@ -1,0 +1,23 @@
+// POST /v1/chat/completions (and /chat/completions): OpenAI chat completions, streamed or not.
+#pragma once
+#include "server/core.h"
+#include "server/openai_common.h"
+
+namespace lily::server {
+
+struct ChatRequest {
+  OpenAiSampling common;
+  bool logprobs = false;
+  int top_logprobs = 0;
+  bool return_tokens = false;  // llama.cpp's field: the generated ids in the reply
+  json messages;               // in the chat template's shape (roles mapped, text parts joined, arguments parsed)
+  json tools;                  // the tools the template sees, after tool_choice (none: empty)
+  json kwargs;                 // template variables (chat_template_kwargs, enable_thinking)
+};
+
+// A pure function of the body: FieldError naming the field on bad input.
+ChatRequest parse_chat_request(const json& body, const RequestLimits& limits);
+
+void register_openai_chat(Core& core);
+
+}  // namespace lily::server
