@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../support/contract_backend.h"
+#include "../support/recording_job.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
@@ -23,35 +24,7 @@ namespace {
 
 using HostLoopBackend = lily::test_support::ContractBackend;
 
-class TestJob : public Job {
- public:
-  using Job::Job;
-  bool on_token(int32_t t, std::span<const float> logits) override {
-    ids.push_back(t);
-    rows_with_logits += logits.empty() ? 0 : 1;
-    return hook ? hook(t) : true;
-  }
-  void on_finish(const GenResult& r) override {
-    std::lock_guard lk(mu);
-    result = r;
-    done = true;
-    cv.notify_all();
-  }
-  GenResult wait() {
-    std::unique_lock lk(mu);
-    cv.wait(lk, [&] { return done; });
-    return result;
-  }
-  std::vector<int32_t> ids;
-  int rows_with_logits = 0;
-  std::function<bool(int32_t)> hook;
-
- private:
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  GenResult result;
-};
+using TestJob = lily::test_support::RecordingJob;
 
 class SchedulerDevice : public ::testing::Test {
  protected:

@@ -3,16 +3,15 @@
 // (a real JSON Schema validator, from npm) validates against its schema.
 #include <gtest/gtest.h>
 
-#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../support/recording_job.h"
 #include "runtime/demo_model.h"
 #include "runtime/engine.h"
 #include "runtime/grammar_constraint.h"
@@ -27,32 +26,7 @@ namespace {
 using json = nlohmann::ordered_json;
 namespace fs = std::filesystem;
 
-class CollectJob : public Job {
- public:
-  using Job::Job;
-  bool on_token(int32_t t, std::span<const float>) override {
-    ids.push_back(t);
-    return true;
-  }
-  void on_finish(const GenResult& r) override {
-    std::lock_guard lk(mu);
-    result = r;
-    done = true;
-    cv.notify_all();
-  }
-  GenResult wait() {
-    std::unique_lock lk(mu);
-    cv.wait(lk, [&] { return done; });
-    return result;
-  }
-  std::vector<int32_t> ids;
-
- private:
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  GenResult result;
-};
+using CollectJob = lily::test_support::RecordingJob;
 
 int run(const std::string& cmd, std::string& out) {
   out.clear();
