@@ -2,6 +2,10 @@
 //   llama-peer logits --model F.gguf --ids 1,2,3 --out logits.f32 [--threads N]
 //       teacher-forced logits of the whole prompt in one batch: float32 little-endian [T, vocab], the
 //       same file format as `lily logits`.
+//   llama-peer mtp-logits --model F.gguf --ids 1,2,3 --out mtp.f32 [--threads N]
+//       teacher-forced logits of the model's MTP block [T-1, vocab]: the main model's post-norm states
+//       h_t (llama.cpp's h_nextn) for the prompt, then the MTP context over the pairs (x_{t+1}, h_t) at
+//       positions t = 0..T-2 (the convention of `lily logits --mtp` and the golden MTP logits).
 //   llama-peer bench --model F.gguf [--prefill 256,1024] [--decode-context 256,4096] [--repeats 3]
 //                    [--decode-tokens 32] [--threads N] [--batch 2048] [--ubatch 512] [--gpu-layers N]
 //       prefill tok/s per prompt length (random ids, one warm-up run, median of repeats) and decode tok/s
@@ -21,6 +25,10 @@
 
 #include "ggml-backend.h"
 #include "llama.h"
+
+// llama.cpp's staging API for MTP (src/llama-ext.h, C++ linkage), exported by libllama.
+void llama_set_embeddings_nextn(llama_context* ctx, bool value, bool masked);
+float* llama_get_embeddings_nextn(llama_context* ctx);
 
 namespace {
 
@@ -72,7 +80,8 @@ Args parse(int argc, char** argv) {
     else throw std::runtime_error("unknown option " + k);
   }
   if (a.model.empty()) throw std::runtime_error("--model is required");
-  if (a.mode != "logits" && a.mode != "bench") throw std::runtime_error("mode must be logits or bench");
+  if (a.mode != "logits" && a.mode != "mtp-logits" && a.mode != "bench")
+    throw std::runtime_error("mode must be logits, mtp-logits or bench");
   return a;
 }
 
@@ -167,6 +176,68 @@ int run_logits(const Args& a) {
   return 0;
 }
 
+int run_mtp_logits(const Args& a) {
+  std::vector<int> ids = parse_list(a.ids, "--ids");
+  if (ids.size() < 2) throw std::runtime_error("--ids needs at least 2 ids");
+  if (a.out.empty()) throw std::runtime_error("--out is required");
+  const int T = int(ids.size());
+  auto mp = llama_model_default_params();
+  mp.load_mtp = true;
+  mp.progress_callback = [](float, void*) { return true; };
+  llama_model* model = llama_model_load_from_file(a.model.c_str(), mp);
+  if (!model) throw std::runtime_error("llama.cpp could not load " + a.model);
+  if (llama_model_n_layer_nextn(model) < 1) throw std::runtime_error(a.model + " has no MTP block (nextn_predict_layers)");
+  const int n_embd = llama_model_n_embd(model), V = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  auto cp = llama_context_default_params();
+  cp.n_ctx = uint32_t(std::max(T + 16, 256));
+  cp.n_batch = cp.n_ubatch = uint32_t(T);
+  cp.n_seq_max = 1;
+  cp.no_perf = true;
+  if (a.threads > 0) { cp.n_threads = a.threads; cp.n_threads_batch = a.threads; }
+  llama_context* tgt = llama_init_from_model(model, cp);
+  cp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+  llama_context* dft = tgt ? llama_init_from_model(model, cp) : nullptr;
+  if (!tgt || !dft) throw std::runtime_error("llama.cpp could not create the target and MTP contexts");
+  llama_set_embeddings_nextn(tgt, true, /*masked=*/false);
+  llama_batch b = llama_batch_init(T, 0, 1);
+  for (int i = 0; i < T; ++i) {
+    b.token[i] = ids[size_t(i)];
+    b.pos[i] = i;
+    b.n_seq_id[i] = 1;
+    b.seq_id[i][0] = 0;
+    b.logits[i] = i == T - 1;
+  }
+  b.n_tokens = T;
+  if (int rc = llama_decode(tgt, b); rc != 0) throw std::runtime_error("llama_decode (target) failed: " + std::to_string(rc));
+  const float* h = llama_get_embeddings_nextn(tgt);
+  if (!h) throw std::runtime_error("llama.cpp returned no h_nextn states");
+  // The MTP context needs token ids and hidden rows in one batch; llama_batch_init allocates one of them.
+  llama_batch m = llama_batch_init(T, n_embd, 1);
+  m.token = static_cast<llama_token*>(std::malloc(sizeof(llama_token) * size_t(T)));
+  for (int i = 0; i < T - 1; ++i) {
+    m.token[i] = ids[size_t(i + 1)];
+    std::memcpy(m.embd + size_t(i) * size_t(n_embd), h + size_t(i) * size_t(n_embd), size_t(n_embd) * 4);
+    m.pos[i] = i;
+    m.n_seq_id[i] = 1;
+    m.seq_id[i][0] = 0;
+    m.logits[i] = 1;
+  }
+  m.n_tokens = T - 1;
+  if (int rc = llama_decode(dft, m); rc != 0) throw std::runtime_error("llama_decode (MTP) failed: " + std::to_string(rc));
+  std::vector<float> logits(size_t(T - 1) * size_t(V));
+  for (int i = 0; i < T - 1; ++i) std::memcpy(logits.data() + size_t(i) * size_t(V), llama_get_logits_ith(dft, i), size_t(V) * 4);
+  llama_batch_free(m);
+  llama_batch_free(b);
+  llama_free(dft);
+  llama_free(tgt);
+  llama_model_free(model);
+  FILE* f = std::fopen(a.out.c_str(), "wb");
+  if (!f || std::fwrite(logits.data(), 4, logits.size(), f) != logits.size()) throw std::runtime_error("cannot write " + a.out);
+  std::fclose(f);
+  std::fprintf(stderr, "wrote %s [%d, %d]\n", a.out.c_str(), T - 1, V);
+  return 0;
+}
+
 int run_bench(const Args& a) {
   int max_ctx = 0;
   for (int x : a.prefill) max_ctx = std::max(max_ctx, x);
@@ -230,7 +301,7 @@ int main(int argc, char** argv) {
     llama_log_set(quiet_log, nullptr);
     ggml_backend_load_all_from_path(LLAMA_LIBS_DIR);
     llama_backend_init();
-    int rc = a.mode == "logits" ? run_logits(a) : run_bench(a);
+    int rc = a.mode == "logits" ? run_logits(a) : a.mode == "mtp-logits" ? run_mtp_logits(a) : run_bench(a);
     llama_backend_free();
     return rc;
   } catch (const std::exception& e) {

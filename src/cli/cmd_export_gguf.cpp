@@ -25,11 +25,14 @@ Register reg("export-gguf", "Write a model as a llama.cpp GGUF (qwen3next / qwen
   app.add_option("--out", *out, "Output .gguf file")->required();
   app.add_option("--type", *type, "Matrix type: bf16 | f32 | q8_0 | q4_0 (norms, routers, conv stay f32)");
   app.add_flag("--quiet", *quiet, "No progress on stderr");
+  auto no_mtp = std::make_shared<bool>(false);
+  app.add_flag("--no-mtp", *no_mtp, "Leave out the MTP block (written as layer n_layer with nextn_predict_layers 1 otherwise)");
   return [=]() -> int {
     if (model->empty() == synth->empty()) fail("export-gguf: give exactly one of --model DIR or --synth PRESET");
     GgufExportOptions opt;
     opt.type = parse_gguf_type(*type);
     opt.progress = !*quiet;
+    opt.mtp = !*no_mtp;
     std::shared_ptr<ModelWeights> w;
     if (!synth->empty()) {
       SynthOptions so;

@@ -10,6 +10,32 @@
 namespace lily::cli {
 namespace {
 
+// The MTP block: present, where, formats of its matrices (name -> count), FFN kind, sizes.
+nlohmann::json mtp_json(const ModelWeights& w) {
+  if (!w.mtp) return {{"present", false}, {"declared_layers", w.cfg.mtp_layers < 0 ? nlohmann::json(nullptr) : nlohmann::json(w.cfg.mtp_layers)},
+                      {"reason", w.mtp_absent}};
+  const auto& m = *w.mtp;
+  std::map<std::string, int> formats;
+  auto count = [&](const Linear& l) {
+    if (!l.empty()) ++formats[format_name(l.format)];
+  };
+  const auto& L = m.layer;
+  for (const Linear* l : {&m.fc, &L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o, &L.ffn.router, &L.ffn.shared_gate,
+                          &L.ffn.shared.gate, &L.ffn.shared.up, &L.ffn.shared.down})
+    count(*l);
+  for (const auto& e : L.ffn.experts)
+    for (const Linear* l : {&e.gate, &e.up, &e.down}) count(*l);
+  return {{"present", true},
+          {"layers", 1},
+          {"prefix", m.prefix},
+          {"ffn", L.ffn.moe ? fmt::format("MoE {} experts", L.ffn.experts.size()) : std::string("dense MLP")},
+          {"attention_format", format_name(L.attn.q.format)},
+          {"fc_format", format_name(m.fc.format)},
+          {"formats", formats},
+          {"weight_bytes", w.mtp_weight_bytes()},
+          {"active_bytes_per_draft", w.mtp_active_bytes_per_token()}};
+}
+
 Register reg("info", "Show a model's architecture, sizes, layer kinds and tensors", [](CLI::App& app) {
   auto model = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
@@ -32,6 +58,7 @@ Register reg("info", "Show a model's architecture, sizes, layer kinds and tensor
     j["bytes_by_dtype"] = bytes_by_dtype;
     j["weight_bytes"] = w->weight_bytes();
     j["active_bytes_per_token"] = w->active_bytes_per_token();
+    j["mtp"] = mtp_json(*w);
     if (*json) {
       fmt::print("{}\n", j.dump(2));
       return 0;
@@ -49,6 +76,14 @@ Register reg("info", "Show a model's architecture, sizes, layer kinds and tensor
     fmt::print("tensors        {} ({:.1f} MiB)\n", n_tensors, double(total) / (1 << 20));
     for (auto& [dt, b] : bytes_by_dtype) fmt::print("  {:<6} {:.1f} MiB\n", dt, double(b) / (1 << 20));
     fmt::print("active/token   {:.1f} MiB of weights\n", double(w->active_bytes_per_token()) / (1 << 20));
+    const auto& m = j["mtp"];
+    if (m["present"].get<bool>())
+      fmt::print("mtp            1 layer ({} attention, {}), {} ({}), {:.1f} MiB, {:.1f} MiB per draft\n",
+                 m["attention_format"].get<std::string>(), m["ffn"].get<std::string>(), m["prefix"].get<std::string>(),
+                 m["formats"].dump(), double(w->mtp_weight_bytes()) / (1 << 20),
+                 double(w->mtp_active_bytes_per_token()) / (1 << 20));
+    else
+      fmt::print("mtp            none ({})\n", w->mtp_absent);
     return 0;
   };
 });

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/cpu/mtp_reference.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "runtime/session.h"
@@ -14,6 +15,7 @@ Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for 
   struct Opts {
     std::string model, tokens, out, backend = "cpu";
     int64_t chunk = 0;
+    bool mtp = false;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--model", o->model, "Model directory")->required();
@@ -21,6 +23,9 @@ Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for 
   app.add_option("--out", o->out, "Output file (float32 little-endian, row t predicts token t+1)")->required();
   app.add_option("--prefill-chunk", o->chunk, "Tokens per forward step (0: the backend's choice, 2048 on the CPU, 8192 on CUDA)");
   app.add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
+  app.add_flag("--mtp", o->mtp,
+               "Write the MTP head's teacher-forced logits [T-1, vocab] instead (row t from the pair (x_{t+1}, h_t), "
+               "predicting x_{t+2}); CPU reference");
   return [o]() -> int {
     auto ids = parse_ids(o->tokens, "--tokens");
     if (ids.empty()) fail("--tokens: no token ids given");
@@ -28,17 +33,28 @@ Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for 
     eo.backend = o->backend;
     eo.prefill_chunk = o->chunk;
     eo.ctx_size = int64_t(ids.size());
+    if (o->mtp && o->backend != "cpu") fail("--mtp: the MTP head runs on --backend cpu (its CPU reference) for now");
+    if (o->mtp && ids.size() < 2) fail("--mtp: --tokens needs at least 2 ids (row t pairs x_{{t+1}} with h_t)");
     auto engine = Engine::open(o->model, eo);
-    Session s(*engine);
     const int64_t V = engine->config().vocab;
-    std::vector<float> logits(ids.size() * size_t(V));
-    s.prefill(ids, nullptr, logits.data());
+    std::vector<float> logits;
+    if (o->mtp) {
+      engine->weights().require_mtp();
+      auto& be = dynamic_cast<cpu::CpuBackend&>(engine->backend());
+      auto st = be.new_state(int64_t(ids.size()));
+      auto h = cpu::final_hidden_states(be, *st, ids, engine->options().prefill_chunk, nullptr);
+      logits = cpu::mtp_teacher_forced(engine->weights(), ids, h.data());
+    } else {
+      Session s(*engine);
+      logits.resize(ids.size() * size_t(V));
+      s.prefill(ids, nullptr, logits.data());
+    }
     FILE* f = std::fopen(o->out.c_str(), "wb");
     if (!f) fail("--out {}: cannot create file", o->out);
     size_t n = std::fwrite(logits.data(), sizeof(float), logits.size(), f);
     bool ok = n == logits.size() && std::fclose(f) == 0;
     if (!ok) fail("--out {}: write failed", o->out);
-    fmt::print(stderr, "wrote {} x {} logits to {}\n", ids.size(), V, o->out);
+    fmt::print(stderr, "wrote {} x {} {}logits to {}\n", logits.size() / size_t(V), V, o->mtp ? "MTP " : "", o->out);
     return 0;
   };
 });

@@ -17,6 +17,7 @@ Register reg("quantize", "Quantize a float checkpoint to MLX affine or EXL3", []
   app.add_option("--head-bits", o->head_bits, "exl3 lm_head bits (16 = keep unquantized)");
   app.add_option("--calibration", o->calibration, "exl3: token-id file; Hessians from it drive LDLQ");
   app.add_option("--calibration-tokens", o->calibration_tokens, "exl3: calibration tokens used at most");
+  app.add_flag("--keep-mtp", o->keep_mtp, "Leave the MTP block (mtp.*) unquantized (bf16 as stored)");
   return [=]() -> int {
     auto r = quantize_model(*o);
     fmt::print("wrote {}: {} matrices quantized ({} {:.2f} bits/weight incl. scales), {:.1f} MB", o->out_dir,

@@ -203,6 +203,16 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& top, const std::string&
     break;
   }
 
+  for (const char* key : {"mtp_num_hidden_layers", "num_nextn_predict_layers"}) {
+    if (!r.find(key)) continue;
+    c.mtp_layers = r.int_req(key);
+    c.mtp_field = key;
+    if (c.mtp_layers < 0) fail("{}: field '{}' must not be negative (got {})", twhere, key, c.mtp_layers);
+    if (c.mtp_layers > 1)
+      fail("{}: field '{}' is {}; lily runs checkpoints with one MTP layer (0 or 1)", twhere, key, c.mtp_layers);
+    break;
+  }
+
   c.eos_ids = ids_of(r.find("eos_token_id"));
   if (c.eos_ids.empty()) c.eos_ids = ids_of(top.contains("eos_token_id") ? &top["eos_token_id"] : nullptr);
 

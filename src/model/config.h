@@ -37,6 +37,11 @@ struct ModelConfig {
   std::vector<LayerKind> layer_kinds;
   std::vector<bool> layer_is_moe;  // false: dense MLP of dense_inter
   std::vector<int64_t> eos_ids;     // from config / generation_config
+  // MTP layers declared by config.json: `mtp_num_hidden_layers` (Qwen3.5) or `num_nextn_predict_layers`;
+  // -1 when it names neither (Qwen3-Next releases: the checkpoint's mtp.* tensors decide). mtp_field
+  // names the field that was read, for messages.
+  int64_t mtp_layers = -1;
+  std::string mtp_field;
   std::string quant_method;         // "" for plain float checkpoints
   nlohmann::json quantization;      // raw quantization block when present
 

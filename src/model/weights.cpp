@@ -148,6 +148,19 @@ class Loader {
     a.k_norm = vec(p + "k_norm.weight", hd, !norms_shifted_);
   }
 
+  void layer(const std::string& p, LayerKind kind, bool moe, LayerWeights& L) {
+    const int64_t H = cfg_.hidden;
+    L.kind = kind;
+    L.input_norm = vec(p + "input_layernorm.weight", H, !norms_shifted_);
+    L.post_norm = vec(p + "post_attention_layernorm.weight", H, !norms_shifted_);
+    if (kind == LayerKind::LinearAttention) gdn(p + "linear_attn.", L.gdn);
+    else attn(p + "self_attn.", L.attn);
+    ffn(p + "mlp.", moe, L.ffn);
+  }
+
+  // A zero-centred norm weight of the checkpoint, folded to (1 + w) unless already stored that way.
+  std::vector<float> norm(const std::string& name, int64_t n) { return vec(name, n, !norms_shifted_); }
+
   void ffn(const std::string& p, bool moe, FfnWeights& f) {
     const int64_t H = cfg_.hidden;
     f.moe = moe;
@@ -178,6 +191,63 @@ class Loader {
 
 bool has_matrix(const Checkpoint& ck, const std::string& base) {
   return ck.find(base + ".weight") || ck.find(base + ".trellis") || ck.find(base + ".scales");
+}
+
+bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+
+// Names of the checkpoint's tensors under `prefix`.
+std::vector<std::string> tensors_under(const Checkpoint& ck, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (auto it = ck.tensors().lower_bound(prefix); it != ck.tensors().end() && starts_with(it->first, prefix); ++it)
+    out.push_back(it->first);
+  return out;
+}
+
+// The MTP block: HF keeps it at the top level ("mtp.") in every layout; some converters nest it.
+void load_mtp(Loader& ld, const Checkpoint& ck, const ModelConfig& cfg, ModelWeights& w) {
+  std::string mp;
+  std::vector<std::string> names;
+  for (const char* p : {"mtp.", "model.mtp.", "language_model.mtp."}) {
+    names = tensors_under(ck, p);
+    if (!names.empty()) {
+      mp = p;
+      break;
+    }
+  }
+  const std::string declared =
+      cfg.mtp_layers < 0 ? std::string() : fmt::format("config.json field '{}' is {}", cfg.mtp_field, cfg.mtp_layers);
+  if (names.empty()) {
+    const char* need = "'mtp.fc.weight', 'mtp.pre_fc_norm_embedding.weight', 'mtp.pre_fc_norm_hidden.weight', "
+                       "'mtp.layers.0.*', 'mtp.norm.weight'";
+    w.mtp_absent = cfg.mtp_layers > 0
+                       ? fmt::format("{}: {} but the checkpoint holds no MTP tensors (missing {}; converters such as "
+                                     "mlx-lm drop them)", ck.dir(), declared, need)
+                       : fmt::format("{}: the checkpoint has no MTP block (missing {})", ck.dir(), need);
+    return;
+  }
+  if (cfg.mtp_layers == 0) fail("{}: {} but the checkpoint holds MTP tensors ('{}', ...)", ck.dir(), declared, names[0]);
+  for (const auto& n : names) {
+    const std::string lp = mp + "layers.";
+    if (!starts_with(n, lp)) continue;
+    const std::string idx = n.substr(lp.size(), n.find('.', lp.size()) - lp.size());
+    if (idx != "0")
+      fail("{}: tensor '{}' belongs to MTP layer {}, but {}", ck.dir(), n, idx,
+           declared.empty() ? std::string("lily runs checkpoints with one MTP layer") : declared);
+  }
+  const int64_t H = cfg.hidden;
+  MtpWeights m;
+  m.prefix = mp;
+  try {
+    m.norm_embed = ld.norm(mp + "pre_fc_norm_embedding.weight", H);
+    m.norm_hidden = ld.norm(mp + "pre_fc_norm_hidden.weight", H);
+    m.fc = ld.linear(mp + "fc", H, 2 * H);
+    ld.layer(mp + "layers.0.", LayerKind::FullAttention, cfg.n_experts > 0, m.layer);
+    m.final_norm = ld.norm(mp + "norm.weight", H);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{} (the checkpoint's MTP block, {} tensors under '{}'{})", e.what(), names.size(), mp,
+                                 declared.empty() ? std::string() : "; " + declared));
+  }
+  w.mtp = std::move(m);
 }
 
 }  // namespace
@@ -248,49 +318,56 @@ std::shared_ptr<ModelWeights> ModelWeights::load(const ModelConfig& cfg, std::sh
     w->rope_inv_freq.push_back(f);
   }
   w->layers.resize(size_t(cfg.layers));
-  for (int64_t i = 0; i < cfg.layers; ++i) {
-    auto& L = w->layers[size_t(i)];
-    std::string p = P + "layers." + std::to_string(i) + ".";
-    L.kind = cfg.layer_kinds[size_t(i)];
-    L.input_norm = ld.vec(p + "input_layernorm.weight", H, !norms_shifted);
-    L.post_norm = ld.vec(p + "post_attention_layernorm.weight", H, !norms_shifted);
-    if (L.kind == LayerKind::LinearAttention) ld.gdn(p + "linear_attn.", L.gdn);
-    else ld.attn(p + "self_attn.", L.attn);
-    ld.ffn(p + "mlp.", cfg.layer_is_moe[size_t(i)], L.ffn);
-  }
+  for (int64_t i = 0; i < cfg.layers; ++i)
+    ld.layer(P + "layers." + std::to_string(i) + ".", cfg.layer_kinds[size_t(i)], cfg.layer_is_moe[size_t(i)],
+             w->layers[size_t(i)]);
+  load_mtp(ld, *ckpt, cfg, *w);
   return w;
+}
+
+namespace {
+
+// Matrix bytes of one layer; `active`: only top_k of the routed experts (those read per token).
+size_t layer_bytes(const LayerWeights& L, bool active, int64_t top_k) {
+  auto ex = [](const Expert& e) { return e.gate.nbytes() + e.up.nbytes() + e.down.nbytes(); };
+  size_t n = 0;
+  if (L.kind == LayerKind::LinearAttention)
+    n += L.gdn.in_qkv.nbytes() + L.gdn.in_z.nbytes() + L.gdn.in_b.nbytes() + L.gdn.in_a.nbytes() + L.gdn.out.nbytes();
+  else
+    n += L.attn.q.nbytes() + L.attn.k.nbytes() + L.attn.v.nbytes() + L.attn.o.nbytes();
+  if (L.ffn.moe) {
+    n += L.ffn.router.nbytes() + L.ffn.shared_gate.nbytes();
+    if (!active)
+      for (auto& e : L.ffn.experts) n += ex(e);
+    else if (!L.ffn.experts.empty())
+      n += size_t(top_k) * ex(L.ffn.experts[0]);
+  }
+  return n + ex(L.ffn.shared);
+}
+
+}  // namespace
+
+const MtpWeights& ModelWeights::require_mtp() const {
+  if (!mtp) fail("{}", mtp_absent.empty() ? std::string("the model has no MTP block (no mtp.* tensors)") : mtp_absent);
+  return *mtp;
 }
 
 size_t ModelWeights::weight_bytes() const {
   size_t n = embed.nbytes() + (lm_head.dense.data == embed.dense.data && lm_head.format == embed.format ? 0 : lm_head.nbytes());
-  auto ex = [](const Expert& e) { return e.gate.nbytes() + e.up.nbytes() + e.down.nbytes(); };
-  for (auto& L : layers) {
-    if (L.kind == LayerKind::LinearAttention)
-      n += L.gdn.in_qkv.nbytes() + L.gdn.in_z.nbytes() + L.gdn.in_b.nbytes() + L.gdn.in_a.nbytes() + L.gdn.out.nbytes();
-    else
-      n += L.attn.q.nbytes() + L.attn.k.nbytes() + L.attn.v.nbytes() + L.attn.o.nbytes();
-    if (L.ffn.moe) n += L.ffn.router.nbytes() + L.ffn.shared_gate.nbytes();
-    for (auto& e : L.ffn.experts) n += ex(e);
-    n += ex(L.ffn.shared);
-  }
+  for (auto& L : layers) n += layer_bytes(L, false, cfg.top_k);
   return n;
 }
 
 size_t ModelWeights::active_bytes_per_token() const {
   size_t n = lm_head.nbytes() + size_t(cfg.hidden) * 2;  // head + one embedding row
-  auto ex = [](const Expert& e) { return e.gate.nbytes() + e.up.nbytes() + e.down.nbytes(); };
-  for (auto& L : layers) {
-    if (L.kind == LayerKind::LinearAttention)
-      n += L.gdn.in_qkv.nbytes() + L.gdn.in_z.nbytes() + L.gdn.in_b.nbytes() + L.gdn.in_a.nbytes() + L.gdn.out.nbytes();
-    else
-      n += L.attn.q.nbytes() + L.attn.k.nbytes() + L.attn.v.nbytes() + L.attn.o.nbytes();
-    if (L.ffn.moe) {
-      n += L.ffn.router.nbytes() + L.ffn.shared_gate.nbytes();
-      if (!L.ffn.experts.empty()) n += size_t(cfg.top_k) * ex(L.ffn.experts[0]);
-    }
-    n += ex(L.ffn.shared);
-  }
+  for (auto& L : layers) n += layer_bytes(L, true, cfg.top_k);
   return n;
+}
+
+size_t ModelWeights::mtp_weight_bytes() const { return mtp ? mtp->fc.nbytes() + layer_bytes(mtp->layer, false, cfg.top_k) : 0; }
+
+size_t ModelWeights::mtp_active_bytes_per_token() const {
+  return mtp ? mtp->fc.nbytes() + layer_bytes(mtp->layer, true, cfg.top_k) : 0;
 }
 
 }  // namespace lily

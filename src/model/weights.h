@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,18 @@ struct LayerWeights {
   FfnWeights ffn;
 };
 
+// The multi-token-prediction block (model doc §5, checkpoint names mtp.*): z = fc([norm_e(embed[x]) ‖
+// norm_h(h)]), one full-attention decoder layer over z with its own KV cache, h' = norm(z), logits through
+// the shared lm_head. The layer is an ordinary LayerWeights, so every backend runs it with its attention
+// and FFN code.
+struct MtpWeights {
+  std::string prefix;                          // checkpoint prefix of its tensors ("mtp.")
+  std::vector<float> norm_embed, norm_hidden;  // [H], folded (1 + w): pre_fc_norm_embedding / _hidden
+  Linear fc;                                   // [H, 2H]; input columns: embedding half first
+  LayerWeights layer;                          // FullAttention; MoE, or the dense MLP of a dense model
+  std::vector<float> final_norm;               // [H], folded: mtp.norm
+};
+
 struct ModelWeights {
   ModelConfig cfg;
   Linear embed;                // [V, H] (gathered, never multiplied)
@@ -59,6 +72,8 @@ struct ModelWeights {
   std::vector<float> final_norm;  // [H], folded
   std::vector<float> rope_inv_freq;  // [rotary_dim / 2]: theta^(-2i/rotary_dim), rounded to cfg.rope_freq_dtype
   std::vector<LayerWeights> layers;
+  std::optional<MtpWeights> mtp;  // empty when the checkpoint carries no mtp.* tensors
+  std::string mtp_absent;         // when empty: why, naming the missing tensors (and config field)
 
   std::shared_ptr<Checkpoint> ckpt;  // keeps the mappings alive
   std::vector<std::shared_ptr<void>> owned;  // buffers made at load time (regrouped matrices, ...)
@@ -67,8 +82,14 @@ struct ModelWeights {
   static std::shared_ptr<ModelWeights> load(const std::string& dir);
   static std::shared_ptr<ModelWeights> load(const ModelConfig& cfg, std::shared_ptr<Checkpoint> ckpt);
 
-  size_t weight_bytes() const;              // all matrices, as stored
+  // The MTP block, for callers that need it (speculative drafts, `lily logits --mtp`); throws
+  // InputError naming the missing tensors when the checkpoint has none.
+  const MtpWeights& require_mtp() const;
+
+  size_t weight_bytes() const;              // all matrices of the main model, as stored
   size_t active_bytes_per_token() const;    // weights read per decoded token (top-k experts)
+  size_t mtp_weight_bytes() const;          // matrices of the MTP block (0 without one)
+  size_t mtp_active_bytes_per_token() const;  // read per MTP draft (top-k experts; lm_head not counted)
 };
 
 }  // namespace lily

@@ -6,10 +6,10 @@
 #include <set>
 
 #include "backend/cpu/matmul_observer.h"
+#include "backend/cpu/mtp_reference.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "runtime/engine.h"
-#include "runtime/session.h"
 
 namespace lily {
 
@@ -78,8 +78,17 @@ std::map<std::string, std::vector<double>> capture_hessians(const std::string& m
   cap.wanted.insert(names.begin(), names.end());
   cpu::set_matmul_observer(observe, &cap);
   try {
-    Session s(*engine, eo.ctx_size);
-    s.prefill(ids, nullptr);
+    // The main model, then the MTP block (when the model has one) over the same tokens, teacher-forced.
+    auto& be = dynamic_cast<cpu::CpuBackend&>(engine->backend());
+    auto st = be.new_state(eo.ctx_size);
+    auto h = cpu::final_hidden_states(be, *st, ids, engine->options().prefill_chunk, nullptr);
+    const auto& w = engine->weights();
+    std::vector<float> last(static_cast<size_t>(w.cfg.vocab));  // the head on the last row, as a prefill runs it
+    cpu::matmul(w.lm_head, h.data() + (int64_t(ids.size()) - 1) * w.cfg.hidden, 1, last.data());
+    if (w.mtp && ids.size() >= 2) {
+      cpu::MtpReference mtp(w);
+      mtp.step(std::span<const int32_t>(ids).subspan(1), h.data(), nullptr, nullptr);  // no head: lm_head sees main rows only
+    }
   } catch (...) {
     cpu::set_matmul_observer(nullptr, nullptr);
     throw;

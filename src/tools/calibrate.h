@@ -1,6 +1,7 @@
 // Calibration for the EXL3 quantizer: runs token ids through the float model on the CPU backend and
 // accumulates, for every named linear, H = (1/n) Σ xᵀx over the n input rows it saw (double, [in, in]).
-// Experts only see the tokens routed to them; a linear that saw nothing gets no entry (no LDLQ).
+// Experts only see the tokens routed to them; a linear that saw nothing gets no entry (no LDLQ). A model
+// with an MTP block also runs it over the same tokens (teacher-forced pairs), so its linears get Hessians.
 // Memory: in² doubles per named linear.
 #pragma once
 #include <cstdint>

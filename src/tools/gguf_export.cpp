@@ -125,6 +125,25 @@ class Exporter {
   }
 
   void tensors() {
+    matrix("token_embd.weight", w_.embed);
+    vec("output_norm.weight", w_.final_norm);
+    matrix("output.weight", w_.lm_head);
+    for (int64_t il = 0; il < c_.layers; ++il) layer(il, w_.layers[size_t(il)]);
+    if (with_mtp()) {
+      // The MTP block as llama.cpp's converter writes it: one more layer n_layer, plus its nextn tensors.
+      const auto& m = *w_.mtp;
+      const std::string b = fmt::format("blk.{}.", c_.layers);
+      layer(c_.layers, m.layer);
+      matrix(b + "nextn.eh_proj.weight", m.fc);
+      vec(b + "nextn.enorm.weight", m.norm_embed);
+      vec(b + "nextn.hnorm.weight", m.norm_hidden);
+      vec(b + "nextn.shared_head_norm.weight", m.final_norm);
+    }
+  }
+
+  bool with_mtp() const { return opt_.mtp && w_.mtp.has_value(); }
+
+  void layer(int64_t il, const LayerWeights& L) {
     const int64_t Hk = c_.lin_k_heads, Hv = c_.lin_v_heads, dk = c_.lin_k_dim, dv = c_.lin_v_dim, K = c_.conv_kernel;
     const bool tiled = c_.arch == Arch::Qwen35Moe && Hk != Hv;
     std::vector<int64_t> vh(static_cast<size_t>(Hv));  // vh[p] = HF value head stored at position p
@@ -136,85 +155,78 @@ class Exporter {
         for (int64_t d = 0; d < dim; ++d) rows.push_back(base + vh[size_t(p)] * dim + d);
       return rows;
     };
-
-    matrix("token_embd.weight", w_.embed);
-    vec("output_norm.weight", w_.final_norm);
-    matrix("output.weight", w_.lm_head);
-    for (int64_t il = 0; il < c_.layers; ++il) {
-      const auto& L = w_.layers[size_t(il)];
-      const std::string b = fmt::format("blk.{}.", il);
-      vec(b + "attn_norm.weight", L.input_norm);
-      vec(b + "post_attention_norm.weight", L.post_norm);
-      if (L.kind == LayerKind::FullAttention) {
-        matrix(b + "attn_q.weight", L.attn.q);
-        matrix(b + "attn_k.weight", L.attn.k);
-        matrix(b + "attn_v.weight", L.attn.v);
-        matrix(b + "attn_output.weight", L.attn.o);
-        vec(b + "attn_q_norm.weight", L.attn.q_norm);
-        vec(b + "attn_k_norm.weight", L.attn.k_norm);
-      } else {
-        const auto& g = L.gdn;
-        const int64_t key = Hk * dk;
-        std::vector<int64_t> qkv_rows;
-        for (int64_t r = 0; r < 2 * key; ++r) qkv_rows.push_back(r);
-        for (auto r : head_rows(2 * key, dv)) qkv_rows.push_back(r);
-        matrix(b + "attn_qkv.weight", g.in_qkv, qkv_rows);
-        matrix(b + "attn_gate.weight", g.in_z, head_rows(0, dv));
-        // conv [C, K]: q‖k channels kept, v channels permuted like the qkv rows.
-        add(b + "ssm_conv1d.weight", {int64_t(qkv_rows.size()), K}, true, [&g, qkv_rows, K](float* d) {
-          for (size_t i = 0; i < qkv_rows.size(); ++i)
-            std::memcpy(d + int64_t(i) * K, g.conv.data() + qkv_rows[i] * K, size_t(K) * 4);
-        });
-        auto perm_vec = [&](const std::vector<float>& v) {
-          std::vector<float> o(v.size());
-          for (int64_t p = 0; p < Hv; ++p) o[size_t(p)] = v[size_t(vh[size_t(p)])];
-          return o;
-        };
-        owned_.push_back(perm_vec(g.dt_bias));
-        vec(b + "ssm_dt.bias", owned_.back());
-        owned_.push_back(perm_vec(g.A_neg));
-        vec(b + "ssm_a", owned_.back());
-        if (c_.arch == Arch::Qwen3Next) {
-          // ssm_ba as stored by HF: per key head g, [b(r) | a(r)] of value heads g·r + i.
-          const int64_t r = Hv / Hk;
-          add(b + "ssm_ba.weight", {2 * Hv, g.in_b.in}, false, [&g, Hk, r](float* d) {
-            const int64_t H = g.in_b.in;
-            for (int64_t k = 0; k < Hk; ++k)
-              for (int64_t i = 0; i < r; ++i) {
-                dense_row(g.in_b, k * r + i, d + (k * 2 * r + i) * H);
-                dense_row(g.in_a, k * r + i, d + (k * 2 * r + r + i) * H);
-              }
-          });
-        } else {
-          matrix(b + "ssm_beta.weight", g.in_b, head_rows(0, 1));
-          matrix(b + "ssm_alpha.weight", g.in_a, head_rows(0, 1));
-        }
-        vec(b + "ssm_norm.weight", g.norm);
-        // ssm_out [H, Hv·dv]: permute the input columns.
-        std::vector<int64_t> cols = head_rows(0, dv);
-        add(b + "ssm_out.weight", {g.out.out, g.out.in}, false, [&g, cols](float* d) {
-          ThreadPool::global().parallel_for(g.out.out, 16, [&](int64_t s, int64_t e) {
-            std::vector<float> row(size_t(g.out.in));
-            for (int64_t r = s; r < e; ++r) {
-              dense_row(g.out, r, row.data());
-              for (size_t c = 0; c < cols.size(); ++c) d[r * g.out.in + int64_t(c)] = row[size_t(cols[c])];
+    const std::string b = fmt::format("blk.{}.", il);
+    vec(b + "attn_norm.weight", L.input_norm);
+    vec(b + "post_attention_norm.weight", L.post_norm);
+    if (L.kind == LayerKind::FullAttention) {
+      matrix(b + "attn_q.weight", L.attn.q);
+      matrix(b + "attn_k.weight", L.attn.k);
+      matrix(b + "attn_v.weight", L.attn.v);
+      matrix(b + "attn_output.weight", L.attn.o);
+      vec(b + "attn_q_norm.weight", L.attn.q_norm);
+      vec(b + "attn_k_norm.weight", L.attn.k_norm);
+    } else {
+      const auto& g = L.gdn;
+      const int64_t key = Hk * dk;
+      std::vector<int64_t> qkv_rows;
+      for (int64_t r = 0; r < 2 * key; ++r) qkv_rows.push_back(r);
+      for (auto r : head_rows(2 * key, dv)) qkv_rows.push_back(r);
+      matrix(b + "attn_qkv.weight", g.in_qkv, qkv_rows);
+      matrix(b + "attn_gate.weight", g.in_z, head_rows(0, dv));
+      // conv [C, K]: q‖k channels kept, v channels permuted like the qkv rows.
+      add(b + "ssm_conv1d.weight", {int64_t(qkv_rows.size()), K}, true, [&g, qkv_rows, K](float* d) {
+        for (size_t i = 0; i < qkv_rows.size(); ++i)
+          std::memcpy(d + int64_t(i) * K, g.conv.data() + qkv_rows[i] * K, size_t(K) * 4);
+      });
+      auto perm_vec = [&](const std::vector<float>& v) {
+        std::vector<float> o(v.size());
+        for (int64_t p = 0; p < Hv; ++p) o[size_t(p)] = v[size_t(vh[size_t(p)])];
+        return o;
+      };
+      owned_.push_back(perm_vec(g.dt_bias));
+      vec(b + "ssm_dt.bias", owned_.back());
+      owned_.push_back(perm_vec(g.A_neg));
+      vec(b + "ssm_a", owned_.back());
+      if (c_.arch == Arch::Qwen3Next) {
+        // ssm_ba as stored by HF: per key head g, [b(r) | a(r)] of value heads g·r + i.
+        const int64_t r = Hv / Hk;
+        add(b + "ssm_ba.weight", {2 * Hv, g.in_b.in}, false, [&g, Hk, r](float* d) {
+          const int64_t H = g.in_b.in;
+          for (int64_t k = 0; k < Hk; ++k)
+            for (int64_t i = 0; i < r; ++i) {
+              dense_row(g.in_b, k * r + i, d + (k * 2 * r + i) * H);
+              dense_row(g.in_a, k * r + i, d + (k * 2 * r + r + i) * H);
             }
-          });
         });
+      } else {
+        matrix(b + "ssm_beta.weight", g.in_b, head_rows(0, 1));
+        matrix(b + "ssm_alpha.weight", g.in_a, head_rows(0, 1));
       }
-      const auto& f = L.ffn;
-      if (!f.moe) fail("export-gguf: layer {} has a dense MLP; llama.cpp's {} expects MoE in every layer", il, arch_);
-      router(b + "ffn_gate_inp.weight", f.router);
-      experts(b + "ffn_gate_exps.weight", f.experts, &Expert::gate);
-      experts(b + "ffn_up_exps.weight", f.experts, &Expert::up);
-      experts(b + "ffn_down_exps.weight", f.experts, &Expert::down);
-      if (!f.shared.gate.empty()) {
-        add(b + "ffn_gate_inp_shexp.weight", {f.shared_gate.in}, true,
-            [&f](float* d) { dense_row(f.shared_gate, 0, d); });
-        matrix(b + "ffn_gate_shexp.weight", f.shared.gate);
-        matrix(b + "ffn_up_shexp.weight", f.shared.up);
-        matrix(b + "ffn_down_shexp.weight", f.shared.down);
-      }
+      vec(b + "ssm_norm.weight", g.norm);
+      // ssm_out [H, Hv·dv]: permute the input columns.
+      std::vector<int64_t> cols = head_rows(0, dv);
+      add(b + "ssm_out.weight", {g.out.out, g.out.in}, false, [&g, cols](float* d) {
+        ThreadPool::global().parallel_for(g.out.out, 16, [&](int64_t s, int64_t e) {
+          std::vector<float> row(size_t(g.out.in));
+          for (int64_t r = s; r < e; ++r) {
+            dense_row(g.out, r, row.data());
+            for (size_t c = 0; c < cols.size(); ++c) d[r * g.out.in + int64_t(c)] = row[size_t(cols[c])];
+          }
+        });
+      });
+    }
+    const auto& f = L.ffn;
+    if (!f.moe) fail("export-gguf: layer {} has a dense MLP; llama.cpp's {} expects MoE in every layer", il, arch_);
+    router(b + "ffn_gate_inp.weight", f.router);
+    experts(b + "ffn_gate_exps.weight", f.experts, &Expert::gate);
+    experts(b + "ffn_up_exps.weight", f.experts, &Expert::up);
+    experts(b + "ffn_down_exps.weight", f.experts, &Expert::down);
+    if (!f.shared.gate.empty()) {
+      add(b + "ffn_gate_inp_shexp.weight", {f.shared_gate.in}, true,
+          [&f](float* d) { dense_row(f.shared_gate, 0, d); });
+      matrix(b + "ffn_gate_shexp.weight", f.shared.gate);
+      matrix(b + "ffn_up_shexp.weight", f.shared.up);
+      matrix(b + "ffn_down_shexp.weight", f.shared.down);
     }
   }
 
@@ -239,7 +251,8 @@ class Exporter {
     kv("general.architecture", arch_);
     kv("general.type", std::string("model"));
     kv("general.name", opt_.name.empty() ? std::string("lily export") : opt_.name);
-    akv("block_count", u32(c_.layers));
+    akv("block_count", u32(c_.layers + (with_mtp() ? 1 : 0)));
+    if (with_mtp()) akv("nextn_predict_layers", u32(1));
     akv("context_length", u32(c_.max_positions > 0 ? c_.max_positions : 262144));
     akv("embedding_length", u32(c_.hidden));
     if (c_.dense_inter > 0) akv("feed_forward_length", u32(c_.dense_inter));
@@ -270,6 +283,7 @@ class Exporter {
     akv("ssm.inner_size", u32(c_.lin_v_dim * c_.lin_v_heads));
     std::vector<bool> recurrent;
     for (auto k : c_.layer_kinds) recurrent.push_back(k == LayerKind::LinearAttention);
+    if (with_mtp()) recurrent.push_back(false);  // the MTP layer is full attention
     akv("attention.recurrent_layers", recurrent);
     auto cj = read_json("config.json");
     int64_t interval = 4;

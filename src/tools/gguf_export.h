@@ -12,7 +12,10 @@
 //  - 1-D tensors, norms, routers, the shared-expert gate and the conv kernel in F32; other matrices in
 //    the requested type (rows not a multiple of 32 fall back to BF16 for q8_0/q4_0);
 //  - tokenizer metadata from DIR/tokenizer.json when present, else a synthetic byte-level BPE vocab
-//    (256 byte tokens + filler, no merges) so llama.cpp loads the file and can be fed token ids.
+//    (256 byte tokens + filler, no merges) so llama.cpp loads the file and can be fed token ids;
+//  - the MTP block, when the model has one, as layer blk.{n_layer} (block_count n_layer + 1,
+//    `nextn_predict_layers` 1, not recurrent) with blk.N.nextn.{eh_proj, enorm, hnorm, shared_head_norm}
+//    for mtp.{fc, pre_fc_norm_embedding, pre_fc_norm_hidden, norm}.
 #pragma once
 #include <memory>
 #include <string>
@@ -27,6 +30,7 @@ struct GgufExportOptions {
   std::string model_dir;  // for tokenizer.json / tokenizer_config.json / config.json extras ("" = none)
   std::string name;       // general.name
   bool progress = false;  // tensor names on stderr
+  bool mtp = true;        // write the MTP block when the model has one (llama.cpp's converter: --no-mtp)
 };
 
 // Parses "f32" | "bf16" | "q8_0" | "q4_0"; throws InputError naming `--type`.

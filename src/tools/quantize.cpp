@@ -62,6 +62,12 @@ bool ends_with(const std::string& s, const std::string& x) {
   return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
 }
 
+bool is_mtp_tensor(const std::string& name) {
+  for (const char* p : {"mtp.", "model.mtp.", "language_model.mtp."})
+    if (name.rfind(p, 0) == 0) return true;
+  return false;
+}
+
 Role role_of(const std::string& base) {
   if (ends_with(base, ".mlp.gate")) return Role::Router;
   if (ends_with(base, "shared_expert_gate")) return Role::SharedGate;
@@ -189,6 +195,10 @@ QuantizeResult quantize_model(const QuantizeOptions& opt) {
   const std::regex per_expert(R"(^(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$)");
   std::smatch m;
   for (const auto& [name, t] : ck.tensors()) {
+    if (opt.keep_mtp && is_mtp_tensor(name)) {
+      passthrough.push_back(t);
+      continue;
+    }
     if (std::regex_match(name, m, per_expert) && t->shape.size() == 2 && dtype_is_float(t->dtype)) {
       Job j;
       j.base = name.substr(0, name.size() - 7);

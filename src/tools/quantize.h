@@ -6,7 +6,9 @@
 //   exl3:   exllamav3's layout — per-expert tensors; routers, shared-expert gate, GDN b/a projections,
 //           embeddings and norms unquantized; lm_head at head_bits; a tied head quantized as lm_head.*.
 //           Fractional bits mix integer K per tensor group (all experts of one projection share K).
-// Other tensors are copied unchanged; tokenizer / generation files are copied.
+// The MTP block (mtp.*) is quantized like the layers (fc as a linear, its experts stacked or per expert),
+// or copied unchanged with keep_mtp. Other tensors are copied unchanged; tokenizer / generation files
+// are copied.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,6 +25,7 @@ struct QuantizeOptions {
   int head_bits = 6;            // exl3 lm_head K (16 = keep unquantized)
   std::string calibration;      // exl3: token-id file for Hessians (LDLQ); empty = no error feedback
   int64_t calibration_tokens = 2048;
+  bool keep_mtp = false;        // leave the MTP block in its float dtype (as most quantized releases do)
   bool progress = true;         // progress bar on stderr
 };
 

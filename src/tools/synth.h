@@ -9,6 +9,7 @@
 // every expert is equally likely and top-k spreads over all experts; router_spread() measures it.
 // The in-memory builder and the on-disk writer draw every tensor from the same seeded stream (a hash of
 // the seed and the tensor name), so `lily bench --synth P --format F` runs the model `lily synth` writes.
+// Every preset carries an MTP block (mtp.*, random like the rest, in the same format as the layers).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -50,8 +51,9 @@ struct SynthWriteResult {
   int shards = 0;
   double seconds = 0;
 };
-// Writes DIR/config.json, generation_config.json, model-XXXXX-of-YYYYY.safetensors (one shard per layer
-// plus one for embeddings / head) and model.safetensors.index.json. Memory: one layer at a time.
+// Writes DIR/config.json, generation_config.json, model-XXXXX-of-YYYYY.safetensors (one shard for
+// embeddings / head, one per layer, one for the MTP block) and model.safetensors.index.json. Memory: one
+// layer at a time.
 SynthWriteResult write_synth(const SynthOptions& opt, const std::string& dir);
 
 // Layer `layer`'s router exactly as synth_model / write_synth draw it (buffers kept in `owned`).

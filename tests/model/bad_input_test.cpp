@@ -24,8 +24,9 @@ namespace {
 
 class BadInput : public ::testing::Test {
  protected:
+  virtual std::string source() const { return "qwen3_5_moe_text-a"; }
   void SetUp() override {
-    src_ = test::golden_dir("qwen3_5_moe_text-a");
+    src_ = test::golden_dir(source());
     ASSERT_FALSE(src_.empty());
     dir_ = fs::temp_directory_path() / ("lily_bad_" + std::to_string(::getpid()) + "_" +
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -58,9 +59,13 @@ class BadInput : public ::testing::Test {
     } catch (const InputError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
+    expect_cli_error("info --model " + dir_.string(), needle);
+  }
+  // `lily ARGS` exits with code 2 and prints `needle` (skipped without the binary).
+  void expect_cli_error(const std::string& args, const std::string& needle) {
     const char* bin = std::getenv("LILY_BIN");
     if (!bin || !fs::exists(bin)) return;
-    std::string cmd = std::string(bin) + " info --model " + dir_.string() + " 2>&1";
+    std::string cmd = std::string(bin) + " " + args + " 2>&1";
     FILE* p = ::popen(cmd.c_str(), "r");
     std::string out;
     char buf[512];
@@ -204,6 +209,99 @@ TEST_F(BadInput, ContextOverflow) {
   Session s(*e);
   std::vector<int32_t> ids = {1, 2, 3, 4, 5};
   EXPECT_THROW(s.prefill(ids, nullptr), InputError);
+}
+
+// ---- the MTP block (mtp.*) ----
+
+class MtpBadInput : public BadInput {
+ protected:
+  std::string source() const override { return "qwen3_5_moe_text-a-mtp"; }
+  // require_mtp() and `lily logits --mtp` both fail naming every needle.
+  void expect_no_mtp(const std::vector<std::string>& needles) {
+    auto w = ModelWeights::load(dir_.string());
+    EXPECT_FALSE(w->mtp.has_value());
+    try {
+      w->require_mtp();
+      ADD_FAILURE() << "require_mtp succeeded";
+    } catch (const InputError& e) {
+      for (auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    }
+    for (auto& n : needles) expect_cli_error("logits --mtp --model " + dir_.string() + " --tokens 1,2,3 --out /dev/null", n);
+  }
+};
+
+TEST_F(MtpBadInput, WrongShape) {
+  write_config(cfg_);
+  write_model([](auto& t) {
+    for (auto& x : t)
+      if (x.name == "mtp.fc.weight") x.shape = {x.shape[1], x.shape[0]};
+  });
+  expect_error("tensor 'mtp.fc.weight' has shape [256, 128], expected [128, 256]");
+}
+
+TEST_F(MtpBadInput, WrongNormShape) {
+  write_config(cfg_);
+  write_model([](auto& t) {
+    for (auto& x : t)
+      if (x.name == "mtp.pre_fc_norm_hidden.weight") x.shape = {2, x.shape[0] / 2};
+  });
+  expect_error("tensor 'mtp.pre_fc_norm_hidden.weight' has shape [2, 64], expected [128]");
+}
+
+TEST_F(MtpBadInput, WrongFusedExpertShape) {
+  write_config(cfg_);
+  write_model([](auto& t) {
+    for (auto& x : t)
+      if (x.name == "mtp.layers.0.mlp.experts.down_proj") x.shape = {x.shape[0], x.shape[2], x.shape[1]};
+  });
+  expect_error("tensor 'mtp.layers.0.mlp.experts.down_proj' has shape [8, 64, 128], expected [8, 128, 64]");
+}
+
+TEST_F(MtpBadInput, TensorMissingNamesTensorAndField) {
+  write_config(cfg_);
+  write_model([](auto& t) { std::erase_if(t, [](auto& x) { return x.name == "mtp.norm.weight"; }); });
+  expect_error("missing tensor 'mtp.norm.weight'");
+  expect_error("config.json field 'mtp_num_hidden_layers' is 1");
+}
+
+TEST_F(MtpBadInput, ConfigSaysMtpButCheckpointHasNone) {
+  write_config(cfg_);
+  write_model([](auto& t) { std::erase_if(t, [](auto& x) { return x.name.rfind("mtp.", 0) == 0; }); });
+  expect_no_mtp({"config.json field 'mtp_num_hidden_layers' is 1", "'mtp.fc.weight'", "'mtp.layers.0.*'"});
+}
+
+TEST_F(MtpBadInput, ConfigSaysNoMtpButCheckpointHasIt) {
+  cfg_["mtp_num_hidden_layers"] = 0;
+  write_config(cfg_);
+  write_model([](auto&) {});
+  expect_error("config.json field 'mtp_num_hidden_layers' is 0 but the checkpoint holds MTP tensors ('mtp.fc.weight'");
+}
+
+TEST_F(MtpBadInput, SecondMtpLayer) {
+  write_config(cfg_);
+  std::vector<uint16_t> w(128, 0);
+  write_model([&](auto& t) {
+    t.push_back({"mtp.layers.1.input_layernorm.weight", DType::BF16, {128}, w.data(), w.size() * 2});
+  });
+  expect_error("tensor 'mtp.layers.1.input_layernorm.weight' belongs to MTP layer 1, but config.json field "
+               "'mtp_num_hidden_layers' is 1");
+}
+
+TEST_F(MtpBadInput, TwoMtpLayersDeclared) {
+  cfg_["mtp_num_hidden_layers"] = 2;
+  write_config(cfg_);
+  write_model([](auto&) {});
+  expect_error("field 'mtp_num_hidden_layers' is 2; lily runs checkpoints with one MTP layer");
+}
+
+TEST_F(BadInput, NoMtpBlock) {
+  write_config(cfg_);
+  write_model([](auto&) {});
+  auto w = ModelWeights::load(dir_.string());
+  EXPECT_FALSE(w->mtp.has_value());
+  EXPECT_THROW(w->require_mtp(), InputError);
+  expect_cli_error("logits --mtp --model " + dir_.string() + " --tokens 1,2,3 --out /dev/null",
+                   "the checkpoint has no MTP block (missing 'mtp.fc.weight'");
 }
 
 }  // namespace

@@ -94,12 +94,8 @@ TEST_P(GoldenModel, GreedyContinuationMatches) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, GoldenModel,
-                         ::testing::Values("qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           for (auto& c : s)
-                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return s;
-                         });
+                         ::testing::Values("qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r",
+                                           "qwen3_5_moe_text-a-mtp", "qwen3_next-a-mtp"),
+                         test::ModelParamName());
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Helpers shared by the model tests.
 #pragma once
+#include <cctype>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -30,5 +31,16 @@ inline std::string golden_dir(const std::string& name) {
     if (fs::exists(p / "model.safetensors")) return p.string();
   return "";
 }
+
+// gtest parameter names from model directory names (characters other than letters and digits become '_').
+struct ModelParamName {
+  template <class Info>
+  std::string operator()(const Info& info) const {
+    std::string s = info.param;
+    for (auto& c : s)
+      if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+    return s;
+  }
+};
 
 }  // namespace lily::test

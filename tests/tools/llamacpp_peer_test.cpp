@@ -73,12 +73,19 @@ class LlamaCpp : public ::testing::Test {
   static inline std::string skip_, build_error_, peer_;
 };
 
-void agree(const std::string& peer, const std::string& model) {
+// Our f32 GGUF export of golden `model` run by llama-peer in `mode`; its logits next to `ref_file`'s.
+struct PeerLogits {
+  std::vector<float> got, ref;
+  int64_t V = 0, T = 0;  // rows of ref
+  std::string log;
+};
+PeerLogits peer_logits(const std::string& peer, const std::string& model, const std::string& mode,
+                       const std::string& ref_file) {
   const std::string dir = std::string(LILY_TEST_DATA) + "/golden/" + model;
   auto w = ModelWeights::load(dir);
   const auto tmp = fs::temp_directory_path() / ("lily_peer_" + std::to_string(::getpid()));
   fs::create_directories(tmp);
-  const std::string gg = (tmp / (model + ".gguf")).string(), out = (tmp / (model + ".f32")).string();
+  const std::string gg = (tmp / (model + ".gguf")).string(), out = (tmp / (model + "." + mode + ".f32")).string();
   GgufExportOptions opt;
   opt.type = gguf::TensorType::F32;  // the golden weights are bf16 values: f32 holds them exactly
   opt.model_dir = dir;
@@ -86,25 +93,59 @@ void agree(const std::string& peer, const std::string& model) {
   std::ifstream gj(dir + "/golden.json");
   auto g = nlohmann::json::parse(gj);
   std::string ids;
-  for (auto& t : g["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(t.get<int>());
-  int rc = 0;
-  std::string log = run(peer + " logits --threads 2 --model " + gg + " --out " + out + " --ids " + ids, &rc);
-  ASSERT_EQ(rc, 0) << log;
-  auto got = read_f32(out), ref = read_f32(dir + "/golden_logits.f32");
-  const int64_t V = w->cfg.vocab, T = int64_t(g["prompt_ids"].size());
-  ASSERT_EQ(int64_t(got.size()), T * V);
-  ASSERT_EQ(got.size(), ref.size());
-  double max_d = 0;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* a = got.data() + t * V;
-    const float* b = ref.data() + t * V;
-    EXPECT_EQ(std::max_element(a, a + V) - a, std::max_element(b, b + V) - b) << model << " row " << t;
-    for (int64_t v = 0; v < V; ++v) max_d = std::max(max_d, double(std::fabs(a[v] - b[v])));
+  for (auto& t : g["prompt_ids"]) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(t.get<int>());
   }
+  PeerLogits r;
+  int rc = 0;
+  r.log = run(peer + " " + mode + " --threads 2 --model " + gg + " --out " + out + " --ids " + ids, &rc);
+  if (rc != 0) return r;
+  r.got = read_f32(out);
+  r.ref = read_f32(dir + "/" + ref_file);
+  r.V = w->cfg.vocab;
+  r.T = int64_t(r.ref.size()) / r.V;
+  fs::remove(out);
+  fs::remove(gg);
+  return r;
+}
+
+// Max |Δ| over all rows; argmax compared row by row.
+double compare_rows(const PeerLogits& r, const std::string& what) {
+  EXPECT_EQ(r.got.size(), r.ref.size()) << what;
+  if (r.got.size() != r.ref.size()) return INFINITY;
+  double max_d = 0;
+  for (int64_t t = 0; t < r.T; ++t) {
+    const float* a = r.got.data() + t * r.V;
+    const float* b = r.ref.data() + t * r.V;
+    EXPECT_EQ(std::max_element(a, a + r.V) - a, std::max_element(b, b + r.V) - b) << what << " row " << t;
+    for (int64_t v = 0; v < r.V; ++v) max_d = std::max(max_d, double(std::fabs(a[v] - b[v])));
+  }
+  return max_d;
+}
+
+void agree(const std::string& peer, const std::string& model) {
+  auto r = peer_logits(peer, model, "logits", "golden_logits.f32");
+  ASSERT_FALSE(r.got.empty()) << r.log;
+  const double max_d = compare_rows(r, model);
   // Logit RMS is about 1; llama.cpp's own converter output agrees to 1.6e-3..4.2e-3 (golden README).
   EXPECT_LT(max_d, 1e-2) << model;
-  std::printf("%s: llama.cpp vs HF reference max |dlogit| = %.3g over %lld rows\n", model.c_str(), max_d, (long long)T);
+  std::printf("%s: llama.cpp vs HF reference max |dlogit| = %.3g over %lld rows\n", model.c_str(), max_d, (long long)r.T);
 }
+
+// Our export of a model with an MTP block: llama.cpp runs its main model (MTP layer skipped) and, in an
+// MTP context, the block itself; both match the HF-wired reference.
+void agree_mtp(const std::string& peer, const std::string& model) {
+  agree(peer, model);
+  auto r = peer_logits(peer, model, "mtp-logits", "mtp_logits.f32");
+  ASSERT_FALSE(r.got.empty()) << r.log;
+  const double max_d = compare_rows(r, model + " MTP");
+  EXPECT_LT(max_d, 1e-2) << model;
+  std::printf("%s: llama.cpp MTP vs reference max |dlogit| = %.3g over %lld rows\n", model.c_str(), max_d, (long long)r.T);
+}
+
+TEST_F(LlamaCpp, MtpOfOurExportMatchesTheReferenceQwen3Next) { agree_mtp(peer_, "qwen3_next-a-mtp"); }
+TEST_F(LlamaCpp, MtpOfOurExportMatchesTheReferenceQwen35Moe) { agree_mtp(peer_, "qwen3_5_moe_text-a-mtp"); }
 
 TEST_F(LlamaCpp, LogitsOfOurExportMatchTheReferenceQwen3Next) { agree(peer_, "qwen3_next-a"); }
 TEST_F(LlamaCpp, LogitsOfOurExportMatchTheReferenceQwen35Moe) { agree(peer_, "qwen3_5_moe_text-a"); }

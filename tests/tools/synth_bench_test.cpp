@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/mtp_reference.h"
 #include "core/error.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
@@ -55,7 +56,7 @@ TEST_P(SynthFormats, MemoryAndDiskAreTheSameModel) {
   auto mem = synth_model(o);
   const std::string dir = tmp_dir(o.preset + "-" + synth_format_name(o.format));
   auto res = write_synth(o, dir);
-  EXPECT_EQ(res.shards, 5);
+  EXPECT_EQ(res.shards, 6);
   EXPECT_TRUE(fs::exists(fs::path(dir) / "model.safetensors.index.json"));
   auto disk = ModelWeights::load(dir);
   EXPECT_EQ(mem->cfg.layers, disk->cfg.layers);
@@ -83,10 +84,26 @@ TEST_P(SynthFormats, MemoryAndDiskAreTheSameModel) {
     expect_same_rows(a.ffn.experts.back().down, b.ffn.experts.back().down);
     expect_same_rows(a.ffn.shared_gate, b.ffn.shared_gate);
   }
+  // The MTP block, drawn in the same format as the layers.
+  ASSERT_TRUE(mem->mtp && disk->mtp);
+  EXPECT_EQ(mem->mtp_weight_bytes(), disk->mtp_weight_bytes());
+  EXPECT_EQ(int(disk->mtp->fc.format), int(disk->layers[0].ffn.experts[0].gate.format));
+  expect_same_rows(mem->mtp->fc, disk->mtp->fc);
+  expect_same_rows(mem->mtp->layer.attn.q, disk->mtp->layer.attn.q);
+  expect_same_rows(mem->mtp->layer.ffn.experts.back().up, disk->mtp->layer.ffn.experts.back().up);
+  EXPECT_EQ(mem->mtp->norm_hidden, disk->mtp->norm_hidden);
+  EXPECT_EQ(mem->mtp->final_norm, disk->mtp->final_norm);
   std::vector<int32_t> ids = {1, 500, 7, 7, 300, 2, 99, 511, 0, 42, 43, 44, 45, 46, 47, 48, 49, 50, 3};
   auto la = logits_of(mem, ids), lb = logits_of(disk, ids);
   ASSERT_EQ(la.size(), lb.size());
   for (size_t i = 0; i < la.size(); ++i) ASSERT_EQ(la[i], lb[i]) << i;
+  // The MTP head runs on both (post-norm states stand in for h: any [T, H] rows will do).
+  std::vector<float> h(ids.size() * size_t(mem->cfg.hidden));
+  for (size_t i = 0; i < h.size(); ++i) h[i] = float(int(i % 7) - 3) * 0.25f;
+  auto ma = cpu::mtp_teacher_forced(*mem, ids, h.data(), cpu::AffinePath::Int8);
+  auto mb = cpu::mtp_teacher_forced(*disk, ids, h.data(), cpu::AffinePath::Int8);
+  ASSERT_EQ(ma.size(), (ids.size() - 1) * size_t(mem->cfg.vocab));
+  for (size_t i = 0; i < ma.size(); ++i) ASSERT_EQ(ma[i], mb[i]) << i;
   double ss = 0;
   for (float v : la) { ASSERT_TRUE(std::isfinite(v)); ss += double(v) * v; }
   EXPECT_GT(ss, 0);
