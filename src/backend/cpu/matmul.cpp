@@ -38,7 +38,19 @@ void row_to_f32(const DenseWeight& w, int64_t row, int64_t n, float* out) {
   }
 }
 
-// acc[r][c] = dot(x[r], w[c]) for 2 x-rows and 4 w-rows of length n.
+// Every output element is computed with the same arithmetic whichever kernel computes it and however
+// many rows the product has (batch invariance: a row's result must not depend on what it is batched
+// with): 8-wide chunks multiply-added into one vector accumulator in order, hsum, then the scalar tail.
+inline float dot_inv(const float* x, const float* w, int64_t n) {
+  v8f a = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) a = fmadd8(load8(x + i), load8(w + i), a);
+  float s = hsum(a);
+  for (; i < n; ++i) s = __builtin_fmaf(x[i], w[i], s);
+  return s;
+}
+
+// acc[r][c] = dot(x[r], w[c]) for 2 x-rows and 4 w-rows of length n (dot_inv's arithmetic per element).
 inline void kernel_2x4(const float* x0, const float* x1, const float* w0, const float* w1, const float* w2,
                        const float* w3, int64_t n, float out[2][4]) {
   v8f a00 = {}, a01 = {}, a02 = {}, a03 = {}, a10 = {}, a11 = {}, a12 = {}, a13 = {};
@@ -46,34 +58,52 @@ inline void kernel_2x4(const float* x0, const float* x1, const float* w0, const 
   for (; i + 8 <= n; i += 8) {
     v8f p0 = load8(x0 + i), p1 = load8(x1 + i);
     v8f q0 = load8(w0 + i), q1 = load8(w1 + i), q2 = load8(w2 + i), q3 = load8(w3 + i);
-    a00 += p0 * q0; a01 += p0 * q1; a02 += p0 * q2; a03 += p0 * q3;
-    a10 += p1 * q0; a11 += p1 * q1; a12 += p1 * q2; a13 += p1 * q3;
+    a00 = fmadd8(p0, q0, a00); a01 = fmadd8(p0, q1, a01); a02 = fmadd8(p0, q2, a02); a03 = fmadd8(p0, q3, a03);
+    a10 = fmadd8(p1, q0, a10); a11 = fmadd8(p1, q1, a11); a12 = fmadd8(p1, q2, a12); a13 = fmadd8(p1, q3, a13);
   }
   float s[2][4] = {{hsum(a00), hsum(a01), hsum(a02), hsum(a03)}, {hsum(a10), hsum(a11), hsum(a12), hsum(a13)}};
-  for (; i < n; ++i) {
-    s[0][0] += x0[i] * w0[i]; s[0][1] += x0[i] * w1[i]; s[0][2] += x0[i] * w2[i]; s[0][3] += x0[i] * w3[i];
-    s[1][0] += x1[i] * w0[i]; s[1][1] += x1[i] * w1[i]; s[1][2] += x1[i] * w2[i]; s[1][3] += x1[i] * w3[i];
-  }
+  const float* w[4] = {w0, w1, w2, w3};
+  for (; i < n; ++i)
+    for (int c = 0; c < 4; ++c) {
+      s[0][c] = __builtin_fmaf(x0[i], w[c][i], s[0][c]);
+      s[1][c] = __builtin_fmaf(x1[i], w[c][i], s[1][c]);
+    }
   std::memcpy(out, s, sizeof s);
 }
 
 constexpr int64_t kRowBlock = 16;  // weight rows converted to fp32 per block (16 x in floats, L1/L2 resident)
 
-// One activation row against bf16 weights: convert in registers, no staging buffer.
+// One activation row against bf16 weights: converted in registers, no staging buffer; four weight rows
+// at a time (independent accumulators), each with dot_inv's arithmetic.
 void gemv_bf16(const Linear& W, const float* x, float* y) {
   const int64_t N = W.out, K = W.in;
   auto work = [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint16_t* w = static_cast<const uint16_t*>(W.dense.data) + r * W.dense.row_stride;
-      v8f a0 = {}, a1 = {};
+    const uint16_t* base = static_cast<const uint16_t*>(W.dense.data);
+    const int64_t ld = W.dense.row_stride;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+      const uint16_t *w0 = base + r * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;
+      v8f a0 = {}, a1 = {}, a2 = {}, a3 = {};
       int64_t i = 0;
-      for (; i + 16 <= K; i += 16) {
-        a0 += load8(x + i) * load8_bf16(w + i);
-        a1 += load8(x + i + 8) * load8_bf16(w + i + 8);
+      for (; i + 8 <= K; i += 8) {
+        const v8f xv = load8(x + i);
+        a0 = fmadd8(xv, load8_bf16(w0 + i), a0); a1 = fmadd8(xv, load8_bf16(w1 + i), a1);
+        a2 = fmadd8(xv, load8_bf16(w2 + i), a2); a3 = fmadd8(xv, load8_bf16(w3 + i), a3);
       }
-      for (; i + 8 <= K; i += 8) a0 += load8(x + i) * load8_bf16(w + i);
-      float s = hsum(a0 + a1);
-      for (; i < K; ++i) s += x[i] * bf16_to_f32(w[i]);
+      float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
+      for (; i < K; ++i) {
+        s0 = __builtin_fmaf(x[i], bf16_to_f32(w0[i]), s0); s1 = __builtin_fmaf(x[i], bf16_to_f32(w1[i]), s1);
+        s2 = __builtin_fmaf(x[i], bf16_to_f32(w2[i]), s2); s3 = __builtin_fmaf(x[i], bf16_to_f32(w3[i]), s3);
+      }
+      y[r] = s0; y[r + 1] = s1; y[r + 2] = s2; y[r + 3] = s3;
+    }
+    for (; r < r1; ++r) {
+      const uint16_t* w = base + r * ld;
+      v8f a = {};
+      int64_t i = 0;
+      for (; i + 8 <= K; i += 8) a = fmadd8(load8(x + i), load8_bf16(w + i), a);
+      float s = hsum(a);
+      for (; i < K; ++i) s = __builtin_fmaf(x[i], bf16_to_f32(w[i]), s);
       y[r] = s;
     }
   };
@@ -110,12 +140,12 @@ void matmul_dense(const Linear& W, const float* x, int64_t T, float* y) {
           }
         }
         for (; r < nr; ++r) {
-          y[t * N + r0 + r] = dot(x0, wbuf.data() + r * K, K);
-          y[(t + 1) * N + r0 + r] = dot(x1, wbuf.data() + r * K, K);
+          y[t * N + r0 + r] = dot_inv(x0, wbuf.data() + r * K, K);
+          y[(t + 1) * N + r0 + r] = dot_inv(x1, wbuf.data() + r * K, K);
         }
       }
       for (; t < T; ++t)
-        for (int64_t r = 0; r < nr; ++r) y[t * N + r0 + r] = dot(x + t * K, wbuf.data() + r * K, K);
+        for (int64_t r = 0; r < nr; ++r) y[t * N + r0 + r] = dot_inv(x + t * K, wbuf.data() + r * K, K);
     }
   };
   if (blocks * K * T < (int64_t(1) << 15))

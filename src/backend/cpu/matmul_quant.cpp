@@ -39,7 +39,7 @@ inline float dot(const float* a, const float* b, int64_t n) {
 // Few activation rows, 4- or 8-bit codes: codes are unpacked in registers one group at a time and each
 // row computes Σ_g s_g·(q_g·x_g) + b_g·Σx_g, so no dequantised row is written.
 template <int BITS>
-void affine_matmul_few_rows(const quant::AffineWeight& q, const float* x, int64_t T, float* y) {
+void affine_matmul_few_rows(const quant::AffineWeight& q, const float* x, int64_t T, float* y, int64_t ldy) {
   const int64_t out = q.out, in = q.in, G = q.groups(), gs = q.group_size, nv = gs / 8;
   std::vector<float> xsum(static_cast<size_t>(T * G));
   for (int64_t t = 0; t < T; ++t)
@@ -80,7 +80,7 @@ void affine_matmul_few_rows(const quant::AffineWeight& q, const float* x, int64_
           bias_acc[t] += b * xsum[size_t(t * G + g)];
         }
       }
-      for (int64_t t = 0; t < T; ++t) y[t * out + o] = hsum(acc[t]) + bias_acc[t];
+      for (int64_t t = 0; t < T; ++t) y[t * ldy + o] = hsum(acc[t]) + bias_acc[t];
     }
   });
 }
@@ -88,9 +88,14 @@ void affine_matmul_few_rows(const quant::AffineWeight& q, const float* x, int64_
 void affine_matmul(const quant::AffineWeight& q, const float* x, int64_t T, float* y, AffinePath path) {
   const int64_t out = q.out, in = q.in;
   if (path == AffinePath::Int8 && affine_int8_supported(q)) return affine_matmul_int8(q, x, T, y);
-  if (T <= 8 && q.group_size % 8 == 0 && q.group_size <= 128) {
-    if (q.bits == 4) return affine_matmul_few_rows<4>(q, x, T, y);
-    if (q.bits == 8) return affine_matmul_few_rows<8>(q, x, T, y);
+  // Blocks of up to 8 rows through the register kernel: a row's result does not depend on T.
+  if ((q.bits == 4 || q.bits == 8) && q.group_size % 8 == 0 && q.group_size <= 128) {
+    for (int64_t t0 = 0; t0 < T; t0 += 8) {
+      const int64_t n = std::min<int64_t>(8, T - t0);
+      if (q.bits == 4) affine_matmul_few_rows<4>(q, x + t0 * in, n, y + t0 * out, out);
+      else affine_matmul_few_rows<8>(q, x + t0 * in, n, y + t0 * out, out);
+    }
+    return;
   }
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, in / 64));
   ThreadPool::global().parallel_for(out, grain, [&](int64_t b, int64_t e) {

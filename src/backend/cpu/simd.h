@@ -28,6 +28,18 @@ inline v8f load8_bf16(const uint16_t* p) {
   return f;
 }
 
+// a * b + c rounded once (a fused multiply-add where the CPU has one), never left to the compiler's
+// contraction choice: kernels that must agree bit for bit use it.
+inline v8f fmadd8(v8f a, v8f b, v8f c) {
+#if defined(__FMA__)
+  return __builtin_ia32_vfmaddps256(a, b, c);
+#else
+  v8f r;
+  for (int i = 0; i < 8; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+  return r;
+#endif
+}
+
 inline float hsum(v8f v) {
   float s = 0;
   for (int i = 0; i < 8; ++i) s += v[i];
