@@ -5,14 +5,17 @@
 //   gdn_mixer:  x += GatedDeltaNet(RMSNorm(x, input_norm))   (conv + recurrent state updated)
 //   attn_mixer: x += GatedAttention(RMSNorm(x, input_norm))  (KV cache appended)
 //   ffn:        x += MoE(RMSNorm(x, post_norm))              (or the dense MLP)
-//   head:       logits = RMSNorm(x, final_norm) · lm_headᵀ for the selected rows
-// Rows of one step are consecutive tokens of one sequence at positions state.n_tokens() + t.
+//   head:       logits = RMSNorm(x, final_norm) · lm_headᵀ for the output rows (or ids drawn from them)
+// A step (Step below) holds rows of one or more sequences: each group is consecutive tokens of one
+// sequence at positions seq.n_tokens() + i. Every row is independent of the other groups of its step
+// (a sequence's result does not depend on what it is batched with). The seam carries no generation
+// policy: stop ids, max tokens and vocabulary limits belong to the runtime.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -20,40 +23,91 @@
 
 namespace lily {
 
-// Per-sequence state (KV cache, conv state, fp32 recurrent state), owned by a backend. Snapshots are
-// deep copies; restoring a snapshot brings the sequence back to exactly that point.
+// A saved point of one sequence's state: the part in use only (KV rows of the absorbed tokens, conv and
+// recurrent state), restorable into any sequence of the same backend with enough capacity.
+class StateSnapshot {
+ public:
+  virtual ~StateSnapshot() = default;
+  virtual int64_t n_tokens() const = 0;
+  virtual size_t nbytes() const = 0;  // memory it really holds
+  // Every value it holds as float32 in a fixed order (tests compare states; copies from the device).
+  virtual std::vector<float> contents() const = 0;
+};
+
+// One sequence slot of the backend's pool: KV rows per attention layer, conv state and fp32 recurrent
+// state per DeltaNet layer, and (when reserved) checkpoints for tentative steps.
 class SequenceState {
  public:
   virtual ~SequenceState() = default;
-  virtual int64_t n_tokens() const = 0;   // tokens absorbed so far (next position)
+  virtual int64_t n_tokens() const = 0;   // committed tokens (the next row's position)
   virtual int64_t capacity() const = 0;   // most tokens the KV cache can hold
-  virtual std::unique_ptr<SequenceState> clone() const = 0;
-  virtual void restore(const SequenceState& snapshot) = 0;  // snapshot from the same backend and model
+  // Rows of the last tentative step awaiting commit() (0 when none). A sequence with pending rows takes
+  // part in no step until commit().
+  virtual int64_t pending() const = 0;
+  // Keeps the first n pending rows (0 <= n <= pending()): KV length n_tokens() + n, conv and recurrent
+  // state as after row n - 1 (or as before the step for n = 0). Rejected rows cost no state copy.
+  virtual void commit(int64_t n) = 0;
+  // Rows a tentative step of this sequence may hold (reserve_tentative).
+  virtual int max_tentative() const = 0;
+  // Reserves checkpoints for tentative steps of up to `rows` rows (rows <= kMaxTentativeRows).
+  virtual void reserve_tentative(int rows) = 0;
+  virtual std::unique_ptr<StateSnapshot> snapshot() const = 0;
+  // A snapshot from the same backend and model; throws InputError when it does not fit the capacity.
+  virtual void restore(const StateSnapshot& s) = 0;
   virtual void reset() = 0;
   virtual size_t nbytes() const = 0;      // memory used by the tokens absorbed so far
 };
+constexpr int kMaxTentativeRows = 16;
 
-// Decoding with the sampler on the device (Backend::decode_on_device). Sampling fields as in
-// SamplingParams (runtime/sampler.h), with the seed resolved.
+// Sampling on the device, per sequence (Backend::set_sampling). Fields as in SamplingParams
+// (runtime/sampler.h) with the seed resolved.
 struct DeviceSampling {
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f, min_p = 0.0f;
   float repetition_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
   uint64_t seed = 0;
+  int32_t vocab_limit = 0;                          // ids >= this are never drawn; 0: all
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before everything else
 };
-struct DeviceDecode {
-  DeviceSampling sampling;
-  const float* first_logits = nullptr;  // host, V floats: the first token is drawn from this row
-  std::span<const int32_t> history;    // ids the penalties count before the first draw
-  std::span<const int32_t> stop_ids;
-  int64_t max_tokens = 0;
-  int32_t vocab_limit = 0;  // ids >= this are never drawn (tokenizer smaller than the model); 0: all
+
+// Input of a row whose id the device drew for the same sequence in the previous step that sampled it
+// (the decode pipeline: the host need not have seen the id yet).
+constexpr int32_t kFedToken = -1;
+
+struct StepGroup {
+  SequenceState* seq = nullptr;
+  int32_t first = 0, rows = 0;  // rows [first, first + rows) of Step::tokens
+  int32_t out_rows = 0;         // the group's last out_rows rows produce outputs
+  bool logits = true;           // outputs include logits rows (copied to the host)
+  bool sample = false;          // outputs include ids drawn on the device with the sequence's sampler
+  // Keep a checkpoint after every row; the rows stay pending until seq->commit(n). Needs
+  // rows <= seq->max_tentative().
+  bool tentative = false;
 };
-struct DeviceDecodeResult {
-  std::vector<int32_t> tokens;  // emitted, in order
-  int64_t absorbed = 0;         // tokens[0:absorbed] were appended to the state (all of them, unless it filled)
-  bool stopped = false;         // a stop id or on_token said stop; otherwise max_tokens or a full context
+
+struct Step {
+  std::vector<int32_t> tokens;  // one per row: a token id, or kFedToken
+  std::vector<StepGroup> groups;
+
+  // Appends a group of `toks` for `seq`; returns its index.
+  size_t add(SequenceState& seq, std::span<const int32_t> toks, int32_t out_rows, bool logits = true,
+             bool sample = false, bool tentative = false);
+  int64_t rows() const { return int64_t(tokens.size()); }
+  int64_t logit_rows() const;   // rows whose logits come back, in group order
+  int64_t sample_rows() const;  // rows whose drawn ids come back, in group order
+  // Throws InternalError naming the group when the step is malformed: a sequence twice, a sequence with
+  // pending rows, rows past the capacity, a tentative group beyond max_tentative(), bad row ranges,
+  // token ids outside [0, vocab) other than kFedToken, out_rows > rows, outputs asked for no kind.
+  void validate(int64_t vocab) const;
+};
+
+// Where a step's outputs land on the host once Backend::finish returns: logits [logit_rows, V] and ids
+// [sample_rows], both in group order (a group's rows in row order). Either may be null when the step
+// asks for none of that kind.
+struct StepOutputs {
+  float* logits = nullptr;
+  int32_t* ids = nullptr;
 };
 
 class Backend {
@@ -62,18 +116,38 @@ class Backend {
   virtual std::string name() const = 0;
   virtual const ModelWeights& weights() const = 0;
 
-  // max_tokens bounds the KV cache; the backend may grow it lazily.
+  // A new sequence slot; max_tokens bounds its KV cache. Throws InputError when the pool is full or the
+  // memory is exhausted.
   virtual std::unique_ptr<SequenceState> new_state(int64_t max_tokens) = 0;
 
-  // One step of T rows. Blocks are called between begin and end in model order.
-  virtual void begin(SequenceState& st, int64_t T) = 0;
-  virtual void embed(const int32_t* tokens) = 0;
+  // One step. Blocks are called between begin and end in model order. begin() checks the step
+  // (Step::validate) and the sequences' ownership.
+  virtual void begin(const Step& step) = 0;
+  virtual void embed() = 0;
   virtual void gdn_mixer(int layer) = 0;
   virtual void attn_mixer(int layer) = 0;
   virtual void ffn(int layer) = 0;
-  // Logits [rows, V] (float32, host memory) of the last `rows` rows of the step.
-  virtual void head(int64_t rows, float* logits) = 0;
-  virtual void end() = 0;  // the state now holds n_tokens() + T tokens
+  virtual void head() = 0;  // the step's outputs (logits and/or drawn ids)
+  // Ends the step: every non-tentative group's sequence now holds its rows; tentative rows are pending.
+  // Returns a ticket for finish(). The outputs need not be on the host yet.
+  virtual uint64_t end() = 0;
+  // Waits until the outputs of the step with this ticket are copied to `out` (see StepOutputs). Steps
+  // finish in order; each ticket is finished exactly once.
+  virtual void finish(uint64_t ticket, const StepOutputs& out) = 0;
+
+  // Device sampling (groups with `sample`): the sequence's parameters and the ids its penalties count
+  // (prompt and/or generated, as the runtime chooses); each drawn id is added to that history. A
+  // backend without a sampler (can_sample() false) throws InternalError here and in begin() for a step
+  // that samples.
+  virtual bool can_sample() const { return false; }
+  virtual void set_sampling(SequenceState& /*seq*/, const DeviceSampling& /*p*/, std::span<const int32_t> /*history*/) {
+    throw InternalError("backend '" + name() + "' has no device sampler");
+  }
+  // Allowed-id mask for the next draw of `seq` (bit id%64 of word id/64; empty: no mask), used by its next
+  // sampled step only.
+  virtual void set_mask(SequenceState& /*seq*/, std::span<const uint64_t> /*mask*/) {
+    throw InternalError("backend '" + name() + "' has no device sampler");
+  }
 
   // Waits for queued device work (no-op on the CPU). Timings are taken after it.
   virtual void synchronize() {}
@@ -84,19 +158,6 @@ class Backend {
   // Measured copy bandwidth of the memory the weights live in, bytes/s counting read + write (e.g. a
   // device-to-device cudaMemcpy of a large buffer). 0: host memory, which `lily bench` measures itself.
   virtual double copy_bandwidth() { return 0; }
-
-  // Token-by-token generation with sampling (and the fed-back id) on the device. Contract:
-  // t0 is drawn from req.first_logits, each next token from the logits after the previous one; on_token(t)
-  // is called for each emitted token in order. Emission ends after a token that is a stop id or that
-  // on_token rejects (stopped), after the max_tokens-th token, or after a token the state cannot absorb
-  // (context full). Every emitted token that fits is absorbed into `st`, the last one included, so `st`
-  // ends exactly after tokens[0:absorbed]; draws the device made beyond that are discarded. last_logits
-  // (V floats, may be null) receives the logits after the last absorbed token when absorbed > 0.
-  virtual bool can_decode_on_device() const { return false; }
-  virtual DeviceDecodeResult decode_on_device(SequenceState& /*st*/, const DeviceDecode& /*req*/,
-                                              const std::function<bool(int32_t)>& /*on_token*/, float* /*last_logits*/) {
-    throw InternalError("backend '" + name() + "' has no on-device decoding");
-  }
 };
 
 }  // namespace lily

@@ -1,4 +1,4 @@
-// The Qwen hybrid forward pass (model doc §3.1), expressed in the blocks of backend/backend.h.
+// The forward pass of the Qwen hybrid models as a sequence of backend blocks.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -7,8 +7,12 @@
 
 namespace lily {
 
-// Runs `tokens` through the model after the tokens already in `st`, in one step; writes logits of the
-// last `logit_rows` rows to `logits` ([logit_rows, V], may be null when logit_rows is 0).
+// Runs one step (rows of one or more sequences) through the blocks: embed, per layer the DeltaNet or
+// attention mixer and the FFN, then the head. Returns the backend's ticket: Backend::finish brings the
+// outputs to the host. Throws InputError for token ids outside the vocabulary or rows past a context.
+uint64_t forward(Backend& be, const Step& step);
+
+// One sequence, synchronously: appends `tokens` to `st`; logits ([logit_rows, V]) of its last logit_rows rows.
 void forward_step(Backend& be, SequenceState& st, std::span<const int32_t> tokens, int64_t logit_rows, float* logits);
 
 }  // namespace lily

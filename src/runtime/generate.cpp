@@ -1,9 +1,7 @@
 #include "runtime/generate.h"
 
-#include <algorithm>
-#include <chrono>
-
 #include "core/error.h"
+#include "runtime/loop.h"
 
 namespace lily {
 
@@ -34,59 +32,46 @@ SamplingParams host_sampling(const DeviceSampling& d) {
   return p;
 }
 
+namespace {
+class CallbackJob final : public Job {
+ public:
+  CallbackJob(GenParams p, const TokenCallback& cb) : Job(std::move(p)), cb_(cb) {}
+  bool on_token(int32_t t, std::span<const float> logits) override {
+    tokens.push_back(t);
+    return cb_ ? cb_(t, logits) : true;
+  }
+  void on_finish(const GenResult& r) override { res = r; }
+  std::vector<int32_t> tokens;
+  GenResult res;
+
+ private:
+  const TokenCallback& cb_;
+};
+}  // namespace
+
 GenerateResult generate(Session& s, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const TokenCallback& on_token) {
-  LILY_CHECK(opt.max_tokens >= 0, "max_tokens must be >= 0 (got {})", opt.max_tokens);
-  LILY_CHECK(!prompt.empty() || s.n_tokens() > 0, "the prompt is empty");
-  using clock = std::chrono::steady_clock;
-  GenerateResult res;
-  Sampler sampler(opt.sampling);
-  const int64_t V = s.engine().config().vocab;
-  std::vector<float> logits(static_cast<size_t>(V));
-
-  auto t0 = clock::now();
-  s.prefill(prompt, logits.data());
-  s.engine().backend().synchronize();
-  res.prompt_tokens = int64_t(prompt.size());
-  auto t1 = clock::now();
-  res.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
-
-  std::vector<int32_t> history;
-  if (opt.penalize_prompt) history = s.tokens();
-  res.finish_reason = "length";
-  if (opt.allow_device && !opt.need_logits && opt.max_tokens > 0 && s.can_decode_on_device()) {
-    DeviceDecode req;
-    req.sampling = device_sampling(opt.sampling);
-    req.history = history;
-    req.stop_ids = opt.stop_ids;
-    req.max_tokens = opt.max_tokens;
-    DeviceDecodeResult r = s.decode_on_device(req, [&](int32_t tok) { return on_token ? on_token(tok, {}) : true; });
-    res.tokens = std::move(r.tokens);
-    res.finish_reason = r.stopped ? "stop" : "length";
-    s.engine().backend().synchronize();
-    res.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
-    return res;
+  GenParams p = opt;
+  p.prompt.assign(prompt.begin(), prompt.end());
+  p.use_cache = false;
+  auto job = std::make_shared<CallbackJob>(std::move(p), on_token);
+  GenerationLoop loop(s.engine(), LoopOptions{});
+  loop.add(job, s, GenerationLoop::now_ms());
+  while (!loop.empty()) loop.step();
+  const GenResult& r = job->res;
+  if (r.finish_reason == "error") {
+    if (r.error_is_input) throw InputError(r.error);
+    throw InternalError(r.error);
   }
-  for (int64_t i = 0; i < opt.max_tokens; ++i) {
-    const int32_t tok = sampler.sample(logits, history);
-    res.tokens.push_back(tok);
-    history.push_back(tok);
-    const bool is_stop = std::find(opt.stop_ids.begin(), opt.stop_ids.end(), tok) != opt.stop_ids.end();
-    if (on_token && !on_token(tok, logits)) {
-      res.finish_reason = "stop";
-      break;
-    }
-    if (is_stop) {
-      res.finish_reason = "stop";
-      break;
-    }
-    if (i + 1 == opt.max_tokens) break;
-    if (s.n_tokens() + 1 > s.capacity()) break;  // context full: "length"
-    s.decode(tok, logits.data());
-  }
-  s.engine().backend().synchronize();
-  res.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
-  return res;
+  GenerateResult out;
+  out.tokens = job->tokens;
+  if (r.stop_token >= 0) out.tokens.push_back(r.stop_token);
+  out.finish_reason = r.finish_reason;
+  out.prompt_tokens = r.prompt_tokens - r.cached_tokens;
+  out.prefill_seconds = r.prefill_ms / 1e3;
+  out.decode_seconds = r.decode_ms / 1e3;
+  out.device_sampled = r.device_sampled;
+  return out;
 }
 
 }  // namespace lily

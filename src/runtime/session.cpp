@@ -48,23 +48,16 @@ void Session::decode(int32_t token, float* logits) {
   if (logits) std::copy(last_logits_.begin(), last_logits_.end(), logits);
 }
 
-DeviceDecodeResult Session::decode_on_device(const DeviceDecode& req, const std::function<bool(int32_t)>& on_token) {
-  LILY_CHECK(!last_logits_.empty(), "nothing to generate from: the session holds no tokens");
-  DeviceDecode r = req;
-  r.first_logits = last_logits_.data();
-  std::vector<float> after(last_logits_.size());
-  DeviceDecodeResult res = engine_->backend().decode_on_device(*state_, r, on_token, after.data());
-  LILY_ASSERT(res.absorbed >= 0 && res.absorbed <= int64_t(res.tokens.size()));
-  tokens_.insert(tokens_.end(), res.tokens.begin(), res.tokens.begin() + std::ptrdiff_t(res.absorbed));
-  if (res.absorbed > 0) last_logits_ = std::move(after);
-  LILY_ASSERT(state_->n_tokens() == n_tokens());
-  return res;
+void Session::note_absorbed(std::span<const int32_t> tokens, std::span<const float> logits) {
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  last_logits_.assign(logits.begin(), logits.end());
+  LILY_ASSERT(state_->n_tokens() >= n_tokens());
 }
 
 Snapshot Session::snapshot() const {
   Snapshot s;
   s.tokens = tokens_;
-  s.state = state_->clone();
+  s.state = state_->snapshot();
   s.last_logits = last_logits_;
   return s;
 }

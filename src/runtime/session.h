@@ -1,6 +1,7 @@
-// Session: one sequence on an Engine — its tokens and backend state. Prompts are absorbed in chunks
-// of EngineOptions::prefill_chunk tokens; decoding feeds one token per step. Not thread-safe: one
-// thread drives a session at a time (the engine itself may serve many sessions one step at a time).
+// Session: one sequence on an Engine — its tokens and backend state (a slot of the backend's pool).
+// Prompts are absorbed in chunks of EngineOptions::prefill_chunk tokens; decoding feeds one token per
+// step. Not thread-safe: one thread drives a session at a time (the engine may step many sessions
+// together: runtime/loop.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -11,11 +12,12 @@
 
 namespace lily {
 
-// A saved point of a sequence: its tokens and a deep copy of its state.
+// A saved point of a sequence: its tokens, the in-use part of its state, and the logits after the last
+// token (empty when they were not read back: the snapshot then serves prompts that continue it).
 struct Snapshot {
   std::vector<int32_t> tokens;
-  std::shared_ptr<const SequenceState> state;
-  std::vector<float> last_logits;  // logits after the last token (V floats)
+  std::shared_ptr<const StateSnapshot> state;
+  std::vector<float> last_logits;
   size_t nbytes() const { return state ? state->nbytes() : 0; }
 };
 
@@ -27,8 +29,10 @@ class Session {
   int64_t n_tokens() const { return int64_t(tokens_.size()); }
   int64_t capacity() const { return state_->capacity(); }
   const std::vector<int32_t>& tokens() const { return tokens_; }
-  // Logits after the last absorbed token (empty before the first token).
+  // Logits after the last absorbed token (empty before the first token, or when the step that absorbed
+  // it read none back).
   const std::vector<float>& last_logits() const { return last_logits_; }
+  SequenceState& state() { return *state_; }
 
   // Appends `tokens`. last_logits (V floats) receives the logits after the final token; all_logits
   // ([tokens.size(), V]) receives every row (teacher forcing). Either may be null.
@@ -36,11 +40,9 @@ class Session {
   // Appends one token and writes the logits that predict the next one.
   void decode(int32_t token, float* logits);
 
-  // Whether the backend can generate with sampling on the device (Backend::decode_on_device).
-  bool can_decode_on_device() { return engine_->backend().can_decode_on_device(); }
-  // Generates from last_logits() on the device (req.first_logits is ignored). The session then holds
-  // every absorbed token (tokens[0:absorbed]: all emitted ones that fit) and the logits after the last.
-  DeviceDecodeResult decode_on_device(const DeviceDecode& req, const std::function<bool(int32_t)>& on_token);
+  // For whoever stepped state() directly (the generation loop): `tokens` were absorbed; `logits` is the
+  // row after the last of them (empty: not read back).
+  void note_absorbed(std::span<const int32_t> tokens, std::span<const float> logits);
 
   Snapshot snapshot() const;
   void restore(const Snapshot& s);

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "runtime/engine.h"
+#include "runtime/generate.h"
 #include "runtime/session.h"
 
 namespace lily {
@@ -80,7 +81,7 @@ BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions&
   const auto& cfg = w->cfg;
   int64_t max_ctx = 16;
   for (auto p : opt.prefill) max_ctx = std::max(max_ctx, p + 1);
-  for (auto c : opt.decode_context) max_ctx = std::max(max_ctx, c + int64_t(opt.decode_tokens) * (opt.repeats + 1) + 2);
+  for (auto c : opt.decode_context) max_ctx = std::max(max_ctx, c + int64_t(opt.decode_tokens + 2) * (opt.repeats + 1) + 2);
   EngineOptions eo;
   eo.backend = opt.backend;
   eo.ctx_size = max_ctx;
@@ -151,27 +152,18 @@ BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions&
     s.prefill(fill, logits.data());
     be.synchronize();
     const size_t state_bytes = s.snapshot().nbytes();
-    auto steps = random_ids(int64_t(opt.decode_tokens) * (opt.repeats + 1));
-    size_t k = 0;
-    // Backends that sample on the device (the serving path: one graph per step, no logits copy) are
-    // timed through it, greedy; the others step with host logits.
-    const bool on_device = s.can_decode_on_device();
-    rep.decode_path = on_device ? "on-device greedy sampling (graph replay)" : "host logits per step";
+    // Each run: the generation loop from one fresh token, greedy with no stop ids, decode_tokens + 1 tokens;
+    // timed from the first emitted token to the last (the serving path: device sampling and pipelined
+    // graph replays where the backend has them, host logits otherwise).
+    rep.decode_path = be.can_sample() ? "device sampling, pipelined steps" : "host logits per step";
     for (int r = 0; r <= opt.repeats; ++r) {
-      be.synchronize();
-      double t0 = now_s();
-      if (on_device) {
-        DeviceDecode req;
-        req.first_logits = logits.data();
-        req.max_tokens = opt.decode_tokens;
-        auto res = s.decode_on_device(req, [](int32_t) { return true; });
-        if (int64_t(res.tokens.size()) != opt.decode_tokens)
-          fail("bench: on-device decode produced {} of {} tokens", res.tokens.size(), opt.decode_tokens);
-      } else {
-        for (int i = 0; i < opt.decode_tokens; ++i) s.decode(steps[k++], logits.data());
-      }
-      be.synchronize();
-      double dt = now_s() - t0;
+      GenerateOptions go;
+      go.max_tokens = opt.decode_tokens + 1;
+      const auto first = random_ids(1);
+      const GenerateResult res = generate(s, first, go);
+      if (int64_t(res.tokens.size()) != opt.decode_tokens + 1)
+        fail("bench: decode produced {} of {} tokens ({})", res.tokens.size(), opt.decode_tokens + 1, res.finish_reason);
+      const double dt = res.decode_seconds;
       if (r > 0) row.runs.push_back(opt.decode_tokens / dt);
       if (opt.progress)
         fmt::print(stderr, "bench: decode @{:>6}: {} {:.1f} tok/s\n", C, r ? "run    " : "warm-up", opt.decode_tokens / dt);

@@ -266,4 +266,38 @@ TEST(Sampler, DistributionFollowsSoftmax) {
   EXPECT_EQ(top[0].first, 1);
 }
 
+TEST(Sampler, DistributionIsWhatSampleDraws) {
+  const std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f, 0.5f, 2.0f};
+  SamplingParams p;
+  auto g = Sampler(p).distribution(logits);  // greedy: the first of the tied maxima
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].first, 1);
+  EXPECT_EQ(g[0].second, 1.0);
+  p.temperature = 1.0f;
+  p.top_k = 3;  // ids 1, 5 (tie, lower id first), 2
+  p.seed = 3;
+  auto d = Sampler(p).distribution(logits);
+  ASSERT_EQ(d.size(), 3u);
+  EXPECT_EQ(d[0].first, 1);
+  EXPECT_EQ(d[1].first, 5);
+  EXPECT_EQ(d[2].first, 2);
+  const double e = std::exp(double(1.9f - 2.0f)), z = 2 + e;  // the host's float difference
+  EXPECT_NEAR(d[0].second, 1 / z, 1e-12);
+  EXPECT_NEAR(d[2].second, e / z, 1e-12);
+  p.top_p = 0.5f;  // 1/z = 0.3486 < 0.5 <= 2/z: ids 1 and 5
+  auto tp = Sampler(p).distribution(logits);
+  ASSERT_EQ(tp.size(), 2u);
+  EXPECT_NEAR(tp[0].second, 0.5, 1e-12);
+  // sample() draws from exactly that set, at those frequencies
+  Sampler s(p);
+  int ones = 0;
+  const int n = 4000;
+  for (int i = 0; i < n; ++i) {
+    const int32_t t = s.sample(logits);
+    ASSERT_TRUE(t == 1 || t == 5);
+    ones += t == 1;
+  }
+  EXPECT_NEAR(double(ones) / n, 0.5, 0.04);
+}
+
 }  // namespace

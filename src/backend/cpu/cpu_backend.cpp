@@ -13,35 +13,123 @@
 
 namespace lily::cpu {
 
+class CpuSnapshot final : public StateSnapshot {
+ public:
+  struct Layer {
+    std::vector<float> k, v, conv, ssm;
+  };
+  int64_t n_tokens() const override { return n; }
+  size_t nbytes() const override {
+    size_t b = 0;
+    for (auto& L : layers) b += (L.k.size() + L.v.size() + L.conv.size() + L.ssm.size()) * sizeof(float);
+    return b;
+  }
+  std::vector<float> contents() const override {
+    std::vector<float> v;
+    for (auto& L : layers)
+      for (const auto* p : {&L.k, &L.v, &L.conv, &L.ssm}) v.insert(v.end(), p->begin(), p->end());
+    return v;
+  }
+  const ModelConfig* cfg = nullptr;
+  int64_t n = 0;
+  std::vector<Layer> layers;
+};
+
 class CpuState final : public SequenceState {
  public:
   struct Layer {
-    std::vector<float> k, v;      // attention: [n_tokens][Hkv·hd]
-    std::vector<float> conv, ssm; // deltanet: [K-1][C], [Hv][dv][dk]
+    std::vector<float> k, v;      // attention: [n_tokens + pending][Hkv·hd]
+    std::vector<float> conv, ssm; // deltanet: R versions of [K-1][C] and of [Hv][dv][dk]
   };
 
-  CpuState(const ModelConfig& cfg, int64_t capacity) : cfg_(&cfg), capacity_(capacity) {
+  CpuState(const CpuBackend& owner, const ModelConfig& cfg, int64_t capacity) : owner_(&owner), cfg_(&cfg), capacity_(capacity) {
+    conv_n_ = size_t((cfg.conv_kernel - 1) * cfg.conv_channels());
+    ssm_n_ = size_t(cfg.lin_v_heads * cfg.lin_v_dim * cfg.lin_k_dim);
     layers_.resize(static_cast<size_t>(cfg.layers));
     reset();
   }
   int64_t n_tokens() const override { return n_; }
   int64_t capacity() const override { return capacity_; }
-  std::unique_ptr<SequenceState> clone() const override { return std::make_unique<CpuState>(*this); }
-  void restore(const SequenceState& s) override {
-    auto* o = dynamic_cast<const CpuState*>(&s);
-    LILY_CHECK(o && o->cfg_ == cfg_, "snapshot belongs to another backend or model");
-    *this = *o;
+  int64_t pending() const override { return pending_; }
+  int max_tentative() const override { return R_ - 1; }
+  void commit(int64_t n) override {
+    if (n < 0 || n > pending_)
+      throw InternalError("commit(" + std::to_string(n) + ") with " + std::to_string(pending_) + " tentative rows pending");
+    n_ += n;
+    cur_ = ver(int(n));
+    pending_ = 0;
+    const size_t kvw = size_t(cfg_->n_kv_heads * cfg_->head_dim);
+    for (auto& L : layers_) {
+      if (L.k.empty() && L.v.empty()) continue;
+      L.k.resize(size_t(n_) * kvw);
+      L.v.resize(size_t(n_) * kvw);
+    }
+  }
+  void reserve_tentative(int rows) override {
+    if (rows < 0 || rows > kMaxTentativeRows)
+      throw InternalError("reserve_tentative(" + std::to_string(rows) + "): at most " + std::to_string(kMaxTentativeRows) + " rows");
+    if (pending_ > 0) throw InternalError("reserve_tentative with tentative rows pending");
+    if (rows + 1 <= R_) return;
+    const int R = rows + 1;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      if (cfg_->layer_kinds[l] != LayerKind::LinearAttention) continue;
+      auto& L = layers_[l];
+      std::vector<float> conv(conv_n_ * size_t(R), 0.0f), ssm(ssm_n_ * size_t(R), 0.0f);
+      std::copy_n(conv_at(l, cur_), conv_n_, conv.begin());
+      std::copy_n(ssm_at(l, cur_), ssm_n_, ssm.begin());
+      L.conv = std::move(conv);
+      L.ssm = std::move(ssm);
+    }
+    R_ = R;
+    cur_ = 0;
+  }
+  std::unique_ptr<StateSnapshot> snapshot() const override {
+    if (pending_ > 0) throw InternalError("snapshot with tentative rows pending");
+    auto s = std::make_unique<CpuSnapshot>();
+    s->cfg = cfg_;
+    s->n = n_;
+    s->layers.resize(layers_.size());
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const auto& L = layers_[l];
+      auto& D = s->layers[l];
+      D.k = L.k;
+      D.v = L.v;
+      if (!L.conv.empty()) {
+        D.conv.assign(conv_at(l, cur_), conv_at(l, cur_) + conv_n_);
+        D.ssm.assign(ssm_at(l, cur_), ssm_at(l, cur_) + ssm_n_);
+      }
+    }
+    return s;
+  }
+  void restore(const StateSnapshot& snap) override {
+    auto* o = dynamic_cast<const CpuSnapshot*>(&snap);
+    LILY_CHECK(o && o->cfg == cfg_, "snapshot belongs to another backend or model");
+    if (o->n > capacity_) fail("cannot restore a snapshot of {} tokens into a context of {}", o->n, capacity_);
+    n_ = o->n;
+    pending_ = 0;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      auto& L = layers_[l];
+      const auto& D = o->layers[l];
+      L.k = D.k;
+      L.v = D.v;
+      if (!L.conv.empty()) {
+        std::copy(D.conv.begin(), D.conv.end(), conv_at(l, cur_));
+        std::copy(D.ssm.begin(), D.ssm.end(), ssm_at(l, cur_));
+      }
+    }
   }
   void reset() override {
     n_ = 0;
+    pending_ = 0;
+    cur_ = 0;
     const auto& c = *cfg_;
     for (size_t l = 0; l < layers_.size(); ++l) {
       auto& L = layers_[l];
       L.k.clear();
       L.v.clear();
       if (c.layer_kinds[l] == LayerKind::LinearAttention) {
-        L.conv.assign(static_cast<size_t>((c.conv_kernel - 1) * c.conv_channels()), 0.0f);
-        L.ssm.assign(static_cast<size_t>(c.lin_v_heads * c.lin_v_dim * c.lin_k_dim), 0.0f);
+        L.conv.assign(conv_n_ * size_t(R_), 0.0f);
+        L.ssm.assign(ssm_n_ * size_t(R_), 0.0f);
       }
     }
   }
@@ -51,9 +139,19 @@ class CpuState final : public SequenceState {
     return n;
   }
 
+  // Version j steps after the current one (the state after tentative row j - 1).
+  int ver(int j) const { return (cur_ + j) % R_; }
+  float* conv_at(size_t l, int v) { return layers_[l].conv.data() + size_t(v) * conv_n_; }
+  float* ssm_at(size_t l, int v) { return layers_[l].ssm.data() + size_t(v) * ssm_n_; }
+  const float* conv_at(size_t l, int v) const { return layers_[l].conv.data() + size_t(v) * conv_n_; }
+  const float* ssm_at(size_t l, int v) const { return layers_[l].ssm.data() + size_t(v) * ssm_n_; }
+
+  const CpuBackend* owner_;
   const ModelConfig* cfg_;
   int64_t capacity_;
-  int64_t n_ = 0;
+  int64_t n_ = 0, pending_ = 0;
+  int R_ = 1, cur_ = 0;
+  size_t conv_n_ = 0, ssm_n_ = 0;
   std::vector<Layer> layers_;
 };
 
@@ -61,29 +159,37 @@ CpuBackend::CpuBackend(std::shared_ptr<const ModelWeights> w, CpuOptions opt) : 
 
 std::unique_ptr<SequenceState> CpuBackend::new_state(int64_t max_tokens) {
   LILY_CHECK(max_tokens > 0, "context size must be positive (got {})", max_tokens);
-  return std::make_unique<CpuState>(w_->cfg, max_tokens);
+  return std::make_unique<CpuState>(*this, w_->cfg, max_tokens);
 }
 
-void CpuBackend::begin(SequenceState& st, int64_t T) {
-  st_ = dynamic_cast<CpuState*>(&st);
-  LILY_CHECK(st_ && st_->cfg_ == &w_->cfg, "sequence state belongs to another backend or model");
-  T_ = T;
-  pos0_ = st_->n_;
+void CpuBackend::begin(const Step& step) {
+  step.validate(w_->cfg.vocab);
+  tokens_ = step.tokens;
+  groups_.clear();
+  pos_.resize(tokens_.size());
+  for (const StepGroup& g : step.groups) {
+    auto* st = dynamic_cast<CpuState*>(g.seq);
+    if (!st || st->owner_ != this) throw InternalError("a step group's sequence state belongs to another backend");
+    if (g.sample) throw InternalError("the CPU backend has no device sampler (a step group asks for drawn ids)");
+    if (tokens_[size_t(g.first)] == kFedToken) throw InternalError("the CPU backend has no device sampler to feed a row from");
+    groups_.push_back({st, g.first, g.rows, st->n_, g.out_rows, g.logits, g.tentative});
+    for (int64_t r = 0; r < g.rows; ++r) pos_[size_t(g.first + r)] = st->n_ + r;
+  }
+  T_ = int64_t(tokens_.size());
   const size_t H = size_t(w_->cfg.hidden);
-  x_.resize(static_cast<size_t>(T) * H);
-  u_.resize(static_cast<size_t>(T) * H);
+  x_.resize(static_cast<size_t>(T_) * H);
+  u_.resize(static_cast<size_t>(T_) * H);
 }
 
-void CpuBackend::embed(const int32_t* tokens) {
+void CpuBackend::embed() {
   const int64_t H = w_->cfg.hidden;
-  for (int64_t t = 0; t < T_; ++t) weight_row(w_->embed, tokens[t], x_.data() + t * H);
+  for (int64_t t = 0; t < T_; ++t) weight_row(w_->embed, tokens_[size_t(t)], x_.data() + t * H);
 }
 
 void CpuBackend::gdn_mixer(int layer) {
   const auto& cfg = w_->cfg;
   const auto& L = w_->layers[size_t(layer)];
   const auto& G = L.gdn;
-  auto& S = st_->layers_[size_t(layer)];
   const int64_t T = T_, H = cfg.hidden, Hk = cfg.lin_k_heads, Hv = cfg.lin_v_heads, dk = cfg.lin_k_dim,
                 dv = cfg.lin_v_dim, C = cfg.conv_channels(), K = cfg.conv_kernel, r = Hv / Hk;
   const float eps = float(cfg.rms_eps);
@@ -100,7 +206,22 @@ void CpuBackend::gdn_mixer(int layer) {
   mm(G.in_b, u_.data(), T, bb.data());
   mm(G.in_a, u_.data(), T, aa.data());
 
-  causal_conv_silu(a_.data(), T, C, K, G.conv.data(), S.conv.data(), b_.data());
+  // Conv per group over its sequence's carried rows; a tentative group keeps the state after every row
+  // (version j + 1 after row j, the current version untouched).
+  const size_t l = size_t(layer);
+  for (const Group& gr : groups_) {
+    const float* xin = a_.data() + gr.first * C;
+    float* yout = b_.data() + gr.first * C;
+    if (!gr.tentative) {
+      causal_conv_silu(xin, gr.rows, C, K, G.conv.data(), gr.st->conv_at(l, gr.st->ver(0)), yout);
+      continue;
+    }
+    for (int64_t j = 0; j < gr.rows; ++j) {
+      float* dst = gr.st->conv_at(l, gr.st->ver(int(j) + 1));
+      std::copy_n(gr.st->conv_at(l, gr.st->ver(int(j))), size_t((K - 1) * C), dst);
+      causal_conv_silu(xin + j * C, 1, C, K, G.conv.data(), dst, yout + j * C);
+    }
+  }
 
   // L2-normalise q and k per head (eps on the sum of squares), scale q by 1/sqrt(dk).
   const float qscale = 1.0f / std::sqrt(float(dk));
@@ -120,15 +241,32 @@ void CpuBackend::gdn_mixer(int layer) {
       beta[size_t(j * T + t)] = sigmoid(bb[size_t(t * Hv + j)]);
       g[size_t(j * T + t)] = G.A_neg[size_t(j)] * softplus(aa[size_t(t * Hv + j)] + G.dt_bias[size_t(j)]);
     }
-  const bool recurrent = T <= opt_.recurrent_max_rows;
-  ThreadPool::global().parallel_for(Hv, 1, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) {
-      const int64_t h = j / r;  // value head j reads key head ⌊j/r⌋
-      DeltaArgs args{b_.data() + h * dk, b_.data() + Hk * dk + h * dk, b_.data() + 2 * Hk * dk + j * dv,
-                     beta.data() + j * T, g.data() + j * T, C, C, C, e_.data() + j * dv, Hv * dv,
-                     S.ssm.data() + j * dv * dk, T, dk, dv};
-      if (recurrent) delta_rule_recurrent(args);
-      else delta_rule_chunked(args);
+  // The delta rule per (group, value head) over the group's rows and its sequence's state; the recurrent
+  // form for short groups (and every tentative one, which checkpoints the state after each row).
+  const int64_t G_n = int64_t(groups_.size());
+  ThreadPool::global().parallel_for(G_n * Hv, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const Group& gr = groups_[size_t(i / Hv)];
+      const int64_t j = i % Hv, h = j / r;  // value head j reads key head ⌊j/r⌋
+      const int64_t t0 = gr.first;
+      DeltaArgs args{b_.data() + t0 * C + h * dk, b_.data() + t0 * C + Hk * dk + h * dk,
+                     b_.data() + t0 * C + 2 * Hk * dk + j * dv, beta.data() + j * T + t0, g.data() + j * T + t0,
+                     C, C, C, e_.data() + t0 * Hv * dv + j * dv, Hv * dv,
+                     gr.st->ssm_at(l, gr.st->ver(0)) + j * dv * dk, gr.rows, dk, dv};
+      if (gr.tentative) {
+        for (int64_t row = 0; row < gr.rows; ++row) {
+          DeltaArgs a1 = args;
+          a1.q += row * C; a1.k += row * C; a1.v += row * C; a1.beta += row; a1.g += row; a1.o += row * Hv * dv;
+          a1.T = 1;
+          a1.S = gr.st->ssm_at(l, gr.st->ver(int(row) + 1)) + j * dv * dk;
+          std::copy_n(gr.st->ssm_at(l, gr.st->ver(int(row))) + j * dv * dk, size_t(dv * dk), a1.S);
+          delta_rule_recurrent(a1);
+        }
+      } else if (gr.rows <= opt_.recurrent_max_rows) {
+        delta_rule_recurrent(args);
+      } else {
+        delta_rule_chunked(args);
+      }
     }
   });
   // Gated RMSNorm per value head: norm(o)·w ⊙ silu(z).
@@ -150,7 +288,6 @@ void CpuBackend::attn_mixer(int layer) {
   const auto& cfg = w_->cfg;
   const auto& L = w_->layers[size_t(layer)];
   const auto& A = L.attn;
-  auto& S = st_->layers_[size_t(layer)];
   const int64_t T = T_, H = cfg.hidden, Hq = cfg.n_heads, Hkv = cfg.n_kv_heads, hd = cfg.head_dim,
                 grp = Hq / Hkv, kvw = Hkv * hd;
   const float eps = float(cfg.rms_eps);
@@ -166,7 +303,7 @@ void CpuBackend::attn_mixer(int layer) {
   // q/k RMSNorm per head over hd, then partial RoPE; append k, v to the cache.
   e_.resize(static_cast<size_t>(T * Hq * hd));  // q, then attention output
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t pos = pos0_ + t;
+    const int64_t pos = pos_[size_t(t)];
     for (int64_t h = 0; h < Hq; ++h) {
       float* q = e_.data() + (t * Hq + h) * hd;
       rms_norm(a_.data() + t * Hq * 2 * hd + h * 2 * hd, A.q_norm.data(), 1, hd, eps, q);
@@ -178,8 +315,13 @@ void CpuBackend::attn_mixer(int layer) {
       rope(k, cfg.rotary_dim, w_->rope_inv_freq.data(), pos);
     }
   }
-  S.k.insert(S.k.end(), b_.begin(), b_.begin() + T * kvw);
-  S.v.insert(S.v.end(), c_.begin(), c_.begin() + T * kvw);
+  std::vector<const CpuState::Layer*> row_kv(static_cast<size_t>(T));
+  for (const Group& gr : groups_) {
+    auto& S = gr.st->layers_[size_t(layer)];
+    S.k.insert(S.k.end(), b_.begin() + gr.first * kvw, b_.begin() + (gr.first + gr.rows) * kvw);
+    S.v.insert(S.v.end(), c_.begin() + gr.first * kvw, c_.begin() + (gr.first + gr.rows) * kvw);
+    for (int64_t t = 0; t < gr.rows; ++t) row_kv[size_t(gr.first + t)] = &S;
+  }
 
   // Causal softmax attention (fp32), GQA: query head h reads KV head ⌊h / grp⌋.
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -187,7 +329,8 @@ void CpuBackend::attn_mixer(int layer) {
   ThreadPool::global().parallel_for(T * Hq, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> sc;
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / Hq, h = i % Hq, kh = h / grp, n = pos0_ + t + 1;
+      const int64_t t = i / Hq, h = i % Hq, kh = h / grp, n = pos_[size_t(t)] + 1;
+      const CpuState::Layer& S = *row_kv[size_t(t)];
       const float* q = e_.data() + (t * Hq + h) * hd;
       sc.resize(static_cast<size_t>(n));
       float mx = -INFINITY;
@@ -314,20 +457,47 @@ void CpuBackend::ffn(int layer) {
   for (size_t i = 0; i < out.size(); ++i) x_[i] += out[i];
 }
 
-void CpuBackend::head(int64_t rows, float* logits) {
+void CpuBackend::head() {
   const auto& cfg = w_->cfg;
   const int64_t H = cfg.hidden;
+  int64_t rows = 0;
+  for (const Group& g : groups_)
+    if (g.logits) rows += g.out_rows;
   std::vector<float> h(static_cast<size_t>(rows * H));
-  rms_norm(x_.data() + (T_ - rows) * H, w_->final_norm.data(), rows, H, float(cfg.rms_eps), h.data());
-  mm(w_->lm_head, h.data(), rows, logits);
+  int64_t r = 0;
+  for (const Group& g : groups_) {
+    if (!g.logits || g.out_rows == 0) continue;
+    rms_norm(x_.data() + (g.first + g.rows - g.out_rows) * H, w_->final_norm.data(), g.out_rows, H, float(cfg.rms_eps),
+             h.data() + r * H);
+    r += g.out_rows;
+  }
+  out_.assign(static_cast<size_t>(rows * cfg.vocab), 0.0f);
+  if (rows > 0) mm(w_->lm_head, h.data(), rows, out_.data());
 }
 
-void CpuBackend::end() {
-  st_->n_ += T_;
+uint64_t CpuBackend::end() {
+  size_t states = 0;
+  for (const Group& g : groups_) {
+    if (g.tentative) g.st->pending_ = g.rows;
+    else g.st->n_ += g.rows;
+    states += g.st->nbytes();
+  }
   size_t cur = (x_.capacity() + u_.capacity() + a_.capacity() + b_.capacity() + c_.capacity() + d_.capacity() +
-                e_.capacity()) * sizeof(float) + st_->nbytes();
+                e_.capacity() + out_.capacity()) * sizeof(float) + states;
   peak_ = std::max(peak_, cur);
-  st_ = nullptr;
+  groups_.clear();
+  const uint64_t t = next_ticket_++;
+  done_.emplace_back(t, std::move(out_));
+  out_ = {};
+  return t;
+}
+
+void CpuBackend::finish(uint64_t ticket, const StepOutputs& out) {
+  if (done_.empty() || done_.front().first != ticket)
+    throw InternalError("CpuBackend::finish: ticket " + std::to_string(ticket) + " is not the oldest unfinished step");
+  const std::vector<float>& l = done_.front().second;
+  if (out.logits) std::copy(l.begin(), l.end(), out.logits);
+  done_.pop_front();
 }
 
 }  // namespace lily::cpu

@@ -1,7 +1,10 @@
 // CPU backend: float32 implementation of every block (the executable specification), with threaded
-// matmuls and heads processed in parallel. State: fp32 KV cache [pos][Hkv·hd] per attention layer,
-// conv state (last K-1 pre-conv qkv rows) and fp32 recurrent state [Hv][dv][dk] per DeltaNet layer.
+// matmuls and heads processed in parallel. State per sequence: fp32 KV cache [pos][Hkv·hd] per attention
+// layer, conv state (last K-1 pre-conv qkv rows) and fp32 recurrent state [Hv][dv][dk] per DeltaNet
+// layer, the latter two in a ring of versions when tentative steps are reserved (one per checkpoint).
+// Steps run synchronously: end() returns with the outputs computed.
 #pragma once
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -11,11 +14,14 @@
 namespace lily::cpu {
 
 struct CpuOptions {
-  // Steps of at most this many rows use the recurrent delta rule; longer ones the chunked form.
+  // Groups of at most this many rows use the recurrent delta rule; longer ones the chunked form (a
+  // property of the group, not of the step, so a sequence's result does not depend on its batch).
   int64_t recurrent_max_rows = 16;
   // Affine 4/8-bit products: int8 activations (fast) or float activations (exact; see matmul.h).
   AffinePath affine = affine_path_default();
 };
+
+class CpuState;
 
 class CpuBackend final : public Backend {
  public:
@@ -24,13 +30,14 @@ class CpuBackend final : public Backend {
   const ModelWeights& weights() const override { return *w_; }
   std::unique_ptr<SequenceState> new_state(int64_t max_tokens) override;
 
-  void begin(SequenceState& st, int64_t T) override;
-  void embed(const int32_t* tokens) override;
+  void begin(const Step& step) override;
+  void embed() override;
   void gdn_mixer(int layer) override;
   void attn_mixer(int layer) override;
   void ffn(int layer) override;
-  void head(int64_t rows, float* logits) override;
-  void end() override;
+  void head() override;
+  uint64_t end() override;
+  void finish(uint64_t ticket, const StepOutputs& out) override;
   size_t peak_memory() const override { return peak_; }
 
   // Residual stream of the current step [T, H] (tests read it).
@@ -38,15 +45,26 @@ class CpuBackend final : public Backend {
   CpuOptions& options() { return opt_; }
 
  private:
+  struct Group {
+    CpuState* st;
+    int64_t first, rows, pos0, out_rows;
+    bool logits, tentative;
+  };
   void expert_mlp(const Expert& e, const float* u, int64_t rows, float* out);
   void mm(const Linear& W, const float* x, int64_t T, float* y) const { matmul(W, x, T, y, opt_.affine); }
 
   std::shared_ptr<const ModelWeights> w_;
   CpuOptions opt_;
-  class CpuState* st_ = nullptr;
-  int64_t T_ = 0, pos0_ = 0;
+  std::vector<int32_t> tokens_;
+  std::vector<Group> groups_;
+  std::vector<int64_t> pos_;  // per row
+  int64_t T_ = 0;
   std::vector<float> x_, u_;  // residual, normed input
   std::vector<float> a_, b_, c_, d_, e_;  // scratch
+  // outputs of ended steps not yet finished: (ticket, logits rows)
+  std::deque<std::pair<uint64_t, std::vector<float>>> done_;
+  std::vector<float> out_;
+  uint64_t next_ticket_ = 1;
   size_t peak_ = 0;
 };
 

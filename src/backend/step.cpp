@@ -1,0 +1,73 @@
+#include <algorithm>
+#include <set>
+
+#include "backend/backend.h"
+
+namespace lily {
+
+size_t Step::add(SequenceState& seq, std::span<const int32_t> toks, int32_t out_rows, bool logits, bool sample,
+                 bool tentative) {
+  StepGroup g;
+  g.seq = &seq;
+  g.first = int32_t(tokens.size());
+  g.rows = int32_t(toks.size());
+  g.out_rows = out_rows;
+  g.logits = logits;
+  g.sample = sample;
+  g.tentative = tentative;
+  tokens.insert(tokens.end(), toks.begin(), toks.end());
+  groups.push_back(g);
+  return groups.size() - 1;
+}
+
+int64_t Step::logit_rows() const {
+  int64_t n = 0;
+  for (const StepGroup& g : groups)
+    if (g.logits) n += g.out_rows;
+  return n;
+}
+
+int64_t Step::sample_rows() const {
+  int64_t n = 0;
+  for (const StepGroup& g : groups)
+    if (g.sample) n += g.out_rows;
+  return n;
+}
+
+void Step::validate(int64_t vocab) const {
+  if (groups.empty()) throw InternalError("step: no groups");
+  std::set<const SequenceState*> seen;
+  int64_t next = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const StepGroup& g = groups[i];
+    auto bad = [&](const std::string& why) {
+      throw InternalError("step group " + std::to_string(i) + ": " + why);
+    };
+    if (!g.seq) bad("no sequence");
+    if (!seen.insert(g.seq).second) bad("its sequence appears in an earlier group of the step");
+    if (g.first != next || g.rows <= 0 || int64_t(g.first) + g.rows > int64_t(tokens.size()))
+      bad("rows [" + std::to_string(g.first) + ", " + std::to_string(g.first + g.rows) + ") do not follow the previous group within " +
+          std::to_string(tokens.size()) + " tokens");
+    next = g.first + g.rows;
+    if (g.seq->pending() > 0) bad("its sequence has " + std::to_string(g.seq->pending()) + " tentative rows awaiting commit()");
+    if (g.seq->n_tokens() + g.rows > g.seq->capacity())
+      bad(std::to_string(g.rows) + " rows after " + std::to_string(g.seq->n_tokens()) + " tokens exceed the capacity " +
+          std::to_string(g.seq->capacity()));
+    if (g.out_rows < 0 || g.out_rows > g.rows) bad("out_rows " + std::to_string(g.out_rows) + " outside 0.." + std::to_string(g.rows));
+    if (g.out_rows > 0 && !g.logits && !g.sample) bad("outputs asked for without logits or sampling");
+    if (g.tentative && g.rows > g.seq->max_tentative())
+      bad("tentative step of " + std::to_string(g.rows) + " rows, but the sequence reserved checkpoints for " +
+          std::to_string(g.seq->max_tentative()));
+    for (int32_t r = g.first; r < g.first + g.rows; ++r) {
+      const int32_t t = tokens[size_t(r)];
+      if (t == kFedToken) {
+        if (r != g.first) bad("a fed row (kFedToken) that is not the group's first row");
+        continue;
+      }
+      if (t < 0 || t >= vocab) bad("token id " + std::to_string(t) + " outside [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  if (next != int64_t(tokens.size())) throw InternalError("step: tokens past the last group");
+}
+
+}  // namespace lily
