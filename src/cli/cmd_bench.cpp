@@ -24,6 +24,8 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   auto decode = std::make_shared<std::string>("256");
   auto opt = std::make_shared<BenchOptions>();
   auto json = std::make_shared<bool>(false);
+  auto streams = std::make_shared<std::string>();
+  auto verify = std::make_shared<std::string>();
   app.add_option("--model", *model, "Model directory");
   app.add_option("--synth", *synth, "Build a random model of this preset in memory instead (qwen3.5-35b-a3b | qwen3-next-80b-a3b | small | tiny)");
   app.add_option("--format", *format, "With --synth: bf16 | affine4 | affine8 | exl3");
@@ -36,6 +38,9 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   app.add_option("--repeats", opt->repeats, "Timed runs per figure (median reported)");
   app.add_option("--decode-tokens", opt->decode_tokens, "Single-token steps per decode run");
   app.add_option("--prefill-chunk", opt->prefill_chunk, "Tokens per prefill step, also the context fill (0: the backend's choice, 2048 on the CPU, 8192 on CUDA)");
+  app.add_option("--streams", *streams, "Also decode with this many concurrent streams in one loop, comma separated (e.g. 1,2,4,8,16,32)");
+  app.add_option("--stream-context", opt->stream_context, "Context length of each stream (--streams) and of the verification steps (--verify)");
+  app.add_option("--verify", *verify, "Also time tentative verification steps of these row counts against a one-row step (e.g. 2,4,8)");
   app.add_flag("--json", *json, "Print JSON on stdout");
   auto grammar = std::make_shared<std::string>();
   auto tokenizer = std::make_shared<std::string>();
@@ -73,6 +78,9 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
     o.backend = *backend;
     o.prefill = parse_sizes(*prefill, "--prefill");
     o.decode_context = parse_sizes(*decode, "--decode-context");
+    if (!streams->empty()) o.streams = parse_sizes(*streams, "--streams");
+    if (!verify->empty()) o.verify = parse_sizes(*verify, "--verify");
+    if (o.stream_context < 1) fail("--stream-context must be positive (got {})", o.stream_context);
     std::shared_ptr<const ModelWeights> w;
     if (!synth->empty()) {
       SynthOptions so;

@@ -16,7 +16,7 @@ namespace {
 struct ServeArgs {
   std::string model, host = "127.0.0.1", api_key, chat_template, backend = "cpu", tokenizer, model_id, web_dir;
   int port = 8080, parallel = 1, queue = 16;
-  int64_t ctx_size = 32768, cache_mem = 2048, prefill_chunk = 2048, max_tokens = 4096;
+  int64_t ctx_size = 32768, cache_mem = 2048, prefill_chunk = 2048, max_tokens = 4096, step_tokens = 0;
 };
 
 Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --model: the random-weight demo model)",
@@ -33,6 +33,7 @@ Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --mo
   app.add_option("--chat-template", a->chat_template, "Jinja chat template file (overrides the model's)");
   app.add_option("--tokenizer", a->tokenizer, "Directory or tokenizer.json when the model directory has none");
   app.add_option("--backend", a->backend, "cpu or cuda")->capture_default_str();
+  app.add_option("--step-tokens", a->step_tokens, "Rows per forward step when prompts wait: every decoding stream's row, then prompt chunks up to this budget (0: --prefill-chunk)")->capture_default_str();
   app.add_option("--prefill-chunk", a->prefill_chunk, "Prompt tokens per forward step; a step stalls the other streams' decoding (0: the backend's choice, 8192 on CUDA)")->capture_default_str();
   app.add_option("--max-tokens", a->max_tokens, "Default completion limit when a request sets none")->capture_default_str();
   app.add_option("--model-id", a->model_id, "Model name reported by /v1/models (default: directory name)");
@@ -85,6 +86,7 @@ Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --mo
     so.web_dir = a->web_dir;
     so.default_max_tokens = a->max_tokens;
     so.sched.parallel = a->parallel;
+    so.sched.step_tokens = a->step_tokens;
     so.sched.max_queue = a->queue;
     so.sched.ctx_size = a->ctx_size;
     so.sched.cache_bytes = size_t(a->cache_mem) << 20;

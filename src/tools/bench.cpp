@@ -82,6 +82,7 @@ BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions&
   int64_t max_ctx = 16;
   for (auto p : opt.prefill) max_ctx = std::max(max_ctx, p + 1);
   for (auto c : opt.decode_context) max_ctx = std::max(max_ctx, c + int64_t(opt.decode_tokens + 2) * (opt.repeats + 1) + 2);
+  if (!opt.streams.empty() || !opt.verify.empty()) max_ctx = std::max(max_ctx, opt.stream_context + opt.decode_tokens + 64);
   EngineOptions eo;
   eo.backend = opt.backend;
   eo.ctx_size = max_ctx;
@@ -173,6 +174,8 @@ BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions&
     row.roofline_tok_s = rep.bandwidth / row.bytes_per_token;
     rep.decode.push_back(row);
   }
+  bench_streams(*engine, opt, rep);
+  bench_verify(*engine, opt, rep);
   rep.peak_memory = be.peak_memory();
   {
     // Resident pages now (/proc/self/statm, second field), not the high-water mark, which would count the
@@ -204,7 +207,20 @@ nlohmann::json BenchReport::to_json() const {
           {"copy_bandwidth_source", bandwidth_source},
           {"decode_path", decode_path},
           {"prefill", rows(prefill, "tokens")},
-          {"decode", rows(decode, "context")}};
+          {"decode", rows(decode, "context")},
+          {"streams", [&] {
+             nlohmann::json a = nlohmann::json::array();
+             for (auto& r : streams)
+               a.push_back({{"streams", r.streams}, {"aggregate_tok_s", r.aggregate_tok_s},
+                            {"per_stream_tok_s", r.per_stream_tok_s}, {"ttft_ms", r.ttft_ms}});
+             return a;
+           }()},
+          {"verify", [&] {
+             nlohmann::json a = nlohmann::json::array();
+             for (auto& r : verify)
+               a.push_back({{"rows", r.rows}, {"step_ms", r.step_ms}, {"one_row_ms", r.one_row_ms}, {"ratio", r.ratio()}});
+             return a;
+           }()}};
 }
 
 std::string BenchReport::table() const {
@@ -219,6 +235,12 @@ std::string BenchReport::table() const {
     s += fmt::format("{:<10} {:>8} {:>12.1f} {:>14.2f} {:>16.1f} {:>8.1f}%\n", "decode@", r.n, r.tok_s, r.bytes_per_token / 1e6,
                      r.roofline_tok_s, 100 * r.fraction());
   if (!decode.empty() && !decode_path.empty()) s += fmt::format("decode steps: {}\n", decode_path);
+  for (auto& r : streams)
+    s += fmt::format("{:<10} {:>8} {:>12.1f} aggregate, {:.1f} per stream, first token {:.1f} ms\n", "streams", r.streams,
+                     r.aggregate_tok_s, r.per_stream_tok_s, r.ttft_ms);
+  for (auto& r : verify)
+    s += fmt::format("{:<10} {:>8} {:>12.3f} ms per step, {:.3f} ms one row: {:.2f}x\n", "verify", r.rows, r.step_ms,
+                     r.one_row_ms, r.ratio());
   return s;
 }
 

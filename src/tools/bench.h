@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/weights.h"
+#include "runtime/engine.h"
 
 namespace lily {
 
@@ -33,6 +34,13 @@ struct BenchOptions {
   uint64_t seed = 1234;
   bool progress = true;  // on stderr
   std::string label;     // model description for the report
+  // Several streams decoding together (continuous batching): for each N, N sequences at stream_context
+  // tokens each decode decode_tokens tokens in one generation loop; aggregate and per-stream tok/s.
+  std::vector<int64_t> streams;
+  int64_t stream_context = 4096;
+  // Verification steps: a tentative step of k rows of one sequence at stream_context, timed against a
+  // one-row step (both with outputs for every row, rolled back), for each k.
+  std::vector<int64_t> verify;
 };
 
 struct BenchRow {
@@ -44,6 +52,17 @@ struct BenchRow {
   double fraction() const { return roofline_tok_s > 0 ? tok_s / roofline_tok_s : 0; }
 };
 
+struct StreamRow {
+  int64_t streams = 0;
+  double aggregate_tok_s = 0, per_stream_tok_s = 0;
+  double ttft_ms = 0;  // median time to the first token (the streams' one-token prompts)
+};
+struct VerifyRow {
+  int64_t rows = 0;
+  double step_ms = 0, one_row_ms = 0;  // medians
+  double ratio() const { return one_row_ms > 0 ? step_ms / one_row_ms : 0; }
+};
+
 struct BenchReport {
   std::string label, backend;
   int threads = 0;
@@ -53,6 +72,8 @@ struct BenchReport {
   std::string bandwidth_source;  // "host memcpy" or the backend's name
   std::string decode_path;       // how decode steps were driven (on-device sampling or host logits)
   std::vector<BenchRow> prefill, decode;
+  std::vector<StreamRow> streams;
+  std::vector<VerifyRow> verify;
   nlohmann::json to_json() const;
   std::string table() const;     // human-readable
 };
@@ -61,6 +82,9 @@ struct BenchReport {
 double host_copy_bandwidth(size_t bytes = size_t(256) << 20, int iters = 5);
 
 BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions& opt);
+// The streams and verification figures of `opt` on an engine (bench_streams.cpp; run_bench calls them).
+void bench_streams(Engine& engine, const BenchOptions& opt, BenchReport& rep);
+void bench_verify(Engine& engine, const BenchOptions& opt, BenchReport& rep);
 
 // "256,1k,4K,32768" -> {256, 1024, 4096, 32768}; throws InputError naming `what`.
 std::vector<int64_t> parse_sizes(const std::string& s, const std::string& what);

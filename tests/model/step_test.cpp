@@ -55,10 +55,10 @@ TEST(Step, SequencesSteppedTogetherMatchEachAlone) {
         tail.push_back(random_ids(size_t(2 + i % 3), V, uint32_t(200 + i)));
       }
       // alone
-      std::vector<std::vector<float>> want(size_t(S));
+      std::vector<std::vector<float>> want(static_cast<size_t>(S));
       for (int i = 0; i < S; ++i) {
         auto st = be.new_state(128);
-        std::vector<float> l(size_t(V));
+        std::vector<float> l(static_cast<size_t>(V));
         forward_step(be, *st, prompts[size_t(i)], 1, l.data());
         want[size_t(i)].insert(want[size_t(i)].end(), l.begin(), l.end());
         for (int32_t t : decode[size_t(i)]) {
@@ -72,7 +72,7 @@ TEST(Step, SequencesSteppedTogetherMatchEachAlone) {
       // together
       std::vector<std::unique_ptr<SequenceState>> sts;
       for (int i = 0; i < S; ++i) sts.push_back(be.new_state(128));
-      std::vector<std::vector<float>> got(size_t(S));
+      std::vector<std::vector<float>> got(static_cast<size_t>(S));
       auto run = [&](const Step& st) {
         std::vector<float> out(size_t(st.logit_rows()) * size_t(V));
         be.finish(forward(be, st), StepOutputs{out.data(), nullptr});
@@ -142,7 +142,7 @@ TEST(Step, TentativeThenCommitEqualsPlainSteps) {
         EXPECT_TRUE(same(la, lb)) << "the accepted rows' logits";
         EXPECT_TRUE(same(contents(*a), contents(*b))) << "the raw state";
         // the next step after the commit
-        std::vector<float> na(size_t(V)), nb(size_t(V));
+        std::vector<float> na(static_cast<size_t>(V)), nb(static_cast<size_t>(V));
         forward_step(be, *a, probe, 1, na.data());
         forward_step(be, *b, probe, 1, nb.data());
         EXPECT_TRUE(same(na, nb)) << "the next step's logits";
@@ -235,7 +235,7 @@ TEST(Step, SnapshotsAreCompactAndRestoreExactly) {
   EXPECT_LT(snap->nbytes(), 40 * per_token * size_t(w->cfg.layers) + size_t(1) << 20) << "no full-capacity copy";
   b->restore(*snap);
   EXPECT_EQ(b->n_tokens(), 40);
-  std::vector<float> la(size_t(V)), lb(size_t(V));
+  std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));
   const int32_t t = 5;
   forward_step(be, *a, std::span(&t, 1), 1, la.data());
   forward_step(be, *b, std::span(&t, 1), 1, lb.data());

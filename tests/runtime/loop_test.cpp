@@ -141,7 +141,7 @@ TEST(Loop, ContinuesASessionAndItsLogits) {
     Session whole(*e), split(*e);
     const auto a = generate(whole, f.prompt, go);
     std::vector<int32_t> head(f.prompt.begin(), f.prompt.begin() + 10), tail(f.prompt.begin() + 10, f.prompt.end());
-    std::vector<float> l(size_t(e->config().vocab));
+    std::vector<float> l(static_cast<size_t>(e->config().vocab));
     split.prefill(head, l.data());
     const auto b = generate(split, tail, go);
     EXPECT_EQ(a.tokens, b.tokens);
