@@ -32,6 +32,18 @@ std::vector<int32_t> random_ids(size_t n, int64_t V, uint32_t seed) {
   return v;
 }
 
+// fn(backend, weights) for each golden model present.
+template <typename F>
+void for_each_golden(F fn) {
+  for (const char* name : kGoldens) {
+    auto w = load(name);
+    if (!w) continue;
+    SCOPED_TRACE(name);
+    cpu::CpuBackend be(w);
+    fn(be, *w);
+  }
+}
+
 bool same(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
@@ -40,12 +52,8 @@ bool same(const std::vector<float>& a, const std::vector<float>& b) {
 // step holding every sequence's prompt, then steps holding one decode row of each, then a step mixing a
 // new prompt chunk of one with decode rows of the others): the same logits bit for bit.
 TEST(Step, SequencesSteppedTogetherMatchEachAlone) {
-  for (const char* name : kGoldens) {
-    auto w = load(name);
-    if (!w) continue;
-    SCOPED_TRACE(name);
-    cpu::CpuBackend be(w);
-    const int64_t V = w->cfg.vocab;
+  for_each_golden([](cpu::CpuBackend& be, const ModelWeights& w) {
+    const int64_t V = w.cfg.vocab;
     for (int S : {1, 2, 3, 7, 16}) {
       SCOPED_TRACE("S=" + std::to_string(S));
       std::vector<std::vector<int32_t>> prompts, decode, tail;
@@ -101,19 +109,15 @@ TEST(Step, SequencesSteppedTogetherMatchEachAlone) {
       }
       for (int i = 0; i < S; ++i) EXPECT_TRUE(same(got[size_t(i)], want[size_t(i)])) << "sequence " << i;
     }
-  }
+  });
 }
 
 // Raw state: every value of the sequence's in-use state.
 std::vector<float> contents(const SequenceState& s) { return s.snapshot()->contents(); }
 
 TEST(Step, TentativeThenCommitEqualsPlainSteps) {
-  for (const char* name : kGoldens) {
-    auto w = load(name);
-    if (!w) continue;
-    SCOPED_TRACE(name);
-    cpu::CpuBackend be(w);
-    const int64_t V = w->cfg.vocab;
+  for_each_golden([](cpu::CpuBackend& be, const ModelWeights& w) {
+    const int64_t V = w.cfg.vocab;
     const auto prompt = random_ids(37, V, 1);
     const auto probe = random_ids(1, V, 9);
     for (int k = 1; k <= 7; ++k) {
@@ -148,7 +152,7 @@ TEST(Step, TentativeThenCommitEqualsPlainSteps) {
         EXPECT_TRUE(same(na, nb)) << "the next step's logits";
       }
     }
-  }
+  });
 }
 
 TEST(Step, MalformedStepsAreRefusedWithTheirCause) {
@@ -232,7 +236,7 @@ TEST(Step, SnapshotsAreCompactAndRestoreExactly) {
   EXPECT_EQ(snap->n_tokens(), 40);
   EXPECT_LT(snap->nbytes(), a->nbytes() + 1);
   const size_t per_token = size_t(2 * w->cfg.n_kv_heads * w->cfg.head_dim * 4);
-  EXPECT_LT(snap->nbytes(), 40 * per_token * size_t(w->cfg.layers) + size_t(1) << 20) << "no full-capacity copy";
+  EXPECT_LT(snap->nbytes(), 40 * per_token * size_t(w->cfg.layers) + (size_t(1) << 20)) << "no full-capacity copy";
   b->restore(*snap);
   EXPECT_EQ(b->n_tokens(), 40);
   std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));

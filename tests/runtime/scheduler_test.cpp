@@ -163,8 +163,9 @@ TEST_F(SchedulerDevice, ConcurrentRequestsGetTheirSoloTokens) {
     std::vector<std::shared_ptr<TestJob>> jobs;
     for (auto& p : ps) jobs.push_back(std::make_shared<TestJob>(p));
     jobs[0]->hook = [&](int32_t) {
-      if (jobs[0]->ids.size() == 2)
+      if (jobs[0]->ids.size() == 2) {
         for (size_t i = 3; i < jobs.size(); ++i) EXPECT_TRUE(s.submit(jobs[i]));
+      }
       return true;
     };
     for (size_t i = 0; i < 3; ++i) ASSERT_TRUE(s.submit(jobs[i]));

@@ -188,5 +188,37 @@ TEST(Bench, RunsAndReportsRooflineFractions) {
   EXPECT_THROW(parse_sizes("12,x", "--prefill"), InputError);
 }
 
+TEST(Bench, StreamsAndVerificationSteps) {
+  SynthOptions o;
+  o.preset = "tiny";
+  o.format = SynthFormat::Affine4;
+  auto w = synth_model(o);
+  BenchOptions b;
+  b.prefill = {8};
+  b.decode_context = {16};
+  b.repeats = 1;
+  b.decode_tokens = 4;
+  b.progress = false;
+  b.streams = {1, 3};
+  b.stream_context = 40;
+  b.verify = {2, 4};
+  auto rep = run_bench(w, b);
+  ASSERT_EQ(rep.streams.size(), 2u);
+  for (auto& r : rep.streams) {
+    EXPECT_GT(r.aggregate_tok_s, 0);
+    EXPECT_GT(r.per_stream_tok_s, 0);
+    EXPECT_LE(r.per_stream_tok_s, r.aggregate_tok_s * 1.0001);
+  }
+  ASSERT_EQ(rep.verify.size(), 2u);
+  EXPECT_EQ(rep.verify[1].rows, 4);
+  EXPECT_GT(rep.verify[1].ratio(), 0);
+  auto j = rep.to_json();
+  EXPECT_EQ(j["streams"][1]["streams"], 3);
+  EXPECT_TRUE(j["streams"][1]["aggregate_tok_s"].is_number());
+  EXPECT_TRUE(j["verify"][0]["ratio"].is_number());
+  b.verify = {kMaxTentativeRows + 1};
+  EXPECT_THROW(run_bench(w, b), InputError);
+}
+
 }  // namespace
 }  // namespace lily
