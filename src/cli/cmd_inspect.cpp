@@ -1,6 +1,7 @@
-// `lily inspect --model DIR | --synth PRESET --format F [--bits K] --backend cuda [--context N] [--json]`:
-// the kernels of one captured decode step (per layer and block, with launch shapes) — the number to
-// drive down.
+// `lily inspect --model DIR | --synth PRESET --format F [--bits K] --backend cuda [--context N] [--rows R
+// --groups G] [--cuda-opt name=value ...] [--json]`: the kernels of one captured decode step (per layer and
+// block, with launch shapes) — the number to drive down. The step is the runtime's device decode step:
+// G sequences of R / G rows each, every one drawing its next id greedily on the device.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -42,12 +43,18 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
   auto synth = std::make_shared<std::string>();
   auto format = std::make_shared<std::string>("bf16");
   auto bits = std::make_shared<int>(4);
+  auto rows = std::make_shared<int>(1);
+  auto groups = std::make_shared<int>(1);
+  auto cuda_opts = std::make_shared<std::vector<std::string>>();
   app.add_option("--model", *model, "Model directory (config.json + safetensors)");
   app.add_option("--synth", *synth, "Build a random model of this preset in memory instead (see lily synth)");
   app.add_option("--format", *format, "With --synth: bf16 | affine4 | affine8 | exl3");
   app.add_option("--bits", *bits, "With --synth --format exl3: K");
   app.add_option("--backend", *backend, "Backend whose decode step to show (cuda)")->capture_default_str();
   app.add_option("--context", *ctx, "Tokens already in the cache (selects the context bucket)")->capture_default_str();
+  app.add_option("--rows", *rows, "Rows of the step (all groups together)")->capture_default_str();
+  app.add_option("--groups", *groups, "Sequences in the step (rows / groups rows each)")->capture_default_str();
+  app.add_option("--cuda-opt", *cuda_opts, "CUDA backend option name=value (repeatable; e.g. pdl=0, graphs=0)");
   app.add_flag("--json", *json, "Print JSON");
   return [=]() -> int {
     if (*backend != "cuda") fail("--backend {}: inspect shows the CUDA decode graph (use --backend cuda)", *backend);
@@ -67,14 +74,18 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
     } else {
       w = ModelWeights::load(*model);
     }
-    auto be = make_cuda_backend(w);
-    const auto ks = cuda_describe_decode_step(*be, *ctx);
+    CudaOptions co;
+    for (const auto& kv : *cuda_opts) set_cuda_option(co, kv);
+    auto be = make_cuda_backend(w, co);
+    const auto ks = cuda_describe_decode_step(*be, *ctx, *rows, *groups);
     std::map<int, int> per_layer;
     for (const auto& k : ks) ++per_layer[k.layer];
     if (*json) {
       nlohmann::json j;
       j["device"] = cuda_device_info();
       j["context"] = *ctx;
+      j["rows"] = *rows;
+      j["groups"] = *groups;
       j["kernels_per_step"] = ks.size();
       nlohmann::json arr = nlohmann::json::array();
       for (const auto& k : ks)
@@ -85,8 +96,8 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
       fmt::print("{}\n", j.dump(2));
       return 0;
     }
-    fmt::print("device   {}\ncontext  {} tokens\nkernels  {} per decode step ({:.1f} per layer over {} layers)\n\n",
-               cuda_device_info(), *ctx, ks.size(), double(ks.size()) / double(std::max<int64_t>(1, w->cfg.layers)),
+    fmt::print("device   {}\ncontext  {} tokens\nstep     {} rows in {} groups\nkernels  {} per decode step ({:.1f} per layer over {} layers)\n\n",
+               cuda_device_info(), *ctx, *rows, *groups, ks.size(), double(ks.size()) / double(std::max<int64_t>(1, w->cfg.layers)),
                w->cfg.layers);
     int last = -2;
     std::string last_block;

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/attn.h"
+#include "backend/cuda/gdn.h"
 #include "backend/cuda/ops.h"
 #include "core/half.h"
 

@@ -9,6 +9,7 @@ TEST(CudaGemv, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/switches.h"
 #include "cuda_test_util.h"
 #include "quant/affine/affine.h"
 
@@ -104,8 +105,15 @@ void run_case(int bits, int gs, int out, int in, int slots, bool swiglu, bool no
 TEST(CudaGemv, EveryLaunchShapeMatchesReference) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(11);
-  lily::cuda::set_gemv_ring(false);  // the streaming kernel for every shape (the ring has its own tests)
-  struct Restore { ~Restore() { lily::cuda::set_gemv_ring(true); } } restore;
+  // the streaming kernel for every shape (the ring has its own tests)
+  const lily::cuda::KernelSwitches saved = lily::cuda::kernel_switches();
+  lily::cuda::KernelSwitches sw = saved;
+  sw.gemv_ring = false;
+  lily::cuda::set_kernel_switches(sw);
+  struct Restore {
+    lily::cuda::KernelSwitches s;
+    ~Restore() { lily::cuda::set_kernel_switches(s); }
+  } restore{saved};
   // (out, in): many rows (rpw 4), few rows with long inputs (split reduction), short rows (lpr 8/16)
   const std::pair<int, int> shapes[] = {{1, 2048}, {3, 512}, {17, 4096}, {64, 256}, {65, 128}, {129, 1024},
                                         {257, 2048}, {1031, 512}, {4099, 2048}, {20000, 2048}, {16896, 512}};

@@ -1,7 +1,9 @@
 // Device sampling (backend/cuda/sample.h) against the host Sampler (runtime/sampler.h): the kept set and
-// its probabilities on crafted logits, the distribution of many draws, seeds, greedy, graph capture; and
-// generation on the device (Backend::decode_on_device through runtime::generate) on a golden model
-// against the host path: the same tokens and stops, and the state after the run.
+// its probabilities on crafted logits, one row and many rows with their own parameters in one call, logit
+// bias / vocabulary limit / mask, the distribution of many draws, seeds, greedy, graph capture; and
+// generation through the generation loop's device path (runtime::generate on the CUDA backend: ids drawn
+// and fed on the device, steps pipelined) on a golden model against the host path: the same tokens and
+// stops, and the state after the run.
 #include <gtest/gtest.h>
 
 #ifndef LILY_HAVE_CUDA
@@ -44,45 +46,69 @@ cuda::SampleParams to_device(const SamplingParams& p) {
   return d;
 }
 
-// One sampler's device buffers (default stream).
+// A batched sampler's device buffers (default stream): `rows` rows of logits, one slot per row (row r
+// draws with slot r unless the call says otherwise).
 struct DevSampler {
-  int V;
+  int V, rows;
   void* mem = nullptr;
   cuda::SampleDev d;
   Dev<float> logits;
   Dev<int32_t> out;
   Dev<double> probs;
-  DevSampler(int v, int max_draws = 1) : V(v), logits(size_t(v)), out(size_t(max_draws)), probs(size_t(v)) {
-    LILY_CU(cudaMalloc(&mem, cuda::sample_bytes(V)));
-    d = cuda::sample_layout(mem, V);
+  Dev<int32_t> counts;  // [rows][V]
+  Dev<cuda::SampleSlot> slots;
+  Dev<int32_t> ident;
+  std::vector<cuda::SampleSlot> host;
+  DevSampler(int v, int max_draws = 1, int r = 1)
+      : V(v), rows(r), logits(size_t(v) * size_t(r)), out(size_t(std::max(max_draws, r))), probs(size_t(v)),
+        counts(size_t(v) * size_t(r)), slots(size_t(r)), ident(size_t(r)), host(size_t(r)) {
+    LILY_CU(cudaMalloc(&mem, cuda::sample_bytes(V, rows)));
+    d = cuda::sample_layout(mem, V, rows);
+    std::vector<int32_t> id(static_cast<size_t>(rows));
+    for (int i = 0; i < rows; ++i) id[size_t(i)] = i;
+    ident.up(id);
+    for (int i = 0; i < rows; ++i) host[size_t(i)].counts = counts.p + size_t(i) * size_t(V);
   }
   ~DevSampler() { cudaFree(mem); }
-  void setup(const SamplingParams& p, const std::vector<int32_t>& history = {}, uint64_t step = 0) {
-    std::vector<int32_t> counts(size_t(V), 0);
+  void put_slots() { slots.up(host); }
+  void setup_raw(const cuda::SampleParams& p, const std::vector<int32_t>& history = {}, uint64_t step = 0, int row = 0) {
+    std::vector<int32_t> c(size_t(V), 0);
     for (int32_t t : history)
-      if (t >= 0 && t < V) ++counts[size_t(t)];
-    cuda::sample_setup(d, to_device(p), counts.data(), step, nullptr);
+      if (t >= 0 && t < V) ++c[size_t(t)];
+    LILY_CU(cudaMemcpy(counts.p + size_t(row) * size_t(V), c.data(), 4 * size_t(V), cudaMemcpyHostToDevice));
+    host[size_t(row)].p = p;
+    host[size_t(row)].step = step;
+    put_slots();
   }
-  // k-th draw into out[k] (no sync)
-  void draw_async(int k = 0) { cuda::sample(d, logits.p, out.p + k, nullptr); }
+  void setup(const SamplingParams& p, const std::vector<int32_t>& history = {}, uint64_t step = 0, int row = 0) {
+    setup_raw(to_device(p), history, step, row);
+  }
+  void set_logits(const std::vector<float>& l, int row = 0) {
+    LILY_CU(cudaMemcpy(logits.p + size_t(row) * size_t(V), l.data(), 4 * size_t(V), cudaMemcpyHostToDevice));
+  }
+  // k-th draw (row 0, slot 0) into out[k] (no sync)
+  void draw_async(int k = 0, cudaStream_t s = nullptr) {
+    cuda::sample_rows(d, slots.p, logits.p, 1, nullptr, ident.p, nullptr, out.p + k, s);
+  }
   int32_t draw() {
     draw_async(0);
     return out.down()[0];
   }
-  std::vector<double> distribution() {
-    cuda::sample_probs(d, probs.p, nullptr);
+  std::vector<double> distribution(int row = 0, const cuda::SampleSlot* with = nullptr) {
+    cuda::sample_probs(d, with ? with : slots.p, row, probs.p, nullptr);
     return probs.down();
   }
-  uint64_t step() const {
-    uint64_t s = 0;
+  std::vector<cuda::SampleSlot> slots_back() const {
+    std::vector<cuda::SampleSlot> h(static_cast<size_t>(rows));
     LILY_CU(cudaDeviceSynchronize());
-    LILY_CU(cudaMemcpy(&s, d.step, 8, cudaMemcpyDeviceToHost));
-    return s;
+    LILY_CU(cudaMemcpy(h.data(), slots.p, sizeof(cuda::SampleSlot) * h.size(), cudaMemcpyDeviceToHost));
+    return h;
   }
-  std::vector<int32_t> counts() const {
+  uint64_t step(int row = 0) const { return slots_back()[size_t(row)].step; }
+  std::vector<int32_t> counts_of(int row = 0) const {
     std::vector<int32_t> c(static_cast<size_t>(V));
     LILY_CU(cudaDeviceSynchronize());
-    LILY_CU(cudaMemcpy(c.data(), d.counts, 4 * size_t(V), cudaMemcpyDeviceToHost));
+    LILY_CU(cudaMemcpy(c.data(), counts.p + size_t(row) * size_t(V), 4 * size_t(V), cudaMemcpyDeviceToHost));
     return c;
   }
 };
@@ -196,7 +222,7 @@ TEST_P(CudaSampleV, KeptSetAndProbabilitiesMatchHost) {
       continue;
     }
     const auto host = host_dist(c.p, c.logits, c.history);
-    ds.logits.up(c.logits);
+    ds.set_logits(c.logits);
     ds.setup(c.p, c.history);
     const int32_t tok = ds.draw();
     const auto dev = ds.distribution();
@@ -231,11 +257,61 @@ TEST_P(CudaSampleV, GreedyIsHostArgmax) {
     for (auto& x : l) x = std::round(x * 4) / 4;  // ties
     SamplingParams p;  // temperature 0
     const int32_t host = Sampler(p).sample(l);
-    ds.logits.up(l);
+    ds.set_logits(l);
     ds.setup(p);
     EXPECT_EQ(ds.draw(), host);
     cuda::argmax(ds.logits.p, 1, V, am.p, amax_scratch.p, nullptr);
     EXPECT_EQ(am.down()[0], host) << "the argmax kernel the greedy graph uses";
+  }
+}
+
+// Compares the distribution row `row` of the last call drew from with the host's, and the drawn id.
+void expect_row_matches(DevSampler& ds, int row, int32_t tok, const SamplingParams& p, const std::vector<float>& logits,
+                        const std::vector<int32_t>& history, const cuda::SampleSlot* slots = nullptr) {
+  const auto host = host_dist(p, logits, history);
+  const auto dev = ds.distribution(row, slots);
+  EXPECT_TRUE(host.count(tok)) << "row " << row << ": drawn id " << tok << " is outside the host's kept set";
+  size_t kept = 0;
+  for (int i = 0; i < ds.V; ++i) {
+    const bool in_dev = dev[size_t(i)] >= 0.0, in_host = host.count(i) > 0;
+    ASSERT_EQ(in_dev, in_host) << "row " << row << " id " << i << " (logit " << logits[size_t(i)] << ")";
+    if (!in_host) continue;
+    ++kept;
+    ASSERT_NEAR(dev[size_t(i)], host.at(i), 1e-9 + 1e-7 * host.at(i)) << "row " << row << " id " << i;
+  }
+  EXPECT_EQ(kept, host.size()) << "row " << row;
+}
+
+// One call over many rows, each with its own parameters, logits row (read in reverse order: src) and
+// history: per row the host's kept set and probabilities; each slot's counter and counts advance by its draw.
+TEST_P(CudaSampleV, BatchedRowsMatchHostPerRow) {
+  LILY_REQUIRE_GPU();
+  const int V = GetParam();
+  const auto cs = cases(V);
+  std::vector<const Case*> pick;
+  for (size_t i = 0; i < cs.size(); i += 2)
+    if (!borderline(cs[i].p, cs[i].logits, cs[i].history)) pick.push_back(&cs[i]);
+  const int R = int(pick.size());
+  ASSERT_GE(R, 5);
+  DevSampler ds(V, R, R);
+  std::vector<int32_t> src(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) {
+    src[size_t(r)] = R - 1 - r;
+    ds.set_logits(pick[size_t(r)]->logits, R - 1 - r);
+    ds.setup(pick[size_t(r)]->p, pick[size_t(r)]->history, uint64_t(r) * 7, r);
+  }
+  Dev<int32_t> dsrc(src);
+  cuda::sample_rows(ds.d, ds.slots.p, ds.logits.p, R, dsrc.p, ds.ident.p, nullptr, ds.out.p, nullptr);
+  const auto ids = ds.out.down();
+  for (int r = 0; r < R; ++r) {
+    SCOPED_TRACE(pick[size_t(r)]->name + ", V " + std::to_string(V) + ", row " + std::to_string(r));
+    expect_row_matches(ds, r, ids[size_t(r)], pick[size_t(r)]->p, pick[size_t(r)]->logits, pick[size_t(r)]->history);
+    EXPECT_EQ(ds.step(r), uint64_t(r) * 7 + 1);
+    std::vector<int32_t> want(size_t(V), 0);
+    for (int32_t t : pick[size_t(r)]->history)
+      if (t >= 0 && t < V) ++want[size_t(t)];
+    ++want[size_t(ids[size_t(r)])];
+    EXPECT_EQ(ds.counts_of(r), want);
   }
 }
 
@@ -257,7 +333,7 @@ TEST(CudaSample, DrawsFollowTheDistribution) {
     auto l = random_logits(c.V, 7u, c.V > 1000 ? 3.0f : 1.0f);
     const auto host = host_dist(c.p, l, {});
     DevSampler ds(c.V, N);
-    ds.logits.up(l);
+    ds.set_logits(l);
     ds.setup(c.p);
     for (int k = 0; k < N; ++k) ds.draw_async(k);
     const auto ids = ds.out.down();
@@ -294,7 +370,7 @@ TEST(CudaSample, SeedReproducesAndHistoryUpdates) {
   std::vector<int32_t> hist = {3, 3, 9};
   auto run = [&](uint64_t seed) {
     DevSampler ds(V, N);
-    ds.logits.up(l);
+    ds.set_logits(l);
     p.seed = seed;
     ds.setup(p, hist);
     for (int k = 0; k < N; ++k) ds.draw_async(k);
@@ -303,7 +379,7 @@ TEST(CudaSample, SeedReproducesAndHistoryUpdates) {
     std::vector<int32_t> want(size_t(V), 0);
     for (int32_t t : hist) ++want[size_t(t)];
     for (int32_t t : ids) ++want[size_t(t)];
-    EXPECT_EQ(ds.counts(), want) << "counts = history + every draw";
+    EXPECT_EQ(ds.counts_of(), want) << "counts = history + every draw";
     return ids;
   };
   const auto a = run(11), b = run(11), c = run(12);
@@ -316,6 +392,62 @@ TEST(CudaSample, SeedReproducesAndHistoryUpdates) {
     const double u = cuda::sample_uniform(77, s);
     ASSERT_TRUE(u >= 0.0 && u < 1.0);
   }
+}
+
+// Logit bias, vocabulary limit and the allowed-id mask in the host's order (bias, then the limit and the
+// mask as -inf, then the sampler); the mask applies to the slot's first row of a call only and is cleared by
+// it; two rows of one slot draw at counters step and step + 1.
+TEST(CudaSample, BiasLimitAndMaskAsTheHost) {
+  LILY_REQUIRE_GPU();
+  const int V = 4096, lim = 3500;
+  auto l = random_logits(V, 13u, 1.5f);
+  std::vector<float> bias(static_cast<size_t>(V), 0.0f);
+  for (int t = 5; t < V; t += 397) bias[size_t(t)] = 4.0f;
+  std::vector<uint64_t> mask(size_t((V + 63) / 64), 0);
+  for (int t = 0; t < V; ++t)
+    if (t % 3 != 1) mask[size_t(t) >> 6] |= uint64_t(1) << (t & 63);
+  DevSampler ds(V, 3, 2);
+  Dev<float> dbias(bias);
+  Dev<uint64_t> dmask(mask);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.9f;
+  p.seed = 3;
+  cuda::SampleParams dp = to_device(p);
+  dp.vocab_limit = lim;
+  ds.setup_raw(dp, {}, 10, 0);
+  SamplingParams q;
+  q.temperature = 0.7f;
+  q.top_k = 30;
+  q.seed = 4;
+  ds.setup(q, {}, 0, 1);
+  ds.host[0].bias = dbias.p;
+  ds.host[0].mask = dmask.p;
+  ds.host[0].mask_on = 1;
+  ds.put_slots();
+  ds.set_logits(l, 0);
+  ds.set_logits(l, 1);
+  // rows: (logits 0, slot 0, rank 0), (logits 0, slot 0, rank 1), (logits 1, slot 1, rank 0)
+  Dev<int32_t> src(std::vector<int32_t>{0, 0, 1}), slot(std::vector<int32_t>{0, 0, 1}), off(std::vector<int32_t>{0, 1, 0});
+  DevSampler big(V, 3, 3);  // scratch for three rows; the slots and logits of `ds`
+  cuda::sample_rows(big.d, ds.slots.p, ds.logits.p, 3, src.p, slot.p, off.p, ds.out.p, nullptr);
+  const auto ids = ds.out.down();
+  std::vector<float> biased = l;
+  for (int t = 0; t < V; ++t) biased[size_t(t)] += bias[size_t(t)];
+  for (int t = lim; t < V; ++t) biased[size_t(t)] = -INFINITY;
+  std::vector<float> masked = biased;
+  for (int t = 0; t < V; ++t)
+    if (!(mask[size_t(t) >> 6] >> (t & 63) & 1)) masked[size_t(t)] = -INFINITY;
+  expect_row_matches(big, 0, ids[0], p, masked, {}, ds.slots.p);
+  expect_row_matches(big, 1, ids[1], p, biased, {}, ds.slots.p);
+  expect_row_matches(big, 2, ids[2], q, l, {}, ds.slots.p);
+  EXPECT_LT(ids[0], lim);
+  EXPECT_NE(ids[0] % 3, 1) << "masked id drawn";
+  const auto back = ds.slots_back();
+  EXPECT_EQ(back[0].mask_on, 0) << "the draw clears the mask";
+  EXPECT_EQ(back[0].step, 12u);
+  EXPECT_EQ(back[1].step, 1u);
+  EXPECT_NE(cuda::sample_uniform(3, 10), cuda::sample_uniform(3, 11));
 }
 
 // vocab_limit: ids at or past it are never drawn, whatever their logits (the top of the distribution is
@@ -333,11 +465,10 @@ TEST(CudaSample, VocabLimitMasksTheTail) {
     p.top_p = T > 0 ? 0.9f : 1.0f;
     p.seed = 5;
     DevSampler ds(V, N);
-    ds.logits.up(l);
+    ds.set_logits(l);
     cuda::SampleParams dp = to_device(p);
     dp.vocab_limit = lim;
-    std::vector<int32_t> counts(size_t(V), 0);
-    cuda::sample_setup(ds.d, dp, counts.data(), 0, nullptr);
+    ds.setup_raw(dp);
     for (int k = 0; k < N; ++k) ds.draw_async(k);
     for (int32_t t : ds.out.down()) ASSERT_LT(t, lim) << "T " << T;
     if (T == 0.0f) {
@@ -357,20 +488,20 @@ TEST(CudaSample, CapturedGraphMatchesEager) {
   SamplingParams p;
   p.temperature = 0.8f; p.top_k = 20; p.top_p = 0.8f; p.presence_penalty = 1.0f; p.seed = 5;
   DevSampler eager(V, N);
-  eager.logits.up(l);
+  eager.set_logits(l);
   eager.setup(p);
   for (int k = 0; k < N; ++k) eager.draw_async(k);
   const auto want = eager.out.down();
 
   DevSampler g(V, N);
-  g.logits.up(l);
+  g.set_logits(l);
   g.setup(p);
   cudaStream_t s;
   LILY_CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Dev<int32_t> slot(1);
   cudaGraph_t graph;
   LILY_CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  cuda::sample(g.d, g.logits.p, slot.p, s);
+  cuda::sample_rows(g.d, g.slots.p, g.logits.p, 1, nullptr, g.ident.p, nullptr, slot.p, s);
   LILY_CU(cudaStreamEndCapture(s, &graph));
   cudaGraphExec_t ex;
   LILY_CU(cudaGraphInstantiate(&ex, graph, 0));
@@ -415,11 +546,11 @@ TEST(CudaSample, TimePerDraw) {
                      C{"T 1, no filter", P(1, 0, 1, 0, 1)}, C{"T 1, top-p 0.95", P(1, 0, 0.95f, 0, 1)},
                      C{"T 1, min-p 0.05", P(1, 0, 1, 0.05f, 1)}}) {
     DevSampler ds(V);
-    ds.logits.up(l);
+    ds.set_logits(l);
     ds.setup(c.p, {1, 2, 3});
     cudaGraph_t graph;
     LILY_CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    cuda::sample(ds.d, ds.logits.p, ds.out.p, s);
+    ds.draw_async(0, s);
     LILY_CU(cudaStreamEndCapture(s, &graph));
     cudaGraphExec_t ex;
     LILY_CU(cudaGraphInstantiate(&ex, graph, 0));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/attn.h"
 #include "backend/cuda/attn_prefill.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/ptx.cuh"
@@ -16,18 +17,18 @@ namespace {
 
 constexpr int BR = 16, BKEYS = 32, kAttnThreads = 128;
 
-struct AttnScratch {
-  float *q, *po, *pm, *pl;
+// Split partials of T rows (packed rows over all KV heads): po [nsplit][Hkv][R][hd], pm / pl [nsplit][Hkv][R].
+struct Partials {
+  float *po, *pm, *pl;
   size_t bytes;
 };
 
-AttnScratch layout(const AttnDev& a, int T, int nsplit, void* base) {
-  AttnScratch s{};
+Partials partials_layout(const AttnDev& a, int T, int nsplit, void* base) {
+  Partials s{};
   char* p = static_cast<char*>(base);
   size_t off = 0;
   auto take = [&](size_t bytes) { char* r = p ? p + off : nullptr; off += (bytes + 255) & ~size_t(255); return r; };
-  const size_t rows = size_t(T) * a.Hq;  // packed rows over all KV heads
-  s.q = reinterpret_cast<float*>(take(sizeof(float) * rows * a.hd));
+  const size_t rows = size_t(T) * a.Hq;
   const size_t np = nsplit > 1 ? size_t(nsplit) * rows : 0;
   s.po = reinterpret_cast<float*>(take(sizeof(float) * np * a.hd));
   s.pm = reinterpret_cast<float*>(take(sizeof(float) * np));
@@ -36,18 +37,38 @@ AttnScratch layout(const AttnDev& a, int T, int nsplit, void* base) {
   return s;
 }
 
+size_t q_bytes(const AttnDev& a, int T) { return (sizeof(float) * size_t(T) * a.Hq * a.hd + 255) & ~size_t(255); }
+
+// Row t's position and caches (step_desc.h: the single-sequence or the step form).
+__device__ __forceinline__ void row_kv(const StepSeqs& sq, int t, int64_t& p, uint16_t*& kc, uint16_t*& vc, int64_t& cap) {
+  if (!sq.row_group) {
+    p = *sq.pos + t;
+    kc = sq.k;
+    vc = sq.v;
+    cap = sq.cap;
+    return;
+  }
+  const DevGroup& g = sq.groups[sq.row_group[t]];
+  const DevSlotLayer& e = sq.slots[g.slot];
+  p = g.pos + (t - g.first);
+  kc = e.k;
+  vc = e.v;
+  cap = e.cap;
+}
+
 // grid (T, Hq + 2 Hkv): q heads -> normed, roped, scaled q; k heads -> normed, roped, bf16 cache; v -> cache.
 __global__ void qk_prep_kernel(const float* __restrict__ proj, int64_t ldp, int Hq, int Hkv, int hd, int rot, float theta,
                                float eps, const float* __restrict__ qw, const float* __restrict__ kw,
-                               const float* __restrict__ inv_freq_tab, const int64_t* __restrict__ pos, uint16_t* __restrict__ kc, uint16_t* __restrict__ vc,
-                               int64_t cap, float* __restrict__ qout) {
+                               const float* __restrict__ inv_freq_tab, const StepSeqs seqs, float* __restrict__ qout) {
   extern __shared__ float v[];
   __shared__ float red[32];
   // no early trigger: the decode attention launched early would be placed on SMs in the order the input
   // projection's blocks leave them, unevenly, and it is the longest kernel of the layer at long context
   grid_dependency_wait();
   const int t = blockIdx.x, h = blockIdx.y;
-  const int64_t p = *pos + t;
+  int64_t p, cap;
+  uint16_t *kc, *vc;
+  row_kv(seqs, t, p, kc, vc, cap);
   const float* pr = proj + int64_t(t) * ldp;
   if (h >= Hq + Hkv) {  // value head: copy into the cache
     const int kh = h - Hq - Hkv;
@@ -225,11 +246,14 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
   lo = uint32_t(__bfloat16_as_ushort(r.x)) | uint32_t(__bfloat16_as_ushort(r.y)) << 16;
 }
 
+// Grid (Hkv, nsplit, groups): with `list`, z-block g serves group list[g] of the step (seqs in the step
+// form), its rows at their global indices (q, proj, out, and the partials at global packed row
+// t·G + r % G of R_all = G·T_all rows); without, the call's T_all rows are one sequence.
 template <int HD>
 __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_kernel(const float* __restrict__ q,
-    const float* __restrict__ proj, int64_t ldp, int T, int Hq, int Hkv, const int64_t* __restrict__ pos,
-    const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int64_t cap, int nsplit, float* __restrict__ out,
-    float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl) {
+    const float* __restrict__ proj, int64_t ldp, int T_all, int Hq, int Hkv, const StepSeqs seqs,
+    const int32_t* __restrict__ list, int nsplit, float* __restrict__ out, float* __restrict__ po, float* __restrict__ pm,
+    float* __restrict__ pl) {
   using C = DecTile<HD>;
   constexpr int LD = C::LD, NS = C::NS, NW = kDecWarps, SUB = kDecSub, CPR = HD / 8;  // CPR: 16-byte chunks per row
   extern __shared__ __align__(16) uint16_t dsm[];
@@ -241,8 +265,26 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_kernel(const fl
   // key sweep
   grid_dependency_wait();
   const int h = blockIdx.x, split = blockIdx.y;
-  const int G = Hq / Hkv, R = G * T;
-  const int64_t p0 = *pos, N = p0 + T;
+  int T = T_all, t0 = 0;
+  int64_t p0, cap;
+  const uint16_t *kc, *vc;
+  if (list) {
+    const DevGroup& gr = seqs.groups[list[blockIdx.z]];
+    const DevSlotLayer& e = seqs.slots[gr.slot];
+    T = gr.rows;
+    t0 = gr.first;
+    p0 = gr.pos;
+    kc = e.k;
+    vc = e.v;
+    cap = e.cap;
+  } else {
+    p0 = *seqs.pos;
+    kc = seqs.k;
+    vc = seqs.v;
+    cap = seqs.cap;
+  }
+  const int G = Hq / Hkv, R = G * T, R_all = G * T_all;
+  const int64_t N = p0 + T;
   const int64_t chunk = (N + nsplit - 1) / nsplit;
   const int64_t kb = min(N, int64_t(split) * chunk), ke = min(N, kb + chunk);
   const int nsub = int((ke - kb + SUB - 1) / SUB);
@@ -276,7 +318,7 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_kernel(const fl
     const int r = e / CPR, d = (e % CPR) * 8;
     uint4 hi = make_uint4(0, 0, 0, 0), lo = hi;
     if (r < R) {
-      const float4* src = reinterpret_cast<const float4*>(q + (int64_t(r / G) * Hq + h * G + r % G) * HD + d);
+      const float4* src = reinterpret_cast<const float4*>(q + (int64_t(t0 + r / G) * Hq + h * G + r % G) * HD + d);
       const float4 x = src[0], y = src[1];
       split_bf16x2(x.x, x.y, hi.x, lo.x);
       split_bf16x2(x.z, x.w, hi.y, lo.y);
@@ -382,34 +424,36 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_kernel(const fl
       L += (mw == -INFINITY ? 0.f : __expf(mw - Mr)) * Ls[w * kDecRows + r];
       acc += Os[(w * kDecRows + r) * OP + d];
     }
-    const int t = r / G, hq = h * G + r % G;
+    const int t = t0 + r / G, hq = h * G + r % G;
     if (nsplit == 1) {
       const float gate = proj[int64_t(t) * ldp + int64_t(hq) * 2 * HD + HD + d];
       out[int64_t(t) * Hq * HD + int64_t(hq) * HD + d] = (L > 0.f ? acc / L : 0.f) * sigmoid(gate);
     } else {
-      const int64_t pi = (int64_t(split) * Hkv + h) * R + r;
+      const int64_t pi = (int64_t(split) * Hkv + h) * R_all + int64_t(t0) * G + r;
       po[pi * HD + d] = acc;
       if (d == 0) { pm[pi] = Mr; pl[pi] = L; }
     }
   }
 }
 
-// grid (R, Hkv, hd / 32), block 256 threads: merge the splits of one packed row for 32 of its dims,
+// grid (R, Hkv, hd / 32), block 256 threads: merge the splits of one packed row for 32 of its dims
+// (x-block i: packed row i of the call's T rows, or with `rows` of step row rows[i / G], query r = i % G),
 // apply the gate. Every global load (split maxima, sums, the partials of splits w, w + 8, ... for warp w,
 // lane = dim, and the gate) is issued before the first reduction, so the kernel waits on one L2 round
 // trip. The block reduces the maxima and weights; warp 0 adds the 8 warps' partial sums.
 __global__ void attn_combine_kernel(const float* __restrict__ po, const float* __restrict__ pm, const float* __restrict__ pl,
                                     int nsplit, int T, int Hq, int Hkv, int hd, const float* __restrict__ proj, int64_t ldp,
-                                    float* __restrict__ out) {
+                                    float* __restrict__ out, const int32_t* __restrict__ rows) {
   constexpr int kMaxSplits = 128, kPer = kMaxSplits / 8;  // 8 warps, kPer splits each
   __shared__ float f[kMaxSplits];
   __shared__ float red[32];
   __shared__ float part[8][33];
   pdl_entry();
-  const int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, d = blockIdx.z * 32 + lane, w = threadIdx.x >> 5;
+  const int h = blockIdx.y, lane = threadIdx.x & 31, d = blockIdx.z * 32 + lane, w = threadIdx.x >> 5;
   const int G = Hq / Hkv, R = G * T;
   const int tid = threadIdx.x;
-  const int t = r / G, hq = h * G + r % G;
+  const int t = rows ? rows[blockIdx.x / G] : int(blockIdx.x) / G, r = t * G + int(blockIdx.x) % G;
+  const int hq = h * G + r % G;
   const bool mine = tid < nsplit;
   const float ms = mine ? pm[(int64_t(tid) * Hkv + h) * R + r] : -INFINITY;
   const float ls = mine ? pl[(int64_t(tid) * Hkv + h) * R + r] : 0.f;
@@ -494,11 +538,12 @@ void init_attn_kernels() {
   init_attn_prefill_kernels();
 }
 
-// Decode (R = G·T <= 8): one wave of blocks over the KV heads (the decode kernel's shared memory allows
-// one block per SM), each split at least one 16-key sub-tile; prompts: ~2 waves of row tiles.
-int attn_splits(const AttnDev& a, int T, int64_t ctx_max) {
+// Decode (R = G·T <= 8): one wave of blocks over the KV heads of all `groups` batched sequences (the
+// decode kernel's shared memory allows one block per SM), each split at least one 16-key sub-tile;
+// prompts: ~2 waves of row tiles.
+int attn_splits(const AttnDev& a, int T, int64_t ctx_max, int groups) {
   if (int64_t(a.Hq / a.Hkv) * T <= kDecRows) {
-    const int64_t want = std::max(1, dec_sm_count() / a.Hkv);
+    const int64_t want = std::max(1, dec_sm_count() / (a.Hkv * std::max(1, groups)));
     const int64_t by_len = (ctx_max + T + kDecSub - 1) / kDecSub;
     return int(std::clamp<int64_t>(std::min(want, by_len), 1, 128));
   }
@@ -509,48 +554,99 @@ int attn_splits(const AttnDev& a, int T, int64_t ctx_max) {
   return int(std::clamp<int64_t>(std::min(want, by_len), 1, 64));
 }
 
-size_t attn_scratch_bytes(const AttnDev& a, int T, int nsplit) { return layout(a, T, nsplit, nullptr).bytes; }
+size_t attn_scratch_bytes(const AttnDev& a, int T, int nsplit) { return q_bytes(a, T) + attn_partials_bytes(a, T, nsplit); }
+size_t attn_q_bytes(const AttnDev& a, int T) { return q_bytes(a, T); }
+size_t attn_partials_bytes(const AttnDev& a, int T, int nsplit) { return partials_layout(a, T, nsplit, nullptr).bytes; }
+bool attn_decode_covers(int hd) { return (hd == 64 || hd == 128 || hd == 256) && decode_fits(hd); }
+
+void attn_prep(const AttnDev& a, const float* proj, int T, const StepSeqs& seqs, float* q, cudaStream_t s) {
+  if (T <= 0) return;
+  if (!(a.Hq % a.Hkv == 0 && a.rot % 2 == 0 && a.rot <= a.hd)) fail_internal("attn_prep: bad dimensions");
+  launch_pdl(qk_prep_kernel, dim3(T, a.Hq + 2 * a.Hkv), dim3(128), sizeof(float) * a.hd, s, proj, int64_t(a.proj_width()),
+             a.Hq, a.Hkv, a.hd, a.rot, a.theta, a.eps, a.q_norm, a.k_norm, a.inv_freq, seqs, q);
+  LILY_CU_LAUNCH();
+}
+
+namespace {
+template <int HD>
+void launch_decode(const AttnDev& a, const float* q, const float* proj, int T, const StepSeqs& seqs, const int32_t* list,
+                   int groups, int nsplit, float* out, const Partials& pt, cudaStream_t s) {
+  launch_pdl(attn_decode_kernel<HD>, dim3(a.Hkv, nsplit, groups), dim3(32 * kDecWarps), DecTile<HD>::smem, s, q, proj,
+             int64_t(a.proj_width()), T, a.Hq, a.Hkv, seqs, list, nsplit, out, pt.po, pt.pm, pt.pl);
+}
+
+void decode_dispatch(const AttnDev& a, const float* q, const float* proj, int T, const StepSeqs& seqs, const int32_t* list,
+                     int groups, int nsplit, float* out, const Partials& pt, cudaStream_t s) {
+  switch (a.hd) {
+    case 64: launch_decode<64>(a, q, proj, T, seqs, list, groups, nsplit, out, pt, s); break;
+    case 128: launch_decode<128>(a, q, proj, T, seqs, list, groups, nsplit, out, pt, s); break;
+    case 256: launch_decode<256>(a, q, proj, T, seqs, list, groups, nsplit, out, pt, s); break;
+    default: fail_internal("attn: head_dim must be 64, 128 or 256 on CUDA");
+  }
+  LILY_CU_LAUNCH();
+}
+
+void combine(const AttnDev& a, const Partials& pt, int nsplit, int T, int n_packed, const float* proj, float* out,
+             const int32_t* rows, cudaStream_t s) {
+  launch_pdl(attn_combine_kernel, dim3(n_packed, a.Hkv, a.hd / 32), dim3(256), 0, s, pt.po, pt.pm, pt.pl, nsplit, T, a.Hq,
+             a.Hkv, a.hd, proj, int64_t(a.proj_width()), out, rows);
+  LILY_CU_LAUNCH();
+}
+}  // namespace
+
+void attn_rows(const AttnDev& a, const float* q, const float* proj, int T, const int64_t* pos, const uint16_t* k_cache,
+               const uint16_t* v_cache, int64_t cap, int nsplit, float* out, void* partials, cudaStream_t s) {
+  if (T <= 0) return;
+  if (!(a.Hq % a.Hkv == 0 && nsplit >= 1 && nsplit <= 128)) fail_internal("attn_rows: bad dimensions or split count (1..128)");
+  const Partials pt = partials_layout(a, T, nsplit, partials);
+  const int64_t ldp = a.proj_width();
+  const int R = (a.Hq / a.Hkv) * T;
+  const bool decode = R <= kDecRows;
+  if (decode && decode_fits(a.hd)) {
+    StepSeqs one;
+    one.pos = pos;
+    one.k = const_cast<uint16_t*>(k_cache);
+    one.v = const_cast<uint16_t*>(v_cache);
+    one.cap = cap;
+    decode_dispatch(a, q, proj, T, one, nullptr, 1, nsplit, out, pt, s);
+  } else if (!decode && attn_prefill_supported(a.hd) && !attn_prefill_simt()) {
+    attn_prefill(q, proj, ldp, T, a.Hq, a.Hkv, a.hd, pos, k_cache, v_cache, cap, nsplit, out, pt.po, pt.pm, pt.pl, s);
+    LILY_CU_LAUNCH();
+  } else {  // prompts on request, and decode where the device's shared memory is too small for the ring
+    const dim3 grid(a.Hkv, cdiv(R, BR), nsplit);
+    switch (a.hd) {
+      case 64: launch_attn<64>(grid, s, q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, pt.po, pt.pm, pt.pl); break;
+      case 128: launch_attn<128>(grid, s, q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, pt.po, pt.pm, pt.pl); break;
+      case 256: launch_attn<256>(grid, s, q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, pt.po, pt.pm, pt.pl); break;
+      default: fail_internal("attn_rows: head_dim must be 64, 128 or 256 on CUDA");
+    }
+    LILY_CU_LAUNCH();
+  }
+  if (nsplit > 1) combine(a, pt, nsplit, T, R, proj, out, nullptr, s);
+}
+
+void attn_decode_groups(const AttnDev& a, const float* q, const float* proj, int T, const StepSeqs& seqs, const int32_t* list,
+                        int groups, const int32_t* rows, int n_rows, int nsplit, float* out, void* partials, cudaStream_t s) {
+  if (groups <= 0) return;
+  if (!seqs.row_group || !list || !rows) fail_internal("attn_decode_groups: needs the step form and the group and row lists");
+  if (!(a.Hq % a.Hkv == 0 && nsplit >= 1 && nsplit <= 128) || !decode_fits(a.hd))
+    fail_internal("attn_decode_groups: bad dimensions, split count (1..128) or no decode kernel on this device");
+  const Partials pt = partials_layout(a, T, nsplit, partials);
+  decode_dispatch(a, q, proj, T, seqs, list, groups, nsplit, out, pt, s);
+  if (nsplit > 1) combine(a, pt, nsplit, T, n_rows * (a.Hq / a.Hkv), proj, out, rows, s);
+}
 
 void attn_core(const AttnDev& a, const float* proj, int T, const int64_t* pos, uint16_t* k_cache, uint16_t* v_cache,
                int64_t cap, int nsplit, float* out, void* scratch, cudaStream_t s) {
   if (T <= 0) return;
-  if (!(a.Hq % a.Hkv == 0 && a.rot % 2 == 0 && a.rot <= a.hd && nsplit >= 1 && nsplit <= 128))
-    fail_internal("attn_core: bad dimensions or split count (1..128)");
-  AttnScratch sc = layout(a, T, nsplit, scratch);
-  const int64_t ldp = a.proj_width();
-  launch_pdl(qk_prep_kernel, dim3(T, a.Hq + 2 * a.Hkv), dim3(128), sizeof(float) * a.hd, s, proj, ldp, a.Hq, a.Hkv, a.hd,
-             a.rot, a.theta, a.eps, a.q_norm, a.k_norm, a.inv_freq, pos, k_cache, v_cache, cap, sc.q);
-  LILY_CU_LAUNCH();
-  const int R = (a.Hq / a.Hkv) * T;
-  const bool decode = R <= kDecRows;
-  if (decode && decode_fits(a.hd)) {
-    const dim3 g2(a.Hkv, nsplit), th(32 * kDecWarps);
-#define LILY_DEC(HD) launch_pdl(attn_decode_kernel<HD>, g2, th, DecTile<HD>::smem, s, sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, \
-                                k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl)
-    switch (a.hd) {
-      case 64: LILY_DEC(64); break;
-      case 128: LILY_DEC(128); break;
-      case 256: LILY_DEC(256); break;
-      default: fail_internal("attn_core: head_dim must be 64, 128 or 256 on CUDA");
-    }
-#undef LILY_DEC
-  } else if (!decode && attn_prefill_supported(a.hd) && !attn_prefill_simt()) {
-    attn_prefill(sc.q, proj, ldp, T, a.Hq, a.Hkv, a.hd, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl, s);
-  } else {  // prompts on request, and decode where the device's shared memory is too small for the ring
-  dim3 grid(a.Hkv, cdiv(R, BR), nsplit);
-  switch (a.hd) {
-    case 64: launch_attn<64>(grid, s, sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl); break;
-    case 128: launch_attn<128>(grid, s, sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl); break;
-    case 256: launch_attn<256>(grid, s, sc.q, proj, ldp, T, a.Hq, a.Hkv, pos, k_cache, v_cache, cap, nsplit, out, sc.po, sc.pm, sc.pl); break;
-    default: fail_internal("attn_core: head_dim must be 64, 128 or 256 on CUDA");
-  }
-  }
-  LILY_CU_LAUNCH();
-  if (nsplit > 1) {
-    launch_pdl(attn_combine_kernel, dim3(R, a.Hkv, a.hd / 32), dim3(256), 0, s, sc.po, sc.pm, sc.pl, nsplit, T, a.Hq, a.Hkv,
-               a.hd, proj, ldp, out);
-    LILY_CU_LAUNCH();
-  }
+  StepSeqs one;
+  one.pos = pos;
+  one.k = k_cache;
+  one.v = v_cache;
+  one.cap = cap;
+  auto* q = static_cast<float*>(scratch);
+  attn_prep(a, proj, T, one, q, s);
+  attn_rows(a, q, proj, T, pos, k_cache, v_cache, cap, nsplit, out, static_cast<char*>(scratch) + q_bytes(a, T), s);
 }
 
 }  // namespace lily::cuda

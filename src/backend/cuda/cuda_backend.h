@@ -1,27 +1,38 @@
 // The CUDA backend (plain C++ header: no CUDA types). Built when nvcc is present (LILY_HAVE_CUDA).
 //
 // Storage on the device: dense weights bf16 (f32/f16 checkpoints are rounded to bf16 at upload), norms
-// and small GDN vectors fp32, residual stream and activations fp32. Per sequence: KV cache bf16
-// [Hkv, capacity, hd] per attention layer, conv state fp32 [K-1, C] and recurrent state fp32
-// [Hv, dv, dk] per DeltaNet layer, and the position counter on the device.
-// Decode steps (T = 1) are captured as one CUDA graph per context-length bucket and replayed.
+// and small GDN vectors fp32, residual stream and activations fp32. A pool of sequence slots: per slot
+// a KV cache bf16 [Hkv, capacity, hd] per attention layer, and a ring of versions of the conv state
+// fp32 [K-1, C] and the recurrent state fp32 [Hv, dv, dk] per DeltaNet layer (one version, or
+// rows + 1 after reserve_tentative). The slot table and each step's descriptor live on the device, so
+// one captured decode graph serves any slots.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/switches.h"
 
 namespace lily {
 
 struct CudaOptions {
   int device = 0;
-  bool graphs = true;  // capture 1-row decode steps as CUDA graphs (one per context bucket)
-  int chunk_min = 64;  // DeltaNet: steps of at least this many rows use the chunked rule
+  bool graphs = true;    // capture decode steps (short groups of equal length) as CUDA graphs
+  int chunk_min = 64;    // DeltaNet: groups of at least this many rows use the chunked rule
   bool profile = false;  // time every block with events (uncaptured steps only; adds synchronisation)
+  bool ba_fold = true;   // DeltaNet b|a projection inside the step kernel for one-row groups (bf16 b|a)
+  bool topk_fold = true; // MoE top-k inside the router GEMV for one-row steps
+  cuda::KernelSwitches kernels;  // kernel-level switches (switches.h)
 };
+
+// Sets the option `name` (as listed by cuda_option_names) from `value` ("1"/"0", "on"/"off", "true"/
+// "false", or a number); throws InputError naming the option for an unknown name or a bad value.
+void set_cuda_option(CudaOptions& o, const std::string& name, const std::string& value);
+// "name=value" (the form of the CLI's --cuda-opt).
+void set_cuda_option(CudaOptions& o, const std::string& name_eq_value);
+std::vector<std::string> cuda_option_names();
 
 // Milliseconds per block kind ("embed", "gdn", "attn", "ffn", "head") summed over the steps run with
 // CudaOptions::profile, and the number of steps; empty when profiling is off.
@@ -36,15 +47,9 @@ bool cuda_available();
 // "NVIDIA H200 (sm_90, 132 SMs, 139 GiB)" or the reason none is usable.
 std::string cuda_device_info(int device = 0);
 
-// Uploads the weights; throws InputError when a weight format is not supported on CUDA.
+// Uploads the weights; throws InputError when a weight format or a model shape (naming the config
+// field) is not supported on CUDA.
 std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const ModelWeights> weights, const CudaOptions& opt = {});
-
-// Greedy decoding on the GPU: feeds `first`, then each argmax back as the next input (token id written
-// into the next step's input slot on the device), for at most n steps. on_token(id) is called for each
-// produced id as it arrives (copied out asynchronously, one step behind); returning false stops early.
-// Returns the number of ids produced. `be` must come from make_cuda_backend.
-int64_t cuda_generate_greedy(Backend& be, SequenceState& st, int32_t first, int64_t n,
-                             const std::function<bool(int32_t)>& on_token);
 
 // One kernel launch of a captured decode step (`lily inspect`).
 struct KernelLaunch {
@@ -54,7 +59,9 @@ struct KernelLaunch {
   unsigned grid[3] = {1, 1, 1}, threads[3] = {1, 1, 1};
   size_t smem = 0;
 };
-// Captures (without running) the decode step at context length ctx and lists its kernels in order.
-std::vector<KernelLaunch> cuda_describe_decode_step(Backend& be, int64_t ctx);
+// Captures (without running) the decode step the runtime's device path runs — `groups` sequences of
+// rows / groups rows each at context length ctx, each drawing its last row's id greedily on the device —
+// through the model's own forward() in record mode, and lists its kernels in order.
+std::vector<KernelLaunch> cuda_describe_decode_step(Backend& be, int64_t ctx, int rows = 1, int groups = 1);
 
 }  // namespace lily

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "backend/cuda/ops.h"
+#include "backend/cuda/switches.h"
 #include "core/error.h"
 
 namespace lily::cuda {
@@ -12,5 +13,11 @@ void check(cudaError_t e, const char* file, int line) {
 }
 
 void fail_internal(const char* what) { throw InternalError(what); }
+
+namespace {
+KernelSwitches g_switches;
+}
+void set_kernel_switches(const KernelSwitches& s) { g_switches = s; }
+const KernelSwitches& kernel_switches() { return g_switches; }
 
 }  // namespace lily::cuda

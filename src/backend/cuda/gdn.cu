@@ -9,6 +9,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "backend/cuda/gdn.h"
 #include "backend/cuda/gdn_chunk.h"
 #include "backend/cuda/kernels.cuh"
 
@@ -284,17 +285,18 @@ struct BaFold {
   const uint16_t* w = nullptr;
   int64_t ld = 0;
   int H = 0;
-  const float* x = nullptr;
+  const float* x = nullptr;  // row 0 of the call (a group's row: x + first·ldx)
+  int64_t ldx = 0;
   const float* norm_w = nullptr;
   float eps = 0.f;
 };
 
 template <int DKL, int RWP>
 __global__ void __launch_bounds__(kStepThreads, DKL <= 4 && DKL * RWP <= 16 ? 2 : 1)
-    gdn_step_kernel(const float* __restrict__ proj, int64_t ldp, int T, int Hk, int Hv, int dv, int K, int ns,
-                    const float* __restrict__ convw, float* __restrict__ conv_state, const float* __restrict__ dt_bias,
-                    const float* __restrict__ A_neg, const float* __restrict__ normw, float eps, float* __restrict__ S,
-                    float* __restrict__ out, const BaFold ba) {
+    gdn_step_kernel(const float* __restrict__ proj_in, int64_t ldp, int T_in, int Hk, int Hv, int dv, int K, int ns,
+                    const float* __restrict__ convw, float* __restrict__ conv_in, const float* __restrict__ dt_bias,
+                    const float* __restrict__ A_neg, const float* __restrict__ normw, float eps, float* __restrict__ S_in,
+                    float* __restrict__ out_in, const BaFold ba, const StepSeqs seqs, const int32_t* __restrict__ list) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int dk = 32 * DKL, LPR = 32 / RWP, CPL = dk / LPR, VW = CPL < 4 ? CPL : 4, NV = CPL / VW;
   constexpr int kRows = kStepWarps * RWP;  // rows of a CTA, at most
@@ -310,12 +312,39 @@ __global__ void __launch_bounds__(kStepThreads, DKL <= 4 && DKL * RWP <= 16 ? 2 
   allow_dependent_launch();
   const int G = Hv / Hk, R = dv / ns, RW = R / kStepWarps;
   const int hk = int(cluster_id_x()), rank = int(cluster_rank());
+  const int C = 2 * Hk * dk + Hv * dv;
+  const int64_t conv_n = int64_t(K - 1) * C, S_n = int64_t(Hv) * dv * dk;  // floats per state version
+  // This CTA's sequence: the call's (list == null: conv_in and S_in read and written in place) or group
+  // list[blockIdx.y] of a step (read from its slot's current version; written back there, or with a
+  // tentative group into version cur + 1 + t after each row t, the current version untouched).
+  int T = T_in, tent = 0, cur = 0, ring = 1;
+  const float* proj = proj_in;
+  float* out = out_in;
+  float* conv_state = conv_in;
+  float* S = S_in;
+  float* conv_ring = conv_in;
+  float* S_ring = S_in;
+  const float* bax = ba.x;
+  if (list) {
+    const DevGroup& gr = seqs.groups[list[blockIdx.y]];
+    const DevSlotLayer& e = seqs.slots[gr.slot];
+    T = gr.rows;
+    proj = proj_in + int64_t(gr.first) * ldp;
+    out = out_in + int64_t(gr.first) * Hv * dv;
+    cur = gr.cur;
+    ring = gr.ring;
+    tent = gr.tentative;
+    conv_ring = e.conv;
+    S_ring = e.S;
+    conv_state = e.conv + int64_t(cur) * conv_n;
+    S = e.S + int64_t(cur) * S_n;
+    if (bax) bax += int64_t(gr.first) * ba.ldx;
+  }
   const int jj = rank / ns, sl = rank % ns, j = hk * G + jj;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane / LPR, li = lane % LPR;
   const bool live = g < RW;              // this lane's group has a row
   const bool writer = live && li == 0;   // stores the row's delta-rule output
-  const int C = 2 * Hk * dk + Hv * dv;
   const int nch = 2 * dk + R;
   const int lrow = warp * RW + (live ? g : 0);  // this lane's row within the CTA's slice
   if (tid == 0) {
@@ -366,8 +395,8 @@ __global__ void __launch_bounds__(kStepThreads, DKL <= 4 && DKL * RWP <= 16 ? 2 
       const int e = 8 * (tid + kStepThreads * u);
       if (e < ba.H) {
         float xv[8], nv[8], fb[8], fa[8];
-        ld_vec<4>(ba.x + e, xv);
-        ld_vec<4>(ba.x + e + 4, xv + 4);
+        ld_vec<4>(bax + e, xv);
+        ld_vec<4>(bax + e + 4, xv + 4);
         ld_vec<4>(ba.norm_w + e, nv);
         ld_vec<4>(ba.norm_w + e + 4, nv + 4);
         bf8(wb[u], fb);
@@ -438,6 +467,14 @@ __global__ void __launch_bounds__(kStepThreads, DKL <= 4 && DKL * RWP <= 16 ? 2 
 #pragma unroll
         for (int q = 0; q < kStepMaxK; ++q) acc = fmaf(wa[m][q], win[m][q], acc);
         *xi = silu(acc);
+        if (tent && (rank == 0 || tid + kStepThreads * m >= 2 * dk)) {  // the conv state after row t
+          float* cv = conv_ring + int64_t((cur + 1 + t) % ring) * conv_n;
+#pragma unroll
+          for (int q = 0; q < kStepMaxK; ++q) {
+            const int row = q + K - 1 - kStepMaxK;
+            if (row >= 0) cv[int64_t(row) * C + ch[m]] = win[m][q];
+          }
+        }
       }
     }
   }
@@ -481,6 +518,11 @@ __global__ void __launch_bounds__(kStepThreads, DKL <= 4 && DKL * RWP <= 16 ? 2 
     const float cdelta = gt.y * gt.z * (v - gt.w * gt.y * sk);
 #pragma unroll
     for (int i = 0; i < CPL; ++i) s[i] = fmaf(k[i], cdelta, s[i] * gt.w);
+    if (tent && live) {  // the state after row t
+      float* sv = S_ring + int64_t((cur + 1 + t) % ring) * S_n + (int64_t(j) * dv + sl * R + lrow) * dk;
+#pragma unroll
+      for (int u = 0; u < NV; ++u) st_vec<VW>(sv + VW * (li + LPR * u), s + u * VW);
+    }
 #pragma unroll
     for (int u = 0; u < NV; ++u) ld_vec<VW>(x + VW * (li + LPR * u), q + u * VW);
     const float o = gt.x * group_sum<LPR>(dot4<CPL>(s, q));
@@ -492,7 +534,7 @@ __global__ void __launch_bounds__(kStepThreads, DKL <= 4 && DKL * RWP <= 16 ? 2 
   }
 
   // ---- phase 3: write-backs, then the gated RMSNorm once every partial has landed
-  if (live) {
+  if (live && !tent) {
 #pragma unroll
     for (int u = 0; u < NV; ++u) st_vec<VW>(Srow + VW * (li + LPR * u), s + u * VW);
   }
@@ -500,7 +542,7 @@ __global__ void __launch_bounds__(kStepThreads, DKL <= 4 && DKL * RWP <= 16 ? 2 
 #pragma unroll
   for (int m = 0; m < kSlots; ++m) {
     const int i = tid + kStepThreads * m;
-    if (ch[m] >= 0 && (rank == 0 || i >= 2 * dk)) {
+    if (!tent && ch[m] >= 0 && (rank == 0 || i >= 2 * dk)) {
 #pragma unroll
       for (int q = 0; q < kStepMaxK; ++q) {
         const int row = q + K - 1 - kStepMaxK;
@@ -735,11 +777,184 @@ __global__ void gated_norm_kernel(float* __restrict__ o, const float* __restrict
   for (int d = lane; d < dv; d += 32) orow[d] = orow[d] * inv * w[d] * silu(z[d]);
 }
 
+// ---- short groups of a step without the fused kernel (devices without clusters, shapes it does not take):
+// the same three stages as the fallback of gdn_core, each group reading its slot's state (step form of
+// step_desc.h; y-block g serves group list[g]). Tentative groups keep the states after every row.
+
+// Conv + SiLU of one channel over one group's rows (sequential: the window slides in registers).
+template <int K>
+__global__ void conv_groups_kernel(const float* __restrict__ proj, int64_t ldp, int C, const float* __restrict__ w,
+                                   const StepSeqs seqs, const int32_t* __restrict__ list, float* __restrict__ y) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const DevGroup& gr = seqs.groups[list[blockIdx.y]];
+  float* ring = seqs.slots[gr.slot].conv;
+  const int64_t conv_n = int64_t(K - 1) * C;
+  float* st = ring + int64_t(gr.cur) * conv_n;
+  float win[K], wc[K];
+#pragma unroll
+  for (int j = 0; j < K; ++j) wc[j] = w[int64_t(c) * K + j];
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) win[j] = st[int64_t(j) * C + c];
+  for (int t = 0; t < gr.rows; ++t) {
+    const int64_t row = gr.first + t;
+    win[K - 1] = proj[row * ldp + c];
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < K; ++j) acc += wc[j] * win[j];
+    y[row * C + c] = silu(acc);
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) win[j] = win[j + 1];
+    if (gr.tentative) {
+      float* cv = ring + int64_t((gr.cur + 1 + t) % gr.ring) * conv_n;
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j) cv[int64_t(j) * C + c] = win[j];
+    }
+  }
+  if (!gr.tentative) {
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) st[int64_t(j) * C + c] = win[j];
+  }
+}
+
+// The delta rule of recurrent_kernel per (group, value head j, dv row d), one warp each.
+template <int DKL>
+__global__ void __launch_bounds__(128) recurrent_groups_kernel(const float* __restrict__ xc, const float* __restrict__ proj,
+    int64_t ldp, int Hk, int Hv, int dv, const float* __restrict__ dt_bias, const float* __restrict__ A_neg,
+    const StepSeqs seqs, const int32_t* __restrict__ list, float* __restrict__ o) {
+  constexpr int dk = 32 * DKL;
+  const int gw = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  const int j = gw / dv, d = gw % dv;
+  if (j >= Hv) return;
+  const DevGroup& gr = seqs.groups[list[blockIdx.y]];
+  float* ring = seqs.slots[gr.slot].S;
+  const int64_t S_n = int64_t(Hv) * dv * dk, off = (int64_t(j) * dv + d) * dk;
+  const int hk = j / (Hv / Hk);
+  const int C = 2 * Hk * dk + Hv * dv;
+  const float* Srow = ring + int64_t(gr.cur) * S_n + off;
+  float s[DKL];
+#pragma unroll
+  for (int i = 0; i < DKL; ++i) s[i] = Srow[lane + 32 * i];
+  const float qscale = rsqrtf(float(dk));
+  const float An = A_neg[j], dtb = dt_bias[j];
+  for (int t = 0; t < gr.rows; ++t) {
+    const int64_t row = gr.first + t;
+    const float* xr = xc + row * C;
+    float q[DKL], k[DKL], qq = 0.f, kk = 0.f;
+#pragma unroll
+    for (int i = 0; i < DKL; ++i) {
+      q[i] = xr[hk * dk + lane + 32 * i];
+      k[i] = xr[Hk * dk + hk * dk + lane + 32 * i];
+      qq += q[i] * q[i];
+      kk += k[i] * k[i];
+    }
+    const float v = xr[2 * Hk * dk + j * dv + d];
+    const float* pr = proj + row * ldp + C + Hv * dv;
+    const float beta = sigmoid(pr[j]);
+    const float decay = expf(An * softplus(pr[Hv + j] + dtb));
+    qq = warp_sum(qq);
+    kk = warp_sum(kk);
+    const float qn = rsqrtf(qq + 1e-6f) * qscale, kn = rsqrtf(kk + 1e-6f);
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < DKL; ++i) {
+      k[i] *= kn;
+      s[i] *= decay;
+      m += s[i] * k[i];
+    }
+    m = warp_sum(m);
+    const float delta = beta * (v - m);
+    float out = 0.f;
+#pragma unroll
+    for (int i = 0; i < DKL; ++i) {
+      s[i] += k[i] * delta;
+      out += s[i] * q[i] * qn;
+    }
+    out = warp_sum(out);
+    if (lane == 0) o[row * Hv * dv + int64_t(j) * dv + d] = out;
+    if (gr.tentative) {
+      float* sv = ring + int64_t((gr.cur + 1 + t) % gr.ring) * S_n + off;
+#pragma unroll
+      for (int i = 0; i < DKL; ++i) sv[lane + 32 * i] = s[i];
+    }
+  }
+  if (!gr.tentative) {
+    float* sw = ring + int64_t(gr.cur) * S_n + off;
+#pragma unroll
+    for (int i = 0; i < DKL; ++i) sw[lane + 32 * i] = s[i];
+  }
+}
+
+// gated_norm_kernel over the step rows rows[0 .. n) only.
+__global__ void gated_norm_rows_kernel(float* __restrict__ o, const float* __restrict__ proj, int64_t ldp,
+                                       const int32_t* __restrict__ rows, int n, int Hv, int dv, int zoff,
+                                       const float* __restrict__ w, float eps) {
+  const int gw = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (gw >= n * Hv) return;
+  const int64_t t = rows[gw / Hv];
+  const int j = gw % Hv;
+  float* orow = o + t * Hv * dv + int64_t(j) * dv;
+  const float* z = proj + t * ldp + zoff + int64_t(j) * dv;
+  float ss = 0.f;
+  for (int d = lane; d < dv; d += 32) ss += orow[d] * orow[d];
+  ss = warp_sum(ss);
+  const float inv = rsqrtf(ss / float(dv) + eps);
+  for (int d = lane; d < dv; d += 32) orow[d] = orow[d] * inv * w[d] * silu(z[d]);
+}
+
 size_t chunk_smem(int dk) {
   return sizeof(float) * (size_t(3) * kChunk * (dk + 1) + size_t(kChunk) * (kSlice + 1) + size_t(2) * kChunk * (kChunk + 1) +
                           size_t(dk) * (kSlice + 1) + 2 * kChunk);
 }
 
+}  // namespace
+
+namespace {
+// The fused step kernel over `groups` CTA grids of one cluster per key head (list == null: one sequence
+// at conv_state / S; else the step's groups list[0 .. groups)).
+void launch_step(const GdnDev& g, const StepSplit& sp, float* proj, int T, float* conv_state, float* S, float* out,
+                 const BaFold& fold, const StepSeqs& seqs, const int32_t* list, int groups, cudaStream_t s) {
+  const int G = g.Hv / g.Hk;
+  const int64_t ldp = g.proj_width();
+  PdlLaunch L(dim3(unsigned(g.Hk * G * sp.ns), unsigned(groups)), dim3(kStepThreads), 0, s, unsigned(G * sp.ns));
+  auto launch = [&](auto dkl, auto rwp) {
+    constexpr int D = decltype(dkl)::value, W = decltype(rwp)::value;
+    if constexpr (D * W <= kStepMaxCPL) {
+      LILY_CU(cudaLaunchKernelEx(&L.cfg, gdn_step_kernel<D, W>, proj, ldp, T, g.Hk, g.Hv, g.dv, g.K, sp.ns, g.conv,
+                                 conv_state, g.dt_bias, g.A_neg, g.norm, g.eps, S, out, fold, seqs, list));
+    } else {
+      fail_internal("gdn: step kernel split out of range");
+    }
+  };
+  auto by_rwp = [&](auto dkl) {
+    switch (sp.rwp) {
+      case 1: launch(dkl, std::integral_constant<int, 1>{}); break;
+      case 2: launch(dkl, std::integral_constant<int, 2>{}); break;
+      case 4: launch(dkl, std::integral_constant<int, 4>{}); break;
+      default: launch(dkl, std::integral_constant<int, 8>{}); break;
+    }
+  };
+  switch (g.dk) {
+    case 32: by_rwp(std::integral_constant<int, 1>{}); break;
+    case 64: by_rwp(std::integral_constant<int, 2>{}); break;
+    case 128: by_rwp(std::integral_constant<int, 4>{}); break;
+    default: by_rwp(std::integral_constant<int, 8>{}); break;
+  }
+  LILY_CU_LAUNCH();
+}
+
+// The fused kernel's split for this shape on this device (ns == 0: not taken).
+StepSplit fused_split(const GdnDev& g) {
+  if (g.K > kStepMaxK || !(g.dk == 32 || g.dk == 64 || g.dk == 128 || g.dk == 256) || !device_has_clusters()) return {};
+  return step_split(g.Hv / g.Hk, g.dk, g.dv);
+}
+
+// The b|a fold of the step kernel for one-row sequences, when W is bf16 and the shapes fit.
+bool fold_fits(const GdnBa& ba) {
+  const Mat& W = *ba.W;
+  return !W.affine && !W.exl3 && ba.norm_w && ba.in % 8 == 0 && ba.in <= 8 * kStepThreads * kBaMaxU && W.ld % 8 == 0 &&
+         ba.ldx % 4 == 0 && aligned16(W.w) && aligned16(ba.x) && aligned16(ba.norm_w);
+}
 }  // namespace
 
 void init_gdn_kernels() {
@@ -758,50 +973,20 @@ void gdn_core(const GdnDev& g, float* proj, int T, float* conv_state, float* S, 
   GdnScratch sc = layout(g, T, scratch);
   const int C = g.C();
   const int64_t ldp = g.proj_width();
-  const int G = g.Hv / g.Hk;
-  const StepSplit sp = T < chunk_min && T <= kFusedMaxT && g.K <= kStepMaxK &&
-                               (g.dk == 32 || g.dk == 64 || g.dk == 128 || g.dk == 256)
-                           ? step_split(G, g.dk, g.dv)
-                           : StepSplit{};
-  const bool step = sp.ns > 0 && (reinterpret_cast<uintptr_t>(S) & 15) == 0 && device_has_clusters();
+  const StepSplit sp = T < chunk_min && T <= kFusedMaxT ? fused_split(g) : StepSplit{};
+  const bool step = sp.ns > 0 && (reinterpret_cast<uintptr_t>(S) & 15) == 0;
   BaFold fold;
   if (ba) {
     const Mat& W = *ba->W;
-    const bool fits = step && T == 1 && !W.affine && !W.exl3 && ba->norm_w && ba->in % 8 == 0 &&
-                      ba->in <= 8 * kStepThreads * kBaMaxU && W.ld % 8 == 0 && aligned16(W.w) && aligned16(ba->x) &&
-                      aligned16(ba->norm_w);
-    if (fits) {
-      fold.w = W.w; fold.ld = W.ld; fold.H = ba->in; fold.x = ba->x; fold.norm_w = ba->norm_w; fold.eps = ba->eps;
+    if (step && T == 1 && fold_fits(*ba)) {
+      fold.w = W.w; fold.ld = W.ld; fold.H = ba->in; fold.x = ba->x; fold.ldx = ba->ldx; fold.norm_w = ba->norm_w;
+      fold.eps = ba->eps;
     } else {
       linear(W, 2 * g.Hv, ba->in, ba->x, ba->ldx, T, proj + C + int64_t(g.Hv) * g.dv, ldp, false, s, ba->norm_w, ba->eps);
     }
   }
   if (step) {
-    PdlLaunch L(dim3(unsigned(g.Hk * G * sp.ns)), dim3(kStepThreads), 0, s, unsigned(G * sp.ns));
-    auto launch = [&](auto dkl, auto rwp) {
-      constexpr int D = decltype(dkl)::value, W = decltype(rwp)::value;
-      if constexpr (D * W <= kStepMaxCPL) {
-        LILY_CU(cudaLaunchKernelEx(&L.cfg, gdn_step_kernel<D, W>, proj, ldp, T, g.Hk, g.Hv, g.dv, g.K, sp.ns, g.conv,
-                                   conv_state, g.dt_bias, g.A_neg, g.norm, g.eps, S, out, fold));
-      } else {
-        fail_internal("gdn_core: step kernel split out of range");
-      }
-    };
-    auto by_rwp = [&](auto dkl) {
-      switch (sp.rwp) {
-        case 1: launch(dkl, std::integral_constant<int, 1>{}); break;
-        case 2: launch(dkl, std::integral_constant<int, 2>{}); break;
-        case 4: launch(dkl, std::integral_constant<int, 4>{}); break;
-        default: launch(dkl, std::integral_constant<int, 8>{}); break;
-      }
-    };
-    switch (g.dk) {
-      case 32: by_rwp(std::integral_constant<int, 1>{}); break;
-      case 64: by_rwp(std::integral_constant<int, 2>{}); break;
-      case 128: by_rwp(std::integral_constant<int, 4>{}); break;
-      default: by_rwp(std::integral_constant<int, 8>{}); break;
-    }
-    LILY_CU_LAUNCH();
+    launch_step(g, sp, proj, T, conv_state, S, out, fold, StepSeqs{}, nullptr, 1, s);
     return;
   }
   const bool one_chunk = T <= 32;  // then the conv kernel also writes the new conv state
@@ -851,6 +1036,66 @@ void gdn_core(const GdnDev& g, float* proj, int T, float* conv_state, float* S, 
     LILY_CU_LAUNCH();
   }
   gated_norm_kernel<<<cdiv(int64_t(T) * g.Hv, 4), 128, 0, s>>>(out, proj, ldp, T, g.Hv, g.dv, C, g.norm, g.eps);
+  LILY_CU_LAUNCH();
+}
+
+bool gdn_groups_fused(const GdnDev& g) { return fused_split(g).ns > 0; }
+
+void gdn_groups(const GdnDev& g, float* proj, int T, const StepSeqs& seqs, const int32_t* list, int groups,
+                const int32_t* rows, int n_rows, float* out, void* scratch, cudaStream_t s, const GdnBa* ba) {
+  if (groups <= 0) return;
+  if (!seqs.row_group || !list || !rows) fail_internal("gdn_groups: needs the step form and the group and row lists");
+  if (!(g.K >= 1 && g.K <= 8 && g.Hv % g.Hk == 0)) fail_internal("gdn_groups: bad dimensions");
+  const int C = g.C();
+  const int64_t ldp = g.proj_width();
+  const StepSplit sp = fused_split(g);
+  BaFold fold;
+  if (ba) {  // every group is one row: T == groups
+    const Mat& W = *ba->W;
+    if (sp.ns > 0 && T == groups && fold_fits(*ba)) {
+      fold.w = W.w; fold.ld = W.ld; fold.H = ba->in; fold.x = ba->x; fold.ldx = ba->ldx; fold.norm_w = ba->norm_w;
+      fold.eps = ba->eps;
+    } else {
+      linear(W, 2 * g.Hv, ba->in, ba->x, ba->ldx, T, proj + C + int64_t(g.Hv) * g.dv, ldp, false, s, ba->norm_w, ba->eps);
+    }
+  }
+  if (sp.ns > 0) {
+    launch_step(g, sp, proj, T, nullptr, nullptr, out, fold, seqs, list, groups, s);
+    return;
+  }
+  GdnScratch sc = layout(g, T, scratch);
+  {
+    const dim3 grid(cdiv(C, 128), unsigned(groups));
+#define LILY_CONV(N) conv_groups_kernel<N><<<grid, 128, 0, s>>>(proj, ldp, C, g.conv, seqs, list, sc.conv_out)
+    switch (g.K) {
+      case 1: LILY_CONV(1); break;
+      case 2: LILY_CONV(2); break;
+      case 3: LILY_CONV(3); break;
+      case 4: LILY_CONV(4); break;
+      case 5: LILY_CONV(5); break;
+      case 6: LILY_CONV(6); break;
+      case 7: LILY_CONV(7); break;
+      default: LILY_CONV(8); break;
+    }
+#undef LILY_CONV
+    LILY_CU_LAUNCH();
+  }
+  {
+    const dim3 grid(cdiv(int64_t(g.Hv) * g.dv, 4), unsigned(groups));
+#define LILY_REC(N) recurrent_groups_kernel<N><<<grid, 128, 0, s>>>(sc.conv_out, proj, ldp, g.Hk, g.Hv, g.dv, g.dt_bias, \
+                                                                  g.A_neg, seqs, list, out)
+    switch (g.dk) {
+      case 32: LILY_REC(1); break;
+      case 64: LILY_REC(2); break;
+      case 128: LILY_REC(4); break;
+      case 256: LILY_REC(8); break;
+      default: fail_internal("gdn_groups: linear_key_head_dim must be 32, 64, 128 or 256 on CUDA");
+    }
+#undef LILY_REC
+    LILY_CU_LAUNCH();
+  }
+  gated_norm_rows_kernel<<<cdiv(int64_t(n_rows) * g.Hv, 4), 128, 0, s>>>(out, proj, ldp, rows, n_rows, g.Hv, g.dv, C, g.norm,
+                                                                       g.eps);
   LILY_CU_LAUNCH();
 }
 

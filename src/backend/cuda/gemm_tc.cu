@@ -10,8 +10,6 @@
 // Dense products use BM = 128 (grid x over row tiles, so the blocks in flight share weight columns);
 // expert tile maps use BM = kGemmBM = 64 (grid x over column tiles of the same expert tile).
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/gemm_tc.h"
@@ -270,10 +268,7 @@ void launch(const Mat& W, int out, int in, const float* x, int64_t ldx, const in
   using C = Cfg<WB, SPLIT, BM>;
   raise_smem<WB, SPLIT, BM>();
   const dim3 grid = tiles ? dim3(cdiv(out, kBN), unsigned(max_tiles)) : dim3(cdiv(T, BM), cdiv(out, kBN));
-  static const bool skip = [] {
-    const char* v = std::getenv("LILY_GEMM_SKIP_EMPTY");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  const bool skip = kernel_switches().gemm_skip_empty;
   gemm_tc_kernel<WB, SPLIT, BM><<<grid, kThreads, C::SMEM, s>>>(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles,
                                                                  n_tiles, T, skip);
   LILY_CU_LAUNCH();
@@ -307,13 +302,7 @@ void init_gemm_tc_kernels() {
   raise_smem_all<8>();
 }
 
-GemmPrec gemm_tc_default_precision() {
-  static const GemmPrec p = [] {
-    const char* v = std::getenv("LILY_GEMM_BF16");
-    return v && std::strcmp(v, "1") == 0 ? GemmPrec::kBf16 : GemmPrec::kSplit;
-  }();
-  return p;
-}
+GemmPrec gemm_tc_default_precision() { return kernel_switches().gemm_bf16 ? GemmPrec::kBf16 : GemmPrec::kSplit; }
 
 bool gemm_tc(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
              bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, GemmPrec prec,

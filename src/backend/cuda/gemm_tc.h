@@ -10,7 +10,7 @@ namespace lily::cuda {
 //        ~fp32-class results (|error| ~ 2^-17 · Σ|x|·|w|), the accuracy of the SIMT kernel.
 enum class GemmPrec { kBf16, kSplit };
 
-// The precision gemm_tiles uses: kSplit, or kBf16 when the environment sets LILY_GEMM_BF16=1 (read once).
+// The precision gemm_tiles uses: kSplit, or kBf16 with KernelSwitches::gemm_bf16 (switches.h).
 GemmPrec gemm_tc_default_precision();
 
 // Same contract as gemm_tiles (ops.h). Returns false, launching nothing, when the fast path cannot take the

@@ -18,7 +18,6 @@
 // CONCAT (MoE down projection and combine in one): y[r] (+)= Σ_s w[s]·(W_{e_s}[r]·h_s), one virtual row
 // per output spanning every slot's expert row.
 #include <atomic>
-#include <cstdlib>
 
 #include "backend/cuda/kernels.cuh"
 
@@ -325,8 +324,6 @@ int sm_count() {
   return n;
 }
 
-std::atomic<int> g_ring_on{-1};  // -1: not read from the environment yet
-
 bool ring_supported() {
   static const bool sm90 = [] {
     int dev = 0, major = 0;
@@ -334,13 +331,7 @@ bool ring_supported() {
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     return major >= 9;  // cp.async.bulk and mbarrier transaction counts
   }();
-  int on = g_ring_on.load(std::memory_order_relaxed);
-  if (on < 0) {
-    const char* v = std::getenv("LILY_GEMV_RING");
-    on = v && v[0] == '0' ? 0 : 1;
-    g_ring_on.store(on, std::memory_order_relaxed);
-  }
-  return sm90 && on == 1;
+  return sm90 && kernel_switches().gemv_ring;
 }
 
 template <int BITS, int KIND, int RPW>
@@ -458,7 +449,6 @@ bool covered(const Mat& W, int in) {
 
 }  // namespace
 
-void set_gemv_ring(bool on) { g_ring_on.store(on ? 1 : 0, std::memory_order_relaxed); }
 
 GemvRingPlan gemv_ring_plan(int kind, int bits, int gs, int in, int rows, int slots, int sm_count) {
   const Shape h = ring_shape(kind, bits, gs, in, rows, slots, sm_count);

@@ -1,9 +1,9 @@
 // Internal launchers shared between the .cu files of the CUDA backend.
 #pragma once
-#include <cstdlib>
 #include <utility>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/switches.h"
 
 namespace lily::cuda {
 
@@ -30,14 +30,8 @@ __device__ __forceinline__ void pdl_entry() {
   grid_dependency_wait();
 }
 
-// LILY_PDL=0 turns programmatic dependent launch off (A/B measurements, debugging).
-inline bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LILY_PDL");
-    return !(v && v[0] == '0');
-  }();
-  return on;
-}
+// KernelSwitches::pdl off: plain stream serialization (A/B measurements, debugging).
+inline bool pdl_enabled() { return kernel_switches().pdl; }
 
 // Launch configuration for cudaLaunchKernelEx with programmatic stream serialization when PDL is
 // enabled: the kernel may start while the previous one finishes and must call grid_dependency_wait()

@@ -41,9 +41,12 @@ __global__ void __launch_bounds__(256) rmsnorm_warp_kernel(const float* __restri
   }
 }
 
-__global__ void embed_kernel(const Mat table, int H, const int32_t* __restrict__ tokens, float* __restrict__ x) {
+__global__ void embed_kernel(const Mat table, int H, const int32_t* __restrict__ tokens,
+                             const int32_t* __restrict__ row_group, const DevGroup* __restrict__ groups,
+                             const int32_t* __restrict__ fed, float* __restrict__ x) {
   pdl_entry();
-  const int64_t r = tokens[blockIdx.x];
+  int64_t r = tokens[blockIdx.x];
+  if (r < 0 && fed) r = fed[groups[row_group[blockIdx.x]].slot];
   float* xr = x + int64_t(blockIdx.x) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = mat_at(table, 0, r, i, H);
 }
@@ -72,13 +75,15 @@ __device__ __forceinline__ unsigned long long block_max_key(unsigned long long k
 // counts[r] for the next call. One row of 248K logits is ~1 MB: read by one block it costs ~48 µs
 // on an H200, by a grid of 122 blocks ~7 µs.
 __global__ void argmax_kernel(const float* __restrict__ logits, int V, int per, int32_t* __restrict__ out,
-                              unsigned long long* __restrict__ keys, unsigned* __restrict__ counts) {
+                              unsigned long long* __restrict__ keys, unsigned* __restrict__ counts,
+                              const int32_t* __restrict__ row_index, const int32_t* __restrict__ fed_slot,
+                              int32_t* __restrict__ fed) {
   __shared__ unsigned long long red[32];
   __shared__ bool last;
   allow_dependent_launch();
   grid_dependency_wait();
   const int row = blockIdx.y;
-  const float* l = logits + int64_t(row) * V;
+  const float* l = logits + int64_t(row_index ? row_index[row] : row) * V;
   const int b0 = blockIdx.x * per, b1 = min(V, b0 + per);
   unsigned long long best = 0ull;
 #pragma unroll 8
@@ -94,8 +99,18 @@ __global__ void argmax_kernel(const float* __restrict__ logits, int V, int per, 
     __threadfence();
     const unsigned long long k = atomicExch(keys + row, 0ull);
     counts[row] = 0u;
-    out[row] = k ? int32_t(~uint32_t(k & 0xffffffffu)) : 0;
+    const int32_t id = k ? int32_t(~uint32_t(k & 0xffffffffu)) : 0;
+    out[row] = id;
+    if (fed_slot && fed && fed_slot[row] >= 0) fed[fed_slot[row]] = id;
   }
+}
+
+__global__ void gather_kernel(const float* __restrict__ x, int64_t ldx, const int32_t* __restrict__ rows, int H,
+                              float* __restrict__ y, int64_t ldy) {
+  pdl_entry();
+  const float* xr = x + int64_t(rows[blockIdx.x]) * ldx;
+  float* yr = y + int64_t(blockIdx.x) * ldy;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = xr[i];
 }
 
 __global__ void advance_kernel(int64_t* pos, int T) {
@@ -136,15 +151,18 @@ void rmsnorm(const float* x, int64_t ldx, const float* w, int T, int H, float ep
   LILY_CU_LAUNCH();
 }
 
-void embed(const Mat& table, int H, const int32_t* tokens, int T, float* x, cudaStream_t s) {
+void embed(const Mat& table, int H, const int32_t* tokens, int T, float* x, cudaStream_t s, const int32_t* row_group,
+           const DevGroup* groups, const int32_t* fed) {
   if (T <= 0) return;
-  launch_pdl(embed_kernel, dim3(T), dim3(256), 0, s, table, H, tokens, x);
+  if (fed && (!row_group || !groups)) fail_internal("embed: fed tokens need the step's row groups");
+  launch_pdl(embed_kernel, dim3(T), dim3(256), 0, s, table, H, tokens, row_group, groups, fed, x);
   LILY_CU_LAUNCH();
 }
 
 size_t argmax_scratch_bytes(int rows) { return size_t(rows) * (sizeof(unsigned long long) + sizeof(unsigned)); }
 
-void argmax(const float* logits, int rows, int V, int32_t* out, void* scratch, cudaStream_t s) {
+void argmax(const float* logits, int rows, int V, int32_t* out, void* scratch, cudaStream_t s, const int32_t* row_index,
+            const int32_t* fed_slot, int32_t* fed) {
   if (rows <= 0) return;
   if (V <= 0) fail_internal("argmax: empty rows");
   auto* keys = static_cast<unsigned long long*>(scratch);
@@ -152,7 +170,14 @@ void argmax(const float* logits, int rows, int V, int32_t* out, void* scratch, c
   constexpr int kPer = 2048;  // logits per block (8 per thread)
   const int B = int(std::min<int64_t>(cdiv(V, kPer), 1024));
   const int per = int(cdiv(V, B));
-  launch_pdl(argmax_kernel, dim3(unsigned(B), unsigned(rows)), dim3(256), 0, s, logits, V, per, out, keys, counts);
+  launch_pdl(argmax_kernel, dim3(unsigned(B), unsigned(rows)), dim3(256), 0, s, logits, V, per, out, keys, counts, row_index,
+             fed_slot, fed);
+  LILY_CU_LAUNCH();
+}
+
+void gather_rows(const float* x, int64_t ldx, const int32_t* rows, int n, int H, float* y, int64_t ldy, cudaStream_t s) {
+  if (n <= 0) return;
+  launch_pdl(gather_kernel, dim3(unsigned(n)), dim3(256), 0, s, x, ldx, rows, H, y, ldy);
   LILY_CU_LAUNCH();
 }
 

@@ -3,8 +3,6 @@
 // decode (T <= kMoeGemvRows) runs one GEMV slot per (token, choice); prompts sort the (token, choice)
 // slots by expert on the device (histogram, prefix scan, scatter, tile map) and run the tiled GEMM over
 // a tile list whose live length is read on the device.
-#include <cstdlib>
-
 #include "backend/cuda/kernels.cuh"
 
 namespace lily::cuda {
@@ -13,14 +11,8 @@ namespace {
 constexpr int kMoeGemvRows = 4;
 
 // The MoE down product requests its experts' weights before its programmatic-launch wait when the
-// gate‖up product ran on the ring (LILY_RING_EARLY_IDS=0: after it).
-bool ring_early_ids() {
-  static const bool on = [] {
-    const char* v = std::getenv("LILY_RING_EARLY_IDS");
-    return !(v && v[0] == '0' && v[1] == 0);
-  }();
-  return on;
-}
+// gate‖up product ran on the ring (KernelSwitches::ring_early_ids off: after it).
+bool ring_early_ids() { return kernel_switches().ring_early_ids; }
 
 struct MoeScratch {
   float *logits, *w, *gu, *h, *yb, *sh_gu, *sh_h, *ysh, *sg;

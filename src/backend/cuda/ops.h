@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/step_desc.h"
+
 namespace lily::cuda {
 
 // Throws lily::InternalError naming the CUDA error and the call site when e != cudaSuccess.
@@ -104,8 +106,7 @@ struct GemvRingPlan {
   size_t smem = 0;
 };
 GemvRingPlan gemv_ring_plan(int kind, int bits, int gs, int in, int rows, int slots, int sm_count);
-// The ring on or off for gemv_slots (default on; LILY_GEMV_RING=0 in the environment: off). Tests and A/B runs.
-void set_gemv_ring(bool on);
+// The ring is on for gemv_slots unless KernelSwitches::gemv_ring is off (switches.h).
 
 // Launch shape of the decode GEMV for `mode` (0 bf16, else affine bits), reported for tests and tools:
 // RPW rows per warp streamed together, LPR lanes per row, KS warps splitting the reduction dimension,
@@ -125,17 +126,25 @@ void gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, cons
 // x[t, :] = RMSNorm(x_in[t, :]) · w  (w already folded to (1 + w) where the model says so).
 void rmsnorm(const float* x, int64_t ldx, const float* w, int T, int H, float eps, float* y, int64_t ldy,
              cudaStream_t s);
-// x[t, :] = row tokens[t] of the table (dequantised), H columns.
-void embed(const Mat& table, int H, const int32_t* tokens, int T, float* x, cudaStream_t s);
+// x[t, :] = row tokens[t] of the table (dequantised), H columns. A negative token (kFedToken) reads
+// fed[groups[row_group[t]].slot] instead (the id the device drew for that sequence last); fed == null:
+// every token is an id.
+void embed(const Mat& table, int H, const int32_t* tokens, int T, float* x, cudaStream_t s,
+           const int32_t* row_group = nullptr, const DevGroup* groups = nullptr, const int32_t* fed = nullptr);
 inline void embed(const uint16_t* table, int64_t ld, int H, const int32_t* tokens, int T, float* x, cudaStream_t s) {
   embed(Mat::bf16(table, ld), H, tokens, T, x, s);
 }
-// out[r] = argmax_v logits[r, v] (lowest index on ties; NaN never wins). scratch: argmax_scratch_bytes(rows)
-// of device memory, zero before the first call; every call leaves it zero again.
+// out[r] = argmax_v logits[row(r), v] (lowest index on ties; NaN never wins) with row(r) = row_index[r]
+// (null: r); where fed_slot[r] >= 0 (fed_slot and fed non-null) the id also goes to fed[fed_slot[r]].
+// scratch: argmax_scratch_bytes(rows) of device memory, zero before the first call; every call leaves
+// it zero again.
 size_t argmax_scratch_bytes(int rows);
-void argmax(const float* logits, int rows, int V, int32_t* out, void* scratch, cudaStream_t s);
+void argmax(const float* logits, int rows, int V, int32_t* out, void* scratch, cudaStream_t s,
+            const int32_t* row_index = nullptr, const int32_t* fed_slot = nullptr, int32_t* fed = nullptr);
 // *pos += T.
 void advance_pos(int64_t* pos, int T, cudaStream_t s);
+// y[i, :] = x[rows[i], :] for i < n (H floats per row; rows on the device).
+void gather_rows(const float* x, int64_t ldx, const int32_t* rows, int n, int H, float* y, int64_t ldy, cudaStream_t s);
 
 // ---- MoE (or the dense MLP when moe == false) ----------------------------------------------
 struct MoeDev {
@@ -165,52 +174,5 @@ size_t moe_scratch_bytes(const MoeDev& m, int T);
 // u == null (T <= kGemvMaxRows): the block normalises x itself with norm_w / eps inside its GEMVs.
 void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaStream_t s, cudaStream_t side = nullptr,
          cudaEvent_t fork = nullptr, cudaEvent_t join = nullptr, const float* norm_w = nullptr, float eps = 1e-6f);
-
-// ---- Gated DeltaNet core ------------------------------------------------------------------
-struct GdnDev {
-  int Hk = 0, Hv = 0, dk = 0, dv = 0, K = 0;
-  const float* conv = nullptr;     // [C, K]; conv[c*K + j] multiplies the input K-1-j steps back
-  const float* dt_bias = nullptr;  // [Hv]
-  const float* A_neg = nullptr;    // [Hv]
-  const float* norm = nullptr;     // [dv] plain weight
-  float eps = 1e-6f;
-  int C() const { return 2 * Hk * dk + Hv * dv; }
-  int proj_width() const { return C() + Hv * dv + 2 * Hv; }  // qkv | z | b | a
-};
-size_t gdn_scratch_bytes(const GdnDev& g, int T);
-// From the input projections proj [T, proj_width()] to the gated-normed output out [T, Hv·dv].
-// conv_state [K-1, C] fp32 (row 0 oldest) and S [Hv, dv, dk] fp32 are read and updated.
-// T >= chunk_min uses the chunked rule (C = 64), shorter steps the recurrent form.
-// The b|a input projection handed to gdn_core: W [2·Hv, in] times rows x (ldx), RMS-normalised first when
-// norm_w is set (only for T <= kGemvMaxRows, as linear). gdn_core writes proj's b|a columns with it, or for
-// one token with bf16 W computes b and a inside the recurrent step kernel (no separate product on the
-// decode path).
-struct GdnBa {
-  const Mat* W = nullptr;
-  int in = 0;
-  const float* x = nullptr;
-  int64_t ldx = 0;
-  const float* norm_w = nullptr;
-  float eps = 1e-6f;
-};
-void gdn_core(const GdnDev& g, float* proj, int T, float* conv_state, float* S, float* out, void* scratch,
-              cudaStream_t s, int chunk_min = 64, const GdnBa* ba = nullptr);
-
-// ---- gated attention core -----------------------------------------------------------------
-struct AttnDev {
-  int Hq = 0, Hkv = 0, hd = 0, rot = 0;
-  float theta = 1e4f, eps = 1e-6f;
-  const float* q_norm = nullptr;  // [hd] folded
-  const float* k_norm = nullptr;  // [hd] folded
-  const float* inv_freq = nullptr;  // [rot/2] RoPE inverse frequencies; null: theta^(-2i/rot) in fp32
-  int proj_width() const { return Hq * 2 * hd + 2 * Hkv * hd; }  // q|gate per head, k, v
-};
-// Split-KV factor for T new rows after ctx cached tokens (a launch shape; any value >= 1 is correct).
-int attn_splits(const AttnDev& a, int T, int64_t ctx_max);
-size_t attn_scratch_bytes(const AttnDev& a, int T, int nsplit);
-// q/k norm + partial RoPE + KV append (bf16 cache [Hkv, cap, hd]) + causal GQA attention + sigmoid gate.
-// *pos (device) = tokens already cached; the T rows sit at positions *pos .. *pos + T - 1.
-void attn_core(const AttnDev& a, const float* proj, int T, const int64_t* pos, uint16_t* k_cache,
-               uint16_t* v_cache, int64_t cap, int nsplit, float* out, void* scratch, cudaStream_t s);
 
 }  // namespace lily::cuda

@@ -27,6 +27,9 @@ constexpr int kDigitBits = 10;
 constexpr int kLevels = 5;                       // 5 · 10 bits = the 50-bit composite
 
 struct Ctl {
+  int slot;                  // the row's sampler (index into the slot table), set by penalize
+  int first;                 // 1: the row is its slot's first of the call (applies and clears the mask)
+  unsigned long long rng;    // RNG counter of the draw: the slot's draws before the call + the row's offset
   unsigned long long best;   // max composite (atomicMax)
   unsigned int ncand;        // candidates compacted
   int mode;                  // 0 greedy (done in plan), 1 plain draw within one bin, 2 filtered
@@ -83,12 +86,23 @@ __device__ __forceinline__ uint64_t topp_target(float top_p, uint64_t Z) {
   return t < 1 ? 1 : (t > Z ? Z : t);
 }
 
-// Records the drawn token: the next step's input slot, the penalty history, the RNG counter.
-__device__ void record(Ctl* ctl, int tok, int32_t* out, int32_t* counts, uint64_t* step) {
+// Where one call's rows write (sample_rows).
+struct Dest {
+  int32_t* out;
+  const int32_t* fed_slot;
+  int32_t* fed;
+};
+
+// Records the drawn token of row r: its output, the slot's fed word, the penalty history, the RNG counter
+// (rows of one slot in a call add up: atomics).
+__device__ void record(Ctl* ctl, int tok, SampleSlot* slots, const Dest& dst, int r) {
+  SampleSlot& S = slots[ctl->slot];
   ctl->token = tok;
-  *out = tok;
-  counts[tok] += 1;
-  *step += 1;
+  dst.out[r] = tok;
+  if (dst.fed_slot && dst.fed && dst.fed_slot[r] >= 0) dst.fed[dst.fed_slot[r]] = tok;
+  atomicAdd(S.counts + tok, 1);
+  atomicAdd(reinterpret_cast<unsigned long long*>(&S.step), 1ull);
+  if (ctl->first) S.mask_on = 0;
 }
 
 // Inclusive scan of one uint64 per thread over the block (blockDim.x a multiple of 32); *total gets the sum.
@@ -121,13 +135,32 @@ __device__ uint64_t block_total(uint64_t v, uint64_t* wt) {
 }
 
 // ---------------------------------------------------------------------------------------------
-__global__ void penalize_kernel(const float* __restrict__ logits, int V, const SampleParams* __restrict__ P,
-                                const int32_t* __restrict__ counts, float* __restrict__ w, Ctl* ctl) {
-  const SampleParams p = *P;
+// grid (blocks, rows): row r = blockIdx.y draws from logits row src[r] with slots[slot[r]].
+__global__ void penalize_kernel(const float* __restrict__ logits, int V, const SampleSlot* __restrict__ slots,
+                                const int32_t* __restrict__ src, const int32_t* __restrict__ slot_of,
+                                const int32_t* __restrict__ off, float* __restrict__ w_all, Ctl* ctl_all) {
+  const int r = blockIdx.y;
+  const int sl = slot_of[r];
+  const SampleSlot& S = slots[sl];
+  const SampleParams p = S.p;
+  const int32_t* __restrict__ counts = S.counts;
+  const bool first = !off || off[r] == 0;
+  const uint64_t* __restrict__ mask = first && S.mask_on ? S.mask : nullptr;
+  const float* __restrict__ bias = S.bias;
+  const float* __restrict__ lg = logits + int64_t(src ? src[r] : r) * V;
+  float* __restrict__ w = w_all + int64_t(r) * V;
+  Ctl* ctl = ctl_all + r;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    ctl->slot = sl;
+    ctl->first = first ? 1 : 0;
+    ctl->rng = S.step + uint64_t(off ? off[r] : 0);
+  }
   const bool pen = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
   unsigned long long best = 0;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < V; i += gridDim.x * blockDim.x) {
-    float l = p.vocab_limit > 0 && i >= p.vocab_limit ? -INFINITY : logits[i];
+    // the host's order: logit bias, then the vocabulary limit and the mask, then the penalties
+    float l = bias ? __fadd_rn(lg[i], bias[i]) : lg[i];
+    if ((p.vocab_limit > 0 && i >= p.vocab_limit) || (mask && !((mask[i >> 6] >> (i & 63)) & 1ull))) l = -INFINITY;
     if (pen) {
       const int c = counts[i];
       if (c > 0) {  // the host's order and rounding, no contraction
@@ -147,10 +180,12 @@ __global__ void penalize_kernel(const float* __restrict__ logits, int V, const S
   if ((threadIdx.x & 31) == 0) atomicMax(&ctl->best, best);
 }
 
-__global__ void histogram_kernel(const float* __restrict__ w, int V, const SampleParams* __restrict__ P, Ctl* ctl) {
+__global__ void histogram_kernel(const float* __restrict__ w_all, int V, const SampleSlot* __restrict__ slots, Ctl* ctl_all) {
   __shared__ unsigned int sc[kBins];
   __shared__ unsigned long long sm[kBins];
-  const float T = P->temperature;
+  Ctl* ctl = ctl_all + blockIdx.y;
+  const float* __restrict__ w = w_all + int64_t(blockIdx.y) * V;
+  const float T = slots[ctl->slot].p.temperature;
   if (T == 0.0f) return;  // greedy: the plan takes the max
   for (int b = threadIdx.x; b < kBins; b += blockDim.x) { sc[b] = 0; sm[b] = 0; }
   __syncthreads();
@@ -168,11 +203,12 @@ __global__ void histogram_kernel(const float* __restrict__ w, int V, const Sampl
   }
 }
 
-__global__ void __launch_bounds__(kFinalThreads) plan_kernel(int V, const SampleParams* __restrict__ P, Ctl* ctl,
-                                                             int32_t* out, int32_t* counts, uint64_t* step) {
+__global__ void __launch_bounds__(kFinalThreads) plan_kernel(int V, SampleSlot* slots, Ctl* ctl_all, const Dest dst) {
   __shared__ uint64_t wt[32];
   __shared__ int s_bin;
-  const SampleParams p = *P;
+  const int row = blockIdx.x;
+  Ctl* ctl = ctl_all + row;
+  const SampleParams p = slots[ctl->slot].p;
   const int t = threadIdx.x;
   if (p.temperature == 0.0f) {
     if (t == 0) {
@@ -181,7 +217,7 @@ __global__ void __launch_bounds__(kFinalThreads) plan_kernel(int V, const Sample
       ctl->c_lo = ctl->best;
       ctl->total = 1;
       ctl->z = 0;
-      record(ctl, tok, out, counts, step);
+      record(ctl, tok, slots, dst, row);
     }
     return;
   }
@@ -196,7 +232,7 @@ __global__ void __launch_bounds__(kFinalThreads) plan_kernel(int V, const Sample
   const bool topk = p.top_k > 0 && p.top_k < V, minp = p.min_p > 0.0f, topp = p.top_p < 1.0f;
   if (!topk && !minp && !topp) {
     // Plain draw over all V: pick the bin holding cumulative mass r, then the token inside it (final).
-    const uint64_t r = draw_r(p.seed, *step, mtot);
+    const uint64_t r = draw_r(p.seed, ctl->rng, mtot);
     if (mex <= r && r < mex + m0) { ctl->lo = ctl->hi = 2 * t; ctl->target = r - mex + 1; }
     if (mex + m0 <= r && r < mex + m0 + m1) { ctl->lo = ctl->hi = 2 * t + 1; ctl->target = r - mex - m0 + 1; }
     if (t == 0) {
@@ -236,10 +272,14 @@ __global__ void __launch_bounds__(kFinalThreads) plan_kernel(int V, const Sample
   }
 }
 
-__global__ void compact_kernel(const float* __restrict__ w, int V, const SampleParams* __restrict__ P, Ctl* ctl,
-                               uint64_t* __restrict__ cand_key, uint64_t* __restrict__ cand_mass) {
+__global__ void compact_kernel(const float* __restrict__ w_all, int V, const SampleSlot* __restrict__ slots, Ctl* ctl_all,
+                               uint64_t* __restrict__ key_all, uint64_t* __restrict__ mass_all) {
+  Ctl* ctl = ctl_all + blockIdx.y;
   if (ctl->mode == 0) return;
-  const float T = P->temperature;
+  const float* __restrict__ w = w_all + int64_t(blockIdx.y) * V;
+  uint64_t* __restrict__ cand_key = key_all + int64_t(blockIdx.y) * V;
+  uint64_t* __restrict__ cand_mass = mass_all + int64_t(blockIdx.y) * V;
+  const float T = slots[ctl->slot].p.temperature;
   const float mx = w_of(ctl->best);
   const int lo = ctl->lo, hi = ctl->hi;
   const int lane = threadIdx.x & 31;
@@ -325,20 +365,23 @@ __device__ bool radix_select(const uint64_t* __restrict__ key, const uint64_t* _
   return true;
 }
 
-__global__ void __launch_bounds__(kFinalThreads) final_kernel(int V, const SampleParams* __restrict__ P,
-                                                              const uint64_t* __restrict__ cand_key,
-                                                              const uint64_t* __restrict__ cand_mass, Ctl* ctl,
-                                                              int32_t* out, int32_t* counts, uint64_t* step) {
+__global__ void __launch_bounds__(kFinalThreads) final_kernel(int V, SampleSlot* slots, const uint64_t* __restrict__ key_all,
+                                                              const uint64_t* __restrict__ mass_all, Ctl* ctl_all,
+                                                              const Dest dst) {
   __shared__ SelectSmem sh;
+  const int row = blockIdx.x;
+  Ctl* ctl = ctl_all + row;
+  const uint64_t* __restrict__ cand_key = key_all + int64_t(row) * V;
+  const uint64_t* __restrict__ cand_mass = mass_all + int64_t(row) * V;
   const int mode = ctl->mode;
   if (mode == 0) return;
-  const SampleParams p = *P;
+  const SampleParams p = slots[ctl->slot].p;
   const int n = int(ctl->ncand);
   const int t = threadIdx.x;
   uint64_t pick = 0;
   if (mode == 1) {  // plain: the token at cumulative mass `target` inside the drawn bin
     const bool ok = radix_select(cand_key, cand_mass, n, true, [](uint64_t) { return true; }, ctl->target, &pick, sh);
-    if (t == 0) record(ctl, ok ? id_of(pick) : id_of(ctl->best), out, counts, step);
+    if (t == 0) record(ctl, ok ? id_of(pick) : id_of(ctl->best), slots, dst, row);
     return;
   }
   const bool topk = p.top_k > 0 && p.top_k < V, minp = p.min_p > 0.0f, topp = p.top_p < 1.0f;
@@ -371,20 +414,21 @@ __global__ void __launch_bounds__(kFinalThreads) final_kernel(int V, const Sampl
   for (int j = t; j < n; j += blockDim.x)
     if (kept(cand_key[j])) s += cand_mass[j];
   const uint64_t total = block_total(s, sh.wt);
-  const uint64_t r = draw_r(p.seed, *step, total);
+  const uint64_t r = draw_r(p.seed, ctl->rng, total);
   const bool ok = radix_select(cand_key, cand_mass, n, true, kept, r + 1, &pick, sh);
   if (t == 0) {
     ctl->c_lo = c_lo;
     ctl->total = total;
     ctl->z = minp ? zd : 0.0;
-    record(ctl, ok ? id_of(pick) : id_of(ctl->best), out, counts, step);
+    record(ctl, ok ? id_of(pick) : id_of(ctl->best), slots, dst, row);
   }
 }
 
-__global__ void probs_kernel(const float* __restrict__ w, int V, const SampleParams* __restrict__ P, const Ctl* ctl,
+__global__ void probs_kernel(const float* __restrict__ w, int V, const SampleSlot* __restrict__ slots, const Ctl* ctl,
                              double* __restrict__ probs) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= V) return;
+  const SampleParams* P = &slots[ctl->slot].p;
   if (ctl->mode == 0) {
     probs[i] = i == ctl->token ? 1.0 : -1.0;
     return;
@@ -400,53 +444,53 @@ size_t al256(size_t b) { return (b + 255) & ~size_t(255); }
 
 }  // namespace
 
-size_t sample_bytes(int V) {
-  return al256(sizeof(SampleParams)) + al256(4 * size_t(V)) + al256(8) + al256(4 * size_t(V)) + 2 * al256(8 * size_t(V)) +
-         al256(sizeof(Ctl));
+size_t sample_bytes(int V, int rows) {
+  const size_t R = size_t(std::max(rows, 1));
+  return al256(4 * size_t(V) * R) + 2 * al256(8 * size_t(V) * R) + al256(sizeof(Ctl) * R);
 }
 
-SampleDev sample_layout(void* base, int V) {
+SampleDev sample_layout(void* base, int V, int rows) {
   if (V < 1 || V > kSampleMaxVocab) fail_internal("sample_layout: vocabulary size outside 1..262144");
+  if (rows < 1) fail_internal("sample_layout: at least one row");
   SampleDev d;
   d.V = V;
+  d.rows = rows;
+  const size_t R = size_t(rows);
   char* p = static_cast<char*>(base);
-  d.params = reinterpret_cast<SampleParams*>(p); p += al256(sizeof(SampleParams));
-  d.counts = reinterpret_cast<int32_t*>(p); p += al256(4 * size_t(V));
-  d.step = reinterpret_cast<uint64_t*>(p); p += al256(8);
-  d.w = reinterpret_cast<float*>(p); p += al256(4 * size_t(V));
-  d.cand_key = reinterpret_cast<uint64_t*>(p); p += al256(8 * size_t(V));
-  d.cand_mass = reinterpret_cast<uint64_t*>(p); p += al256(8 * size_t(V));
+  d.w = reinterpret_cast<float*>(p); p += al256(4 * size_t(V) * R);
+  d.cand_key = reinterpret_cast<uint64_t*>(p); p += al256(8 * size_t(V) * R);
+  d.cand_mass = reinterpret_cast<uint64_t*>(p); p += al256(8 * size_t(V) * R);
   d.ctl = p;
   d.ctl_bytes = sizeof(Ctl);
   return d;
 }
 
-void sample_setup(const SampleDev& d, const SampleParams& p, const int32_t* host_counts, uint64_t step, cudaStream_t s) {
-  LILY_CU(cudaMemcpyAsync(d.params, &p, sizeof(SampleParams), cudaMemcpyHostToDevice, s));
-  if (host_counts) LILY_CU(cudaMemcpyAsync(d.counts, host_counts, 4 * size_t(d.V), cudaMemcpyHostToDevice, s));
-  else LILY_CU(cudaMemsetAsync(d.counts, 0, 4 * size_t(d.V), s));
-  LILY_CU(cudaMemcpyAsync(d.step, &step, 8, cudaMemcpyHostToDevice, s));
-  LILY_CU(cudaStreamSynchronize(s));  // the host sources may go away after this call
-}
-
-void sample(const SampleDev& d, const float* logits, int32_t* out, cudaStream_t s) {
+void sample_rows(const SampleDev& d, SampleSlot* slots, const float* logits, int n, const int32_t* src,
+                 const int32_t* slot, const int32_t* off, int32_t* out, cudaStream_t s, const int32_t* fed_slot,
+                 int32_t* fed) {
+  if (n <= 0) return;
+  if (n > d.rows) fail_internal("sample_rows: more rows than the scratch holds");
   Ctl* ctl = static_cast<Ctl*>(d.ctl);
   const int V = d.V;
-  LILY_CU(cudaMemsetAsync(ctl, 0, sizeof(Ctl), s));
-  penalize_kernel<<<std::min(cdiv(V, 256), 1024u), 256, 0, s>>>(logits, V, d.params, d.counts, d.w, ctl);
+  const Dest dst{out, fed_slot, fed};
+  const unsigned rows = unsigned(n);
+  LILY_CU(cudaMemsetAsync(ctl, 0, sizeof(Ctl) * size_t(n), s));
+  penalize_kernel<<<dim3(std::min(cdiv(V, 256), 1024u), rows), 256, 0, s>>>(logits, V, slots, src, slot, off, d.w, ctl);
   LILY_CU_LAUNCH();
-  histogram_kernel<<<std::min(cdiv(V, 512 * 8), 132u), 512, 0, s>>>(d.w, V, d.params, ctl);
+  histogram_kernel<<<dim3(std::min(cdiv(V, 512 * 8), 132u), rows), 512, 0, s>>>(d.w, V, slots, ctl);
   LILY_CU_LAUNCH();
-  plan_kernel<<<1, kFinalThreads, 0, s>>>(V, d.params, ctl, out, d.counts, d.step);
+  plan_kernel<<<rows, kFinalThreads, 0, s>>>(V, slots, ctl, dst);
   LILY_CU_LAUNCH();
-  compact_kernel<<<std::min(cdiv(V, 256), 1024u), 256, 0, s>>>(d.w, V, d.params, ctl, d.cand_key, d.cand_mass);
+  compact_kernel<<<dim3(std::min(cdiv(V, 256), 1024u), rows), 256, 0, s>>>(d.w, V, slots, ctl, d.cand_key, d.cand_mass);
   LILY_CU_LAUNCH();
-  final_kernel<<<1, kFinalThreads, 0, s>>>(V, d.params, d.cand_key, d.cand_mass, ctl, out, d.counts, d.step);
+  final_kernel<<<rows, kFinalThreads, 0, s>>>(V, slots, d.cand_key, d.cand_mass, ctl, dst);
   LILY_CU_LAUNCH();
 }
 
-void sample_probs(const SampleDev& d, double* probs, cudaStream_t s) {
-  probs_kernel<<<cdiv(d.V, 256), 256, 0, s>>>(d.w, d.V, d.params, static_cast<const Ctl*>(d.ctl), probs);
+void sample_probs(const SampleDev& d, const SampleSlot* slots, int row, double* probs, cudaStream_t s) {
+  if (row < 0 || row >= d.rows) fail_internal("sample_probs: row outside the scratch");
+  probs_kernel<<<cdiv(d.V, 256), 256, 0, s>>>(d.w + int64_t(row) * d.V, d.V, slots, static_cast<const Ctl*>(d.ctl) + row,
+                                              probs);
   LILY_CU_LAUNCH();
 }
 

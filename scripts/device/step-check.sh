@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One call on the GPU machine for the multi-sequence step (issue 14): every CUDA test (kernels at awkward
+# sizes, batched groups, sequences together vs alone, tentative + commit, the batched sampler, the
+# pipelined loop, golden models), `lily inspect` of the decode step alone and of 4 sequences batched, and
+# `lily bench` single-stream decode at 4K on the 35B-A3B affine4 synth (today 416 tok/s: must not regress).
+# Runs the bundle of scripts/device/bundle.sh when present (carry .devbin), else builds test_cuda and lily
+# with -j16. Logs under $OUT; a short table last. LILY_TEST_FILTER narrows the tests; SKIP_BENCH=1 skips
+# the bench and inspect runs.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/lily-step}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
+D=${DEVBIN:-.devbin}
+[ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"  # packed by bundle.sh
+if [ -x "$D/test_cuda" ]; then
+  export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
+  BIN=$D/test_cuda
+  LILY=$D/lily
+else
+  cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_NATIVE=OFF > "$OUT/build.log" 2>&1 &&
+    cmake --build build-dev --target test_cuda lily -j16 >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  BIN=build-dev/tests/test_cuda
+  LILY=build-dev/lily
+fi
+export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/$D/golden"
+T0=$(date +%s)
+timeout "${TEST_TIMEOUT:-480}" "$BIN" --gtest_filter="${LILY_TEST_FILTER:-*}" > "$OUT/tests.log" 2>&1
+TRC=$?
+T1=$(date +%s)
+BRC=skipped
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -x "$LILY" ]; then
+  M="--synth qwen3.5-35b-a3b --format affine4"
+  timeout 200 "$LILY" inspect $M --context 4096 > "$OUT/inspect-1.txt" 2>&1
+  timeout 200 "$LILY" inspect $M --context 4096 --rows 4 --groups 4 > "$OUT/inspect-4x1.txt" 2>&1
+  timeout 300 "$LILY" bench $M --backend cuda --prefill 4096 --decode-context 256,4096 --repeats 2 --decode-tokens 64 \
+    > "$OUT/bench.txt" 2>&1
+  BRC=$?
+fi
+T2=$(date +%s)
+echo "=== failures ==="
+grep -E "Failure|Expected|Which is|actual|\[  FAILED|error" "$OUT/tests.log" | head -60
+echo "=== per suite (passed / failed / skipped) ==="
+awk '/^\[       OK \]/ {split($4, a, "."); ok[a[1]]++; seen[a[1]] = 1}
+     /^\[  FAILED  \] [A-Za-z]/ && !/listed below/ && NF >= 4 {split($4, a, "."); if (!(($4) in f)) {f[$4] = 1; bad[a[1]]++; seen[a[1]] = 1}}
+     /^\[  SKIPPED \] [A-Za-z]/ {split($4, a, "."); sk[a[1]]++; seen[a[1]] = 1}
+     END {for (s in seen) printf "| %-40s | %3d | %3d | %3d |\n", s, ok[s], bad[s], sk[s]}' "$OUT/tests.log" | sort
+echo "=== prints of the step tests ==="
+grep -E "^\[(qwen|tiny|V )" "$OUT/tests.log" | head -20
+echo "=== inspect: kernels per decode step ==="
+grep -E "^(step|kernels)" "$OUT/inspect-1.txt" "$OUT/inspect-4x1.txt" 2>/dev/null
+echo "=== bench (decode must stay ~416 tok/s at 4K) ==="
+grep -E "^(prefill|decode)" "$OUT/bench.txt" 2>/dev/null || tail -5 "$OUT/bench.txt" 2>/dev/null
+echo "=== summary ==="
+cat "$OUT/gpu.txt"
+grep -E "^\[  (PASSED|FAILED) \]|tests? from .* ran" "$OUT/tests.log" | tail -3
+echo "tests rc=$TRC ($((T1 - T0)) s)  bench rc=$BRC ($((T2 - T1)) s)  commit $(git rev-parse --short HEAD 2>/dev/null)"

@@ -1,0 +1,103 @@
+// CudaBackend: the blocks of backend/backend.h over the rows of the current step. Projections, norms and
+// the MoE run over all rows at once; the mixers' per-sequence parts per group, each with its slot's state
+// and position (the position read on the device from the step descriptor).
+#include "backend/cuda/cuda_impl.h"
+#include "core/error.h"
+
+namespace lily::cuda {
+
+void CudaBackend::embed() {
+  if (capture_) begin_capture();
+  if (replay_) return;
+  mark(-1, "embed");
+  cuda::embed(embed_, int(w_->cfg.hidden), d_tokens(), T_, x_, stream_, d_row_group(), d_groups(), fed_);
+}
+
+void CudaBackend::gdn_mixer(int layer) {
+  if (replay_) return;
+  mark(layer, "gdn");
+  const DevLayer& D = layers_[size_t(layer)];
+  const int H = int(w_->cfg.hidden);
+  const GdnDev& g = D.gdn;
+  const int PW = g.proj_width();
+  const float eps = float(w_->cfg.rms_eps);
+  const bool fuse = T_ <= kGemvMaxRows;  // the GEMVs normalise x themselves
+  if (!fuse) rmsnorm(x_, H, D.in_norm, T_, H, eps, u_, H, stream_);
+  const bool one = groups_.size() == 1;
+  int c0 = 0;
+  GdnBa ba;
+  const GdnBa* bap = nullptr;
+  for (auto& [m, rows] : D.gdn_in) {
+    if (one && opt_.ba_fold && c0 == g.C() + g.Hv * g.dv && rows == 2 * g.Hv) {
+      // b|a in a format of its own: gdn_core runs it, inside the recurrent step for one token
+      ba.W = &m; ba.in = H; ba.x = fuse ? x_ : u_; ba.ldx = H; ba.norm_w = fuse ? D.in_norm : nullptr; ba.eps = eps;
+      bap = &ba;
+    } else {
+      linear(m, rows, H, fuse ? x_ : u_, H, T_, proj_ + c0, PW, false, stream_, fuse ? D.in_norm : nullptr, eps);
+    }
+    c0 += rows;
+  }
+  const size_t l = size_t(layer);
+  for (const Group& gr : groups_) {
+    CudaState& st = *gr.st;
+    gdn_core(g, proj_ + int64_t(gr.first) * PW, gr.rows, st.conv_at(l, st.cur_), st.S_at(l, st.cur_),
+             core_ + int64_t(gr.first) * g.Hv * g.dv, work_, stream_, opt_.chunk_min, bap);
+  }
+  linear(D.gdn_out, H, g.Hv * g.dv, core_, g.Hv * g.dv, T_, x_, H, true, stream_);
+}
+
+void CudaBackend::attn_mixer(int layer) {
+  if (replay_) return;
+  mark(layer, "attn");
+  const DevLayer& D = layers_[size_t(layer)];
+  const int H = int(w_->cfg.hidden);
+  const AttnDev& a = D.attn;
+  const int PW = a.proj_width();
+  const float eps = float(w_->cfg.rms_eps);
+  const bool fuse = T_ <= kGemvMaxRows;
+  if (!fuse) rmsnorm(x_, H, D.in_norm, T_, H, eps, u_, H, stream_);
+  int c0 = 0;
+  for (auto& [m, rows] : D.attn_in) {
+    linear(m, rows, H, fuse ? x_ : u_, H, T_, proj_ + c0, PW, false, stream_, fuse ? D.in_norm : nullptr, eps);
+    c0 += rows;
+  }
+  const size_t l = size_t(layer);
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const Group& gr = groups_[gi];
+    CudaState& st = *gr.st;
+    attn_core(a, proj_ + int64_t(gr.first) * PW, gr.rows, &d_groups()[gi].pos, st.k[l], st.v[l], st.cap_, nsplit_[gi],
+              core_ + int64_t(gr.first) * a.Hq * a.hd, work_, stream_);
+  }
+  linear(D.attn_o, H, a.Hq * a.hd, core_, a.Hq * a.hd, T_, x_, H, true, stream_);
+}
+
+void CudaBackend::ffn(int layer) {
+  if (replay_) return;
+  mark(layer, "ffn");
+  const DevLayer& D = layers_[size_t(layer)];
+  const int H = int(w_->cfg.hidden);
+  const float eps = float(w_->cfg.rms_eps);
+  const bool fuse = T_ <= kGemvMaxRows;
+  if (!fuse) rmsnorm(x_, H, D.post_norm, T_, H, eps, u_, H, stream_);
+  moe(D.moe, fuse ? nullptr : u_, T_, x_, work_, stream_, side_, fork_, join_, D.post_norm, eps);
+}
+
+void CudaBackend::head() {
+  if (replay_ || O_ == 0) return;
+  mark(-1, "head");
+  const int H = int(w_->cfg.hidden), V = int(w_->cfg.vocab);
+  const float eps = float(w_->cfg.rms_eps);
+  const float* xr = x_ + int64_t(T_ - O_) * H;
+  if (!out_tail_) {  // the groups' output rows side by side
+    gather_rows(x_, H, d_out_rows(), O_, H, u_, H, stream_);
+    xr = u_;
+  }
+  if (O_ <= kGemvMaxRows) {
+    linear(lm_head_, V, H, xr, H, O_, logits_, V, false, stream_, final_norm_, eps);
+  } else {
+    rmsnorm(xr, H, final_norm_, O_, H, eps, u_, H, stream_);  // in place when gathered (row by row)
+    linear(lm_head_, V, H, u_, H, O_, logits_, V, false, stream_);
+  }
+}
+
+}  // namespace lily::cuda

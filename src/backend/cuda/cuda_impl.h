@@ -1,0 +1,304 @@
+// Internals of the CUDA backend shared by its host files (not a public header): the device context, the
+// pinned-memory pool, the sequence state with its snapshots, and the backend class. Jobs by file:
+// upload.cpp (weights, shape checks), state.cpp (slots, snapshots), cuda_step.cpp (descriptor, tickets),
+// blocks.cpp (the blocks), graphs.cpp (capture, replay, record), sampling.cpp (device sampler),
+// api.cpp (the public functions), options.cpp (CudaOptions by name).
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/attn.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gdn.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/sample.h"
+#include "backend/cuda/step_desc.h"
+
+namespace lily::cuda {
+
+// The device, its stream and an allocation tally (peak_memory). Shared by the backend, its states and
+// their snapshots, which may outlive the backend object (prompt caches).
+struct Device {
+  int ordinal = 0;
+  cudaStream_t stream = nullptr;
+  size_t cur = 0, peak = 0;
+  explicit Device(int ord);
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  // Throws InputError naming the size when the device memory is exhausted.
+  void* alloc(size_t bytes);
+  void free(void* p, size_t bytes);
+  void sync() const;
+};
+
+// Page-locked host blocks for stream-ordered copies (step descriptors up, drawn ids and staged logits
+// down). A block is handed back only once no queued copy uses it.
+class PinnedPool {
+ public:
+  struct Block {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  ~PinnedPool();
+  Block get(size_t bytes);
+  void put(Block& b);  // b is empty afterwards
+
+ private:
+  std::vector<Block> free_;
+};
+
+struct DevLayer {
+  LayerKind kind;
+  float *in_norm = nullptr, *post_norm = nullptr;
+  // DeltaNet
+  std::vector<std::pair<Mat, int>> gdn_in;  // runs of [qkv|z|b|a] rows in one format: (matrix, rows)
+  Mat gdn_out;                              // [H, Hv·dv]
+  GdnDev gdn;
+  // attention
+  std::vector<std::pair<Mat, int>> attn_in;  // runs of [q|gate ·Hq, k, v] rows
+  Mat attn_o;                                // [H, Hq·hd]
+  AttnDev attn;
+  MoeDev moe;
+};
+
+class CudaBackend;
+
+// A saved sequence: per attention layer its n K rows then its n V rows ([Hkv][n][hd] bf16 each), per
+// DeltaNet layer the conv state then the recurrent state of the current version, in one device block.
+class CudaSnapshot final : public StateSnapshot {
+ public:
+  ~CudaSnapshot() override;
+  int64_t n_tokens() const override { return n; }
+  size_t nbytes() const override { return bytes; }
+  // CPU order (cpu_backend.cpp): per layer K [n][Hkv·hd], V [n][Hkv·hd], conv [K-1][C], S [Hv][dv][dk].
+  std::vector<float> contents() const override;
+
+  std::shared_ptr<Device> dev;
+  std::shared_ptr<const ModelWeights> w;
+  const CudaBackend* owner = nullptr;  // identity only (restore checks it)
+  int64_t n = 0;
+  void* mem = nullptr;
+  size_t bytes = 0;
+  std::vector<size_t> off;  // per layer: offset of its first piece
+};
+
+class CudaState final : public SequenceState {
+ public:
+  CudaState(CudaBackend& be, int64_t cap, int slot);
+  ~CudaState() override;
+  int64_t n_tokens() const override { return n_; }
+  int64_t capacity() const override { return cap_; }
+  int64_t pending() const override { return pending_; }
+  void commit(int64_t n) override;
+  int max_tentative() const override { return R_ - 1; }
+  void reserve_tentative(int rows) override;
+  std::unique_ptr<StateSnapshot> snapshot() const override;
+  void restore(const StateSnapshot& s) override;
+  void reset() override;
+  size_t nbytes() const override { return fixed_bytes_ + size_t(n_) * kv_bytes_per_token_; }
+
+  // Version j steps after the current one (the state after tentative row j - 1).
+  int ver(int j) const { return (cur_ + j) % R_; }
+  float* conv_at(size_t l, int v) const { return conv[l] + size_t(v) * conv_n_; }
+  float* S_at(size_t l, int v) const { return S[l] + size_t(v) * S_n_; }
+  DevSlotLayer table_entry(size_t l) const;
+
+  CudaBackend& be_;
+  std::shared_ptr<Device> dev_;
+  int slot_;
+  int64_t cap_, n_ = 0, pending_ = 0;
+  int R_ = 1, cur_ = 0;
+  bool fed_ = false;  // a sampled step has written the slot's fed word
+  std::vector<uint16_t*> k, v;  // per layer (attention layers)
+  std::vector<float*> conv, S;  // per layer (DeltaNet layers): version 0 of the ring
+  void* kv_region = nullptr;
+  void* ring_region = nullptr;
+  size_t kv_region_bytes = 0, ring_region_bytes = 0;
+  size_t conv_n_ = 0, S_n_ = 0;  // floats per version
+  size_t fixed_bytes_ = 0, kv_bytes_per_token_ = 0;
+
+ private:
+  void alloc_ring(int R);
+};
+
+// The descriptor of one step: where each array sits in the (host and device) block. A function of the
+// step's shape only, so that a captured graph's pointers stay valid for any step of its key.
+struct DescLayout {
+  size_t tokens = 0, row_group = 0, groups = 0, out_rows = 0, sample_src = 0, sample_slot = 0, sample_fed = 0;
+  size_t attn_short = 0, attn_short_rows = 0, gdn_short = 0, bytes = 0;
+};
+DescLayout desc_layout(int T, int G, int O, int S, int n_attn_short, int n_attn_short_rows, int n_gdn_short);
+
+// A captured decode graph: its step shape (slot: the slot whose state pointers it holds, -1: it reads the
+// slot table).
+struct GraphKey {
+  int slot = -1, T = 0, G = 0, bucket = 0, O = 0, kind = 0;
+  bool operator<(const GraphKey& o) const {
+    return std::tie(slot, T, G, bucket, O, kind) < std::tie(o.slot, o.T, o.G, o.bucket, o.O, o.kind);
+  }
+};
+
+// One step submitted with end() and not yet finished.
+struct Flight {
+  uint64_t ticket = 0;
+  cudaEvent_t done = nullptr;     // after the step's device work and its output copies
+  PinnedPool::Block desc, ids, staged;
+  std::vector<std::pair<int64_t, int64_t>> logit_ranges;  // (row of the logits buffer, rows) in group order
+  int64_t logit_rows = 0, sample_rows = 0;
+  bool staged_logits = false;  // the logits were copied to `staged` (a later step reuses the buffer)
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOptions& opt);
+  ~CudaBackend() override;
+  std::string name() const override { return "cuda"; }
+  const ModelWeights& weights() const override { return *w_; }
+  std::unique_ptr<SequenceState> new_state(int64_t max_tokens) override;
+  void begin(const Step& step) override;
+  void embed() override;
+  void gdn_mixer(int layer) override;
+  void attn_mixer(int layer) override;
+  void ffn(int layer) override;
+  void head() override;
+  uint64_t end() override;
+  void finish(uint64_t ticket, const StepOutputs& out) override;
+  void synchronize() override { dev_->sync(); }
+  size_t peak_memory() const override { return dev_->peak; }
+  // Longer steps fill the expert tiles of the grouped GEMMs (8 slots × T / E rows per expert) and run
+  // fewer launches per token; the scratch grows with T (35B-A3B affine4: 22.2 GB peak at 8192, 20.3 at 2048).
+  int64_t preferred_prefill_chunk() const override { return 8192; }
+  // Device-to-device cudaMemcpy of 1 GiB (bytes read + written per second), median of 5, measured once.
+  double copy_bandwidth() override;
+
+  std::vector<KernelLaunch> describe(int64_t ctx, int rows, int groups);
+  CudaBlockProfile block_profile() const;
+
+  // ---- weights (upload.cpp)
+  void upload_weights();
+  Mat upload(const std::vector<const Linear*>& parts);
+  Mat upload(const Linear& l) { return upload(std::vector<const Linear*>{&l}); }
+  Mat upload_exl3(const std::vector<const Linear*>& parts, int per_expert);
+  std::vector<std::pair<Mat, int>> upload_runs(const std::vector<const Linear*>& parts);
+  void* alloc_w(size_t bytes);
+  float* upload_f32(const std::vector<float>& v);
+
+  // ---- pool (state.cpp)
+  int take_slot(CudaState* st);
+  void release_slot(int slot);
+  void put_slot_table(const CudaState& st);  // stream-ordered upload of the slot's table entries
+
+  // ---- step (cuda_step.cpp)
+  void ensure_scratch(int T, size_t work);
+  void ensure_logits(int64_t rows);
+  void ensure_desc(size_t bytes);
+  void stage_flights();
+  void abandon_step();  // copies logits still in the device buffer to their flights' pinned blocks
+  void mark(int layer, const char* blk);
+  int bucket_for(int64_t ctx) const {
+    int b = 0;
+    while ((int64_t(256) << b) < ctx) ++b;
+    return b;
+  }
+  cudaEvent_t get_event();
+  void put_event(cudaEvent_t e);
+
+  // ---- graphs (graphs.cpp)
+  void begin_capture();
+  // Ends the capture (record mode: lists the nodes into recorded_ and drops the graph); returns the
+  // executable graph to launch, or null in record mode.
+  cudaGraphExec_t end_capture();
+  void drop_graphs();
+  void drop_slot_graphs(int slot);
+
+  std::shared_ptr<const ModelWeights> w_;
+  CudaOptions opt_;
+  std::shared_ptr<Device> dev_;
+  cudaStream_t stream_ = nullptr, side_ = nullptr;  // side_: shared expert, forked/joined by events
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  std::vector<DevLayer> layers_;
+  Mat embed_, lm_head_;
+  float* final_norm_ = nullptr;
+  float* inv_freq_ = nullptr;
+  std::vector<std::pair<void*, size_t>> weight_allocs_;
+  int max_proj_ = 0, max_core_ = 0;
+  double copy_bw_ = 0;
+  // zeroed words that kernels leave zero: the argmax scratch (argmax_scratch_bytes(kArgmaxRows)), then
+  // the top-k fold counter shared by the MoE layers
+  static constexpr int kArgmaxRows = 256;
+  void* small_ = nullptr;
+  static size_t small_bytes() { return (argmax_scratch_bytes(kArgmaxRows) + 15) / 16 * 16 + 16; }
+  unsigned* topk_counter() const {
+    return reinterpret_cast<unsigned*>(static_cast<char*>(small_) + (argmax_scratch_bytes(kArgmaxRows) + 15) / 16 * 16);
+  }
+
+  // pool
+  std::vector<CudaState*> slots_;  // by slot; null: free
+  DevSlotLayer* slot_tab_ = nullptr;  // device [layers][slot_cap_]
+  int slot_cap_ = 0;
+  int32_t* fed_ = nullptr;  // device [slot_cap_]: the id the device drew last for each slot
+
+  // scratch (grown in begin(); growing drops captured graphs)
+  int cap_T_ = 0;
+  uint64_t scratch_gen_ = 1;
+  float *x_ = nullptr, *u_ = nullptr, *proj_ = nullptr, *core_ = nullptr, *logits_ = nullptr;
+  int32_t* ids_dev_ = nullptr;  // [cap_T_] ids drawn by the current step
+  void* work_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t work_bytes_ = 0, scratch_bytes_ = 0;
+  int64_t logits_rows_ = 0;
+  void* desc_dev_ = nullptr;
+  size_t desc_cap_ = 0;
+  PinnedPool pinned_;
+  std::vector<cudaEvent_t> events_;
+
+  // current step
+  struct Group {
+    CudaState* st;
+    int32_t first, rows, out_rows;
+    bool logits, sample, tentative;
+  };
+  std::vector<Group> groups_;
+  int T_ = 0, O_ = 0;  // rows, rows whose logits are computed
+  DescLayout lay_;
+  PinnedPool::Block desc_host_;
+  std::vector<int> nsplit_;  // attention split per group
+  bool out_tail_ = true;     // the logits rows are the step's last O_ rows, in order
+  bool capture_ = false, replay_ = false, recording_ = false, stepping_ = false;
+  cudaGraphExec_t exec_ = nullptr;  // graph to replay in end()
+  GraphKey graph_key_;
+  std::map<GraphKey, cudaGraphExec_t> graphs_;
+  std::deque<Flight> flights_;
+  uint64_t next_ticket_ = 1;
+  // profile
+  std::map<std::string, double> prof_;
+  std::string prof_block_;
+  std::chrono::steady_clock::time_point prof_t0_;
+  int64_t prof_steps_ = 0;
+  // record mode: graph node counts at block boundaries, then the listed launches
+  std::vector<std::pair<size_t, std::pair<int, std::string>>> marks_;
+  std::vector<KernelLaunch> recorded_;
+
+  const int32_t* d_tokens() const { return reinterpret_cast<const int32_t*>(static_cast<char*>(desc_dev_) + lay_.tokens); }
+  const int32_t* d_row_group() const {
+    return reinterpret_cast<const int32_t*>(static_cast<char*>(desc_dev_) + lay_.row_group);
+  }
+  const DevGroup* d_groups() const { return reinterpret_cast<const DevGroup*>(static_cast<char*>(desc_dev_) + lay_.groups); }
+  const int32_t* d_out_rows() const {
+    return reinterpret_cast<const int32_t*>(static_cast<char*>(desc_dev_) + lay_.out_rows);
+  }
+};
+
+bool same_format(const Linear& a, const Linear& b);
+// Throws InputError naming the config field when the CUDA kernels do not cover the model's shape.
+void check_cuda_shape(const ModelConfig& c);
+
+}  // namespace lily::cuda

@@ -1,0 +1,82 @@
+// CudaOptions by name (the CLI's repeated --cuda-opt name=value, tests, tools): one table of names.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+
+namespace lily {
+namespace {
+
+struct Field {
+  const char* name;
+  const char* help;
+  std::function<void(CudaOptions&, const std::string&)> set;
+};
+
+bool parse_bool(const std::string& name, const std::string& v) {
+  if (v == "1" || v == "on" || v == "true" || v == "yes") return true;
+  if (v == "0" || v == "off" || v == "false" || v == "no") return false;
+  fail("--cuda-opt {}={}: expected 1/0, on/off or true/false", name, v);
+}
+
+int parse_int(const std::string& name, const std::string& v) {
+  try {
+    size_t used = 0;
+    const int x = std::stoi(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  fail("--cuda-opt {}={}: expected an integer", name, v);
+}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> f = {
+      {"device", "CUDA device ordinal", [](CudaOptions& o, const std::string& v) { o.device = parse_int("device", v); }},
+      {"graphs", "capture decode steps as CUDA graphs", [](CudaOptions& o, const std::string& v) { o.graphs = parse_bool("graphs", v); }},
+      {"chunk_min", "DeltaNet: rows from which a group takes the chunked rule",
+       [](CudaOptions& o, const std::string& v) { o.chunk_min = parse_int("chunk_min", v); }},
+      {"profile", "time every block (synchronises; no graphs)",
+       [](CudaOptions& o, const std::string& v) { o.profile = parse_bool("profile", v); }},
+      {"ba_fold", "DeltaNet b|a projection inside the step kernel", [](CudaOptions& o, const std::string& v) { o.ba_fold = parse_bool("ba_fold", v); }},
+      {"topk_fold", "MoE top-k inside the router GEMV", [](CudaOptions& o, const std::string& v) { o.topk_fold = parse_bool("topk_fold", v); }},
+      {"pdl", "programmatic dependent launch", [](CudaOptions& o, const std::string& v) { o.kernels.pdl = parse_bool("pdl", v); }},
+      {"gemv_ring", "TMA ring GEMV for affine decode products",
+       [](CudaOptions& o, const std::string& v) { o.kernels.gemv_ring = parse_bool("gemv_ring", v); }},
+      {"gemm_bf16", "prompt GEMMs in single bf16 (faster, less accurate)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.gemm_bf16 = parse_bool("gemm_bf16", v); }},
+      {"gemm_skip_empty", "expert GEMMs skip empty row tiles",
+       [](CudaOptions& o, const std::string& v) { o.kernels.gemm_skip_empty = parse_bool("gemm_skip_empty", v); }},
+      {"ring_early_ids", "MoE down product reads expert ids before its PDL wait",
+       [](CudaOptions& o, const std::string& v) { o.kernels.ring_early_ids = parse_bool("ring_early_ids", v); }},
+  };
+  return f;
+}
+
+}  // namespace
+
+void set_cuda_option(CudaOptions& o, const std::string& name, const std::string& value) {
+  for (const Field& f : fields())
+    if (name == f.name) {
+      f.set(o, value);
+      return;
+    }
+  std::string names;
+  for (const Field& f : fields()) names += std::string(names.empty() ? "" : ", ") + f.name;
+  fail("--cuda-opt {}: unknown option (known: {})", name, names);
+}
+
+void set_cuda_option(CudaOptions& o, const std::string& name_eq_value) {
+  const size_t eq = name_eq_value.find('=');
+  if (eq == std::string::npos || eq == 0) fail("--cuda-opt {}: expected name=value", name_eq_value);
+  set_cuda_option(o, name_eq_value.substr(0, eq), name_eq_value.substr(eq + 1));
+}
+
+std::vector<std::string> cuda_option_names() {
+  std::vector<std::string> n;
+  for (const Field& f : fields()) n.push_back(std::string(f.name) + ": " + f.help);
+  return n;
+}
+
+}  // namespace lily

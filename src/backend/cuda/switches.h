@@ -1,0 +1,20 @@
+// Kernel-level switches of the CUDA backend (A/B measurements, debugging), plain C++. The backend sets
+// them from CudaOptions (cuda_backend.h) before each step it launches; tests set them directly. The host
+// side of the launchers reads them; a captured graph keeps the launches it was captured with.
+#pragma once
+
+namespace lily::cuda {
+
+struct KernelSwitches {
+  bool pdl = true;              // programmatic dependent launch between decode kernels
+  bool gemv_ring = true;        // TMA-fed shared-memory ring for affine decode GEMVs (sm_90)
+  bool gemm_bf16 = false;       // prompt GEMMs round activations to bf16 once (faster, less accurate)
+  bool gemm_skip_empty = true;  // expert GEMM warps skip the MMAs of row tiles past a partial tile
+  bool ring_early_ids = true;   // the MoE down+combine ring product reads its expert ids before its PDL wait
+};
+
+// Process-wide: the last values set apply to every launch that follows.
+void set_kernel_switches(const KernelSwitches& s);
+const KernelSwitches& kernel_switches();
+
+}  // namespace lily::cuda
