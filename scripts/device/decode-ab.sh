@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call for decode work: the CUDA tests named by TESTS, `lily bench` decode (affine4 35B-A3B
-# synth) under each environment setting of AB (space-separated, e.g. "LILY_GEMV_RING=1 LILY_GEMV_RING=0"),
+# synth) under each CUDA option setting of AB (space-separated name=value, passed as --cuda-opt, e.g.
+# "gemv_ring=1 gemv_ring=0"; names: lily bench --help),
 # and with PROFILE=1 an Nsight Compute per-kernel table of one decode step (profile.sh's summary).
 # Needs the bundle of scripts/device/bundle.sh (carry .devbin). Output under $OUT.
 set -uo pipefail
@@ -18,9 +19,9 @@ if [ -n "${TESTS:-}" ]; then
   grep -E "^\[  (PASSED|FAILED) \]|tests? from .* ran" "$OUT/tests.log" | tail -3
 fi
 i=0
-for ab in ${AB:-LILY_PDL=1}; do
+for ab in ${AB:-pdl=1}; do
   i=$((i + 1))
-  env "$ab" timeout 200 "$D/lily" bench --synth qwen3.5-35b-a3b --format "${FORMAT:-affine4}" --backend cuda \
+  timeout 200 "$D/lily" bench --cuda-opt "$ab" --synth qwen3.5-35b-a3b --format "${FORMAT:-affine4}" --backend cuda \
     --prefill "${PREFILL:-512}" --decode-context "${CTX:-256,4096}" --repeats 2 --decode-tokens 32 > "$OUT/ab$i.txt" 2>&1
   echo "== $ab (rc $?)"
   grep -E "^(prefill|decode@)" "$OUT/ab$i.txt"

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/backend_options.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "tools/bench.h"
@@ -24,6 +25,7 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   auto decode = std::make_shared<std::string>("256");
   auto opt = std::make_shared<BenchOptions>();
   auto json = std::make_shared<bool>(false);
+  auto cuda_opts = std::make_shared<std::vector<std::string>>();
   auto streams = std::make_shared<std::string>();
   auto verify = std::make_shared<std::string>();
   app.add_option("--model", *model, "Model directory");
@@ -33,6 +35,7 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   app.add_option("--codebook", *codebook, "With --synth --format exl3: mcg | mul1 | 3inst");
   app.add_option("--seed", *seed, "With --synth: random seed");
   app.add_option("--backend", *backend, "cpu | cuda");
+  add_cuda_opt(app, *cuda_opts);
   app.add_option("--prefill", *prefill, "Prompt lengths, comma separated (k = 1024)");
   app.add_option("--decode-context", *decode, "Context lengths for decode, comma separated");
   app.add_option("--repeats", opt->repeats, "Timed runs per figure (median reported)");
@@ -76,6 +79,10 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
     if (model->empty() == synth->empty()) fail("bench: give exactly one of --model DIR or --synth PRESET");
     BenchOptions o = *opt;
     o.backend = *backend;
+    if (!cuda_opts->empty()) {
+      if (*backend != "cuda") fail("--cuda-opt needs --backend cuda (got --backend {})", *backend);
+      o.make_backend = [opts = *cuda_opts](std::shared_ptr<const ModelWeights> w) { return make_backend_with(std::move(w), opts); };
+    }
     o.prefill = parse_sizes(*prefill, "--prefill");
     o.decode_context = parse_sizes(*decode, "--decode-context");
     if (!streams->empty()) o.streams = parse_sizes(*streams, "--streams");

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/backend_options.h"
 #include "cli/registry.h"
 #include "cli/text_generation.h"
 #include "core/error.h"
@@ -99,6 +100,7 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
     int top_k = 20;
     int64_t seed = -1;
     bool no_think = false, hide_think = false;
+    std::vector<std::string> cuda_opts;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--model", o->model, "Model directory (default: the built-in random-weight demo model)");
@@ -113,6 +115,7 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
   app.add_option("--min-p", o->min_p, "Drop tokens below min-p x the top probability")->capture_default_str();
   app.add_option("--seed", o->seed, "Random seed (default: random)");
   app.add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
+  add_cuda_opt(app, o->cuda_opts);
   app.add_option("--template-kwargs", o->kwargs, "JSON object of extra template variables");
   app.add_flag("--no-think", o->no_think, "Ask the template not to think (enable_thinking=false)");
   app.add_flag("--hide-think", o->hide_think, "Do not print the reasoning");
@@ -135,10 +138,10 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
       m = TextModel::load(dir, "", o->chat_template);
       DemoModelOptions d;
       d.vocab = m.tokenizer->vocab_size();
-      engine = Engine::from_weights(make_demo_weights(d), eo);
+      engine = engine_from_weights(make_demo_weights(d), eo, o->cuda_opts);
     } else {
       m = TextModel::load(o->model, o->tokenizer, o->chat_template);
-      engine = Engine::open(o->model, eo);
+      engine = open_engine(o->model, eo, o->cuda_opts);
     }
     Session s(*engine);
     GenerateOptions go;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/backend_options.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "runtime/generate.h"
@@ -18,6 +19,7 @@ namespace {
 Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
   struct Opts {
     std::string model, tokens, backend = "cpu", prompt, tokenizer, chat_template, system, template_kwargs;
+    std::vector<std::string> cuda_opts;
     bool raw = false;
     int64_t max_tokens = 64, chunk = 0, ctx = 0;
     float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f, rep = 1.0f;
@@ -45,6 +47,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
   app.add_option("--prefill-chunk", o->chunk, "Prompt tokens per forward step (0: the backend's choice, 2048 on the CPU, 8192 on CUDA)");
   app.add_option("--ctx-size", o->ctx, "Context size (default: prompt + max tokens)");
   app.add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
+  add_cuda_opt(app, o->cuda_opts);
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the model's end-of-sequence ids");
   app.add_flag("--json", o->json, "Print one JSON object");
   return [o]() -> int {
@@ -86,7 +89,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
     go.sampling.repetition_penalty = o->rep;
     if (o->seed >= 0) go.sampling.seed = uint64_t(o->seed);
     validate(go.sampling);
-    auto engine = Engine::open(o->model, eo);
+    auto engine = open_engine(o->model, eo, o->cuda_opts);
     if (!o->ignore_eos) {
       for (auto id : engine->config().eos_ids) go.stop_ids.push_back(int32_t(id));
       if (tm)

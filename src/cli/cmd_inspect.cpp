@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "cli/backend_options.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "model/weights.h"
@@ -54,7 +55,7 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
   app.add_option("--context", *ctx, "Tokens already in the cache (selects the context bucket)")->capture_default_str();
   app.add_option("--rows", *rows, "Rows of the step (all groups together)")->capture_default_str();
   app.add_option("--groups", *groups, "Sequences in the step (rows / groups rows each)")->capture_default_str();
-  app.add_option("--cuda-opt", *cuda_opts, "CUDA backend option name=value (repeatable; e.g. pdl=0, graphs=0)");
+  add_cuda_opt(app, *cuda_opts);
   app.add_flag("--json", *json, "Print JSON");
   return [=]() -> int {
     if (*backend != "cuda") fail("--backend {}: inspect shows the CUDA decode graph (use --backend cuda)", *backend);
@@ -74,9 +75,7 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
     } else {
       w = ModelWeights::load(*model);
     }
-    CudaOptions co;
-    for (const auto& kv : *cuda_opts) set_cuda_option(co, kv);
-    auto be = make_cuda_backend(w, co);
+    auto be = make_backend_with(w, *cuda_opts);
     const auto ks = cuda_describe_decode_step(*be, *ctx, *rows, *groups);
     std::map<int, int> per_layer;
     for (const auto& k : ks) ++per_layer[k.layer];

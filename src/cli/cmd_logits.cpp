@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/mtp_reference.h"
+#include "cli/backend_options.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "runtime/session.h"
@@ -14,6 +15,7 @@ namespace {
 Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for a token list", [](CLI::App& app) {
   struct Opts {
     std::string model, tokens, out, backend = "cpu";
+    std::vector<std::string> cuda_opts;
     int64_t chunk = 0;
     bool mtp = false;
   };
@@ -26,6 +28,7 @@ Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for 
   app.add_flag("--mtp", o->mtp,
                "Write the MTP head's teacher-forced logits [T-1, vocab] instead (row t from the pair (x_{t+1}, h_t), "
                "predicting x_{t+2}); CPU reference");
+  add_cuda_opt(app, o->cuda_opts);
   return [o]() -> int {
     auto ids = parse_ids(o->tokens, "--tokens");
     if (ids.empty()) fail("--tokens: no token ids given");
@@ -35,7 +38,7 @@ Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for 
     eo.ctx_size = int64_t(ids.size());
     if (o->mtp && o->backend != "cpu") fail("--mtp: the MTP head runs on --backend cpu (its CPU reference) for now");
     if (o->mtp && ids.size() < 2) fail("--mtp: --tokens needs at least 2 ids (row t pairs x_{{t+1}} with h_t)");
-    auto engine = Engine::open(o->model, eo);
+    auto engine = open_engine(o->model, eo, o->cuda_opts);
     const int64_t V = engine->config().vocab;
     std::vector<float> logits;
     if (o->mtp) {

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/backend_options.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "runtime/demo_model.h"
@@ -17,6 +18,7 @@ struct ServeArgs {
   std::string model, host = "127.0.0.1", api_key, chat_template, backend = "cpu", tokenizer, model_id, web_dir;
   int port = 8080, parallel = 1, queue = 16;
   int64_t ctx_size = 32768, cache_mem = 2048, prefill_chunk = 2048, max_tokens = 4096, step_tokens = 0;
+  std::vector<std::string> cuda_opts;
 };
 
 Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --model: the random-weight demo model)",
@@ -33,6 +35,7 @@ Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --mo
   app.add_option("--chat-template", a->chat_template, "Jinja chat template file (overrides the model's)");
   app.add_option("--tokenizer", a->tokenizer, "Directory or tokenizer.json when the model directory has none");
   app.add_option("--backend", a->backend, "cpu or cuda")->capture_default_str();
+  add_cuda_opt(app, a->cuda_opts);
   app.add_option("--step-tokens", a->step_tokens, "Rows per forward step when prompts wait: every decoding stream's row, then prompt chunks up to this budget (0: --prefill-chunk)")->capture_default_str();
   app.add_option("--prefill-chunk", a->prefill_chunk, "Prompt tokens per forward step; a step stalls the other streams' decoding (0: the backend's choice, 8192 on CUDA)")->capture_default_str();
   app.add_option("--max-tokens", a->max_tokens, "Default completion limit when a request sets none")->capture_default_str();
@@ -64,10 +67,10 @@ Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --mo
       tok = text::Tokenizer::load(tok_dir);
       DemoModelOptions d;
       d.vocab = tok->vocab_size();
-      engine = Engine::from_weights(make_demo_weights(d), eo);
+      engine = engine_from_weights(make_demo_weights(d), eo, a->cuda_opts);
       if (id.empty()) id = "lily-demo";
     } else {
-      engine = Engine::open(a->model, eo);
+      engine = open_engine(a->model, eo, a->cuda_opts);
       if (!a->tokenizer.empty()) tok_dir = a->tokenizer;
       else if (fs::exists(fs::path(a->model) / "tokenizer.json")) tok_dir = a->model;
       if (!tok_dir.empty()) tok = text::Tokenizer::load(tok_dir);

@@ -87,7 +87,7 @@ BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions&
   eo.backend = opt.backend;
   eo.ctx_size = max_ctx;
   eo.prefill_chunk = opt.prefill_chunk;
-  auto engine = Engine::from_weights(w, eo);
+  auto engine = opt.make_backend ? Engine::from_backend(w, opt.make_backend(w), eo) : Engine::from_weights(w, eo);
   Backend& be = engine->backend();
   Session s(*engine, max_ctx);
 

@@ -13,6 +13,7 @@
 // memcpy of a large buffer (bytes read + bytes written per second, best of several).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,8 @@ struct BenchOptions {
   // Verification steps: a tentative step of k rows of one sequence at stream_context, timed against a
   // one-row step (both with outputs for every row, rolled back), for each k.
   std::vector<int64_t> verify;
+  // Builds the backend instead of `backend` (e.g. CUDA with --cuda-opt options); empty: EngineOptions::backend.
+  std::function<std::unique_ptr<Backend>(std::shared_ptr<const ModelWeights>)> make_backend;
 };
 
 struct BenchRow {

@@ -219,6 +219,15 @@ TEST(CudaModel, DescribeDecodeStep) {
     if (k.layer >= 0 && k.layer < 64) ++per_layer[k.layer];
   for (int l = 0; l < int(w->cfg.layers); ++l) EXPECT_GT(per_layer[l], 0) << "layer " << l;
   EXPECT_EQ(ks.front().block, "embed");
+  // four sequences of one row batched: one graph, the same blocks, each layer's mixer one launch for all
+  auto k4 = cuda_describe_decode_step(*be, 1000, 4, 4);
+  ASSERT_FALSE(k4.empty());
+  int per4[64] = {};
+  for (auto& k : k4)
+    if (k.layer >= 0 && k.layer < 64) ++per4[k.layer];
+  for (int l = 0; l < int(w->cfg.layers); ++l) EXPECT_GT(per4[l], 0) << "layer " << l;
+  std::printf("[describe] decode step: %zu kernels alone, %zu for 4 sequences of one row\n", ks.size(), k4.size());
+  EXPECT_LT(k4.size(), 2 * ks.size()) << "batched sequences share the launches";
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // CudaBackend: the blocks of backend/backend.h over the rows of the current step. Projections, norms and
-// the MoE run over all rows at once; the mixers' per-sequence parts per group, each with its slot's state
-// and position (the position read on the device from the step descriptor).
+// the MoE run over all rows at once; the mixers' per-sequence parts read each row's slot and position from
+// the step descriptor and the slot table on the device: short groups batched in one launch per layer
+// (decode attention, the DeltaNet step), long groups through the prompt kernels one launch each.
 #include "backend/cuda/cuda_impl.h"
 #include "core/error.h"
 
@@ -23,13 +24,12 @@ void CudaBackend::gdn_mixer(int layer) {
   const float eps = float(w_->cfg.rms_eps);
   const bool fuse = T_ <= kGemvMaxRows;  // the GEMVs normalise x themselves
   if (!fuse) rmsnorm(x_, H, D.in_norm, T_, H, eps, u_, H, stream_);
-  const bool one = groups_.size() == 1;
   int c0 = 0;
   GdnBa ba;
   const GdnBa* bap = nullptr;
   for (auto& [m, rows] : D.gdn_in) {
-    if (one && opt_.ba_fold && c0 == g.C() + g.Hv * g.dv && rows == 2 * g.Hv) {
-      // b|a in a format of its own: gdn_core runs it, inside the recurrent step for one token
+    if (ba_groups_ && c0 == g.C() + g.Hv * g.dv && rows == 2 * g.Hv) {
+      // b|a in a format of its own, every group one row: inside the step kernel where it fits
       ba.W = &m; ba.in = H; ba.x = fuse ? x_ : u_; ba.ldx = H; ba.norm_w = fuse ? D.in_norm : nullptr; ba.eps = eps;
       bap = &ba;
     } else {
@@ -38,10 +38,13 @@ void CudaBackend::gdn_mixer(int layer) {
     c0 += rows;
   }
   const size_t l = size_t(layer);
-  for (const Group& gr : groups_) {
+  gdn_groups(g, proj_, T_, seqs(layer), d_i32(lay_.gdn_short), n_gdn_short_, d_i32(lay_.gdn_short_rows), n_gdn_short_rows_,
+             core_, work_, stream_, bap);
+  for (const Group& gr : groups_) {  // long groups: the chunked rule (or the plain recurrence), one call each
+    if (gr.gdn_short) continue;
     CudaState& st = *gr.st;
     gdn_core(g, proj_ + int64_t(gr.first) * PW, gr.rows, st.conv_at(l, st.cur_), st.S_at(l, st.cur_),
-             core_ + int64_t(gr.first) * g.Hv * g.dv, work_, stream_, opt_.chunk_min, bap);
+             core_ + int64_t(gr.first) * g.Hv * g.dv, work_, stream_, opt_.chunk_min, nullptr);
   }
   linear(D.gdn_out, H, g.Hv * g.dv, core_, g.Hv * g.dv, T_, x_, H, true, stream_);
 }
@@ -61,12 +64,21 @@ void CudaBackend::attn_mixer(int layer) {
     linear(m, rows, H, fuse ? x_ : u_, H, T_, proj_ + c0, PW, false, stream_, fuse ? D.in_norm : nullptr, eps);
     c0 += rows;
   }
+  // q and the KV append of every row at its slot and position; then the short groups in one launch, the
+  // long ones through the prompt kernels one by one
+  auto* q = static_cast<float*>(work_);
+  void* part = static_cast<char*>(work_) + attn_q_bytes(a, T_);
+  const StepSeqs sq = seqs(layer);
+  attn_prep(a, proj_, T_, sq, q, stream_);
+  attn_decode_groups(a, q, proj_, T_, sq, d_i32(lay_.attn_short), n_attn_short_, d_i32(lay_.attn_short_rows),
+                     n_attn_short_rows_, nsplit_short_, core_, part, stream_);
   const size_t l = size_t(layer);
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const Group& gr = groups_[gi];
+    if (gr.attn_short) continue;
     CudaState& st = *gr.st;
-    attn_core(a, proj_ + int64_t(gr.first) * PW, gr.rows, &d_groups()[gi].pos, st.k[l], st.v[l], st.cap_, nsplit_[gi],
-              core_ + int64_t(gr.first) * a.Hq * a.hd, work_, stream_);
+    attn_rows(a, q + int64_t(gr.first) * a.Hq * a.hd, proj_ + int64_t(gr.first) * PW, gr.rows, &d_groups()[gi].pos,
+              st.k[l], st.v[l], st.cap_, gr.nsplit, core_ + int64_t(gr.first) * a.Hq * a.hd, part, stream_);
   }
   linear(D.attn_o, H, a.Hq * a.hd, core_, a.Hq * a.hd, T_, x_, H, true, stream_);
 }
@@ -98,6 +110,12 @@ void CudaBackend::head() {
     rmsnorm(xr, H, final_norm_, O_, H, eps, u_, H, stream_);  // in place when gathered (row by row)
     linear(lm_head_, V, H, u_, H, O_, logits_, V, false, stream_);
   }
+  // the drawn ids: into ids_dev_ (copied to the host in end()) and each group's fed word
+  if (kind_ == 1)
+    argmax(logits_, S_, V, ids_dev_, small_, stream_, d_i32(lay_.sample_src), d_i32(lay_.sample_fed), fed_);
+  else if (kind_ == 2)
+    sample_rows(samp_, samp_slots_, logits_, S_, d_i32(lay_.sample_src), d_i32(lay_.sample_slot), d_i32(lay_.sample_off),
+                ids_dev_, stream_, d_i32(lay_.sample_fed), fed_);
 }
 
 }  // namespace lily::cuda

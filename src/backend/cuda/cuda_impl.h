@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -116,7 +117,14 @@ class CudaState final : public SequenceState {
   int slot_;
   int64_t cap_, n_ = 0, pending_ = 0;
   int R_ = 1, cur_ = 0;
-  bool fed_ = false;  // a sampled step has written the slot's fed word
+  bool fed_ = false;  // a sampled step has been enqueued: the slot's fed word holds its id
+  // device sampler (sampling.cpp): counts [V], dense bias [V] and mask words, allocated on first use
+  bool sampler_ = false;       // set_sampling done
+  bool greedy_plain_ = false;  // its parameters draw the plain argmax
+  bool mask_on_ = false;       // a mask waits for its next sampled row
+  int32_t* counts_ = nullptr;
+  float* bias_ = nullptr;
+  uint64_t* mask_ = nullptr;
   std::vector<uint16_t*> k, v;  // per layer (attention layers)
   std::vector<float*> conv, S;  // per layer (DeltaNet layers): version 0 of the ring
   void* kv_region = nullptr;
@@ -132,25 +140,35 @@ class CudaState final : public SequenceState {
 // The descriptor of one step: where each array sits in the (host and device) block. A function of the
 // step's shape only, so that a captured graph's pointers stay valid for any step of its key.
 struct DescLayout {
-  size_t tokens = 0, row_group = 0, groups = 0, out_rows = 0, sample_src = 0, sample_slot = 0, sample_fed = 0;
-  size_t attn_short = 0, attn_short_rows = 0, gdn_short = 0, bytes = 0;
+  size_t tokens = 0, row_group = 0, groups = 0, out_rows = 0;
+  size_t sample_src = 0, sample_slot = 0, sample_off = 0, sample_fed = 0;
+  size_t attn_short = 0, attn_short_rows = 0, gdn_short = 0, gdn_short_rows = 0, bytes = 0;
 };
-DescLayout desc_layout(int T, int G, int O, int S, int n_attn_short, int n_attn_short_rows, int n_gdn_short);
+// Arrays: tokens [T], row_group [T], groups [G], out_rows [O] (the step rows whose logits are computed, in
+// group order), per sampled row (S) its logits row, slot, rank within its group and fed slot (-1: not the
+// group's last), the short groups of the attention and of the DeltaNet with their step rows.
+DescLayout desc_layout(int T, int G, int O, int S, int n_attn_short, int n_attn_short_rows, int n_gdn_short,
+                       int n_gdn_short_rows);
 
 // A captured decode graph: its step shape (slot: the slot whose state pointers it holds, -1: it reads the
 // slot table).
+// kind: 0 logits only, 1 ids by the plain argmax, 2 ids by the sampler; tail: the logits rows are the
+// step's last O rows (no gather).
 struct GraphKey {
-  int slot = -1, T = 0, G = 0, bucket = 0, O = 0, kind = 0;
+  int slot = -1, T = 0, G = 0, bucket = 0, O = 0, S = 0, kind = 0;
+  bool tail = true;
   bool operator<(const GraphKey& o) const {
-    return std::tie(slot, T, G, bucket, O, kind) < std::tie(o.slot, o.T, o.G, o.bucket, o.O, o.kind);
+    return std::tie(slot, T, G, bucket, O, S, kind, tail) < std::tie(o.slot, o.T, o.G, o.bucket, o.O, o.S, o.kind, o.tail);
   }
 };
+constexpr int kMaxGraphRows = 64;  // steps of more rows run uncaptured
 
 // One step submitted with end() and not yet finished.
 struct Flight {
   uint64_t ticket = 0;
   cudaEvent_t done = nullptr;     // after the step's device work and its output copies
   PinnedPool::Block desc, ids, staged;
+  std::vector<PinnedPool::Block> uploads;  // sources of copies queued before the step
   std::vector<std::pair<int64_t, int64_t>> logit_ranges;  // (row of the logits buffer, rows) in group order
   int64_t logit_rows = 0, sample_rows = 0;
   bool staged_logits = false;  // the logits were copied to `staged` (a later step reuses the buffer)
@@ -172,6 +190,9 @@ class CudaBackend final : public Backend {
   uint64_t end() override;
   void finish(uint64_t ticket, const StepOutputs& out) override;
   void synchronize() override { dev_->sync(); }
+  bool can_sample() const override { return w_->cfg.vocab <= kSampleMaxVocab; }
+  void set_sampling(SequenceState& seq, const DeviceSampling& p, std::span<const int32_t> history) override;
+  void set_mask(SequenceState& seq, std::span<const uint64_t> mask) override;
   size_t peak_memory() const override { return dev_->peak; }
   // Longer steps fill the expert tiles of the grouped GEMMs (8 slots × T / E rows per expert) and run
   // fewer launches per token; the scratch grows with T (35B-A3B affine4: 22.2 GB peak at 8192, 20.3 at 2048).
@@ -195,6 +216,14 @@ class CudaBackend final : public Backend {
   int take_slot(CudaState* st);
   void release_slot(int slot);
   void put_slot_table(const CudaState& st);  // stream-ordered upload of the slot's table entries
+  // Stream-ordered copy of `bytes` from host memory into device memory through a pinned block (the source
+  // may go away at once); the block goes back to the pool when the next step's ticket is finished.
+  void upload_async(void* dst, const void* src, size_t bytes);
+  CudaState& own(SequenceState& seq, const char* what);
+
+  // ---- sampler (sampling.cpp)
+  void ensure_sampler_rows(int rows);
+  void put_sample_slot(const CudaState& st, const SampleSlot& e);
 
   // ---- step (cuda_step.cpp)
   void ensure_scratch(int T, size_t work);
@@ -245,6 +274,11 @@ class CudaBackend final : public Backend {
   DevSlotLayer* slot_tab_ = nullptr;  // device [layers][slot_cap_]
   int slot_cap_ = 0;
   int32_t* fed_ = nullptr;  // device [slot_cap_]: the id the device drew last for each slot
+  SampleSlot* samp_slots_ = nullptr;  // device [slot_cap_]: each slot's sampler
+  SampleDev samp_;                    // per-row scratch of the sampler
+  void* samp_mem_ = nullptr;
+  size_t samp_bytes_ = 0;
+  std::vector<PinnedPool::Block> uploads_;  // pinned sources of copies queued since the last end()
 
   // scratch (grown in begin(); growing drops captured graphs)
   int cap_T_ = 0;
@@ -265,12 +299,17 @@ class CudaBackend final : public Backend {
     CudaState* st;
     int32_t first, rows, out_rows;
     bool logits, sample, tentative;
+    bool attn_short, gdn_short;  // batched in the short launches (else one launch per group)
+    int nsplit;                  // attention split (long groups)
   };
   std::vector<Group> groups_;
-  int T_ = 0, O_ = 0;  // rows, rows whose logits are computed
+  int T_ = 0, O_ = 0, S_ = 0;  // rows, rows whose logits are computed, rows whose ids are drawn
+  int kind_ = 0;               // GraphKey::kind
+  int n_attn_short_ = 0, n_attn_short_rows_ = 0, n_gdn_short_ = 0, n_gdn_short_rows_ = 0;
+  int nsplit_short_ = 1;       // attention split of the short launch
+  bool ba_groups_ = false;     // every group one row and short: the b|a fold rides in gdn_groups
   DescLayout lay_;
   PinnedPool::Block desc_host_;
-  std::vector<int> nsplit_;  // attention split per group
   bool out_tail_ = true;     // the logits rows are the step's last O_ rows, in order
   bool capture_ = false, replay_ = false, recording_ = false, stepping_ = false;
   cudaGraphExec_t exec_ = nullptr;  // graph to replay in end()
@@ -292,8 +331,14 @@ class CudaBackend final : public Backend {
     return reinterpret_cast<const int32_t*>(static_cast<char*>(desc_dev_) + lay_.row_group);
   }
   const DevGroup* d_groups() const { return reinterpret_cast<const DevGroup*>(static_cast<char*>(desc_dev_) + lay_.groups); }
-  const int32_t* d_out_rows() const {
-    return reinterpret_cast<const int32_t*>(static_cast<char*>(desc_dev_) + lay_.out_rows);
+  const int32_t* d_i32(size_t off) const { return reinterpret_cast<const int32_t*>(static_cast<char*>(desc_dev_) + off); }
+  const int32_t* d_out_rows() const { return d_i32(lay_.out_rows); }
+  StepSeqs seqs(int layer) const {
+    StepSeqs s;
+    s.row_group = d_row_group();
+    s.groups = d_groups();
+    s.slots = slot_tab_ + size_t(layer) * size_t(slot_cap_);
+    return s;
   }
 };
 

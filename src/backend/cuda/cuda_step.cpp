@@ -14,7 +14,8 @@ size_t al16(size_t b) { return (b + 15) & ~size_t(15); }
 size_t al256(size_t b) { return (b + 255) & ~size_t(255); }
 }  // namespace
 
-DescLayout desc_layout(int T, int G, int O, int S, int n_attn_short, int n_attn_short_rows, int n_gdn_short) {
+DescLayout desc_layout(int T, int G, int O, int S, int n_attn_short, int n_attn_short_rows, int n_gdn_short,
+                       int n_gdn_short_rows) {
   DescLayout d;
   size_t off = 0;
   auto take = [&](size_t bytes) {
@@ -28,10 +29,12 @@ DescLayout desc_layout(int T, int G, int O, int S, int n_attn_short, int n_attn_
   d.out_rows = take(4 * size_t(O));
   d.sample_src = take(4 * size_t(S));
   d.sample_slot = take(4 * size_t(S));
+  d.sample_off = take(4 * size_t(S));
   d.sample_fed = take(4 * size_t(S));
   d.attn_short = take(4 * size_t(n_attn_short));
   d.attn_short_rows = take(4 * size_t(n_attn_short_rows));
   d.gdn_short = take(4 * size_t(n_gdn_short));
+  d.gdn_short_rows = take(4 * size_t(n_gdn_short_rows));
   d.bytes = std::max<size_t>(off, 16);
   return d;
 }
@@ -166,60 +169,119 @@ void CudaBackend::begin(const Step& step) {
   if (stepping_) abandon_step();  // the previous step threw before end(): its sequences are not advanced
   const ModelConfig& c = w_->cfg;
   step.validate(c.vocab);
+  const AttnDev* attn0 = nullptr;
+  const GdnDev* gdn0 = nullptr;
+  for (const DevLayer& D : layers_) {
+    if (D.kind == LayerKind::FullAttention && !attn0) attn0 = &D.attn;
+    if (D.kind == LayerKind::LinearAttention && !gdn0) gdn0 = &D.gdn;
+  }
+  const int Gq = attn0 ? attn0->Hq / attn0->Hkv : 1;
+  const bool attn_batch = !attn0 || attn_decode_covers(attn0->hd);
   groups_.clear();
   for (size_t i = 0; i < step.groups.size(); ++i) {
     const StepGroup& g = step.groups[i];
     auto* st = dynamic_cast<CudaState*>(g.seq);
     if (!st || &st->be_ != this)
       throw InternalError(fmt::format("step group {}: its sequence state belongs to another backend", i));
-    if (g.sample) throw InternalError(fmt::format("step group {}: the CUDA backend has no device sampler yet", i));
-    if (step.tokens[size_t(g.first)] == kFedToken)
-      throw InternalError(fmt::format("step group {}: a fed row (kFedToken), but the CUDA backend has no device sampler yet", i));
-    if (g.tentative) throw InternalError(fmt::format("step group {}: tentative steps are not supported on CUDA yet", i));
-    groups_.push_back({st, g.first, g.rows, g.out_rows, g.logits, g.sample, g.tentative});
+    if (st->slot_ < 0 || st->slot_ >= int(slots_.size()) || slots_[size_t(st->slot_)] != st)
+      throw InternalError(fmt::format("step group {}: its sequence is not in the pool", i));
+    if (g.sample && !st->sampler_)
+      throw InternalError(fmt::format("step group {}: draws ids, but set_sampling was not called for its sequence", i));
+    if (step.tokens[size_t(g.first)] == kFedToken && !st->fed_)
+      throw InternalError(fmt::format("step group {}: a fed row (kFedToken), but no earlier step drew an id for its sequence", i));
+    Group gr{st, g.first, g.rows, g.out_rows, g.logits, g.sample, g.tentative, false, false, 1};
+    // a group's path is a function of the group alone (its result does not depend on its batch)
+    gr.attn_short = attn_batch && int64_t(Gq) * g.rows <= kAttnDecodeRows;
+    gr.gdn_short = g.rows <= kGdnShortRows && (g.rows < opt_.chunk_min || g.tentative);
+    groups_.push_back(gr);
   }
   set_kernel_switches(opt_.kernels);
   T_ = int(step.rows());
   const int G = int(groups_.size());
-  std::vector<int32_t> out_rows;
-  for (const Group& g : groups_)
-    if (g.logits)
-      for (int32_t r = g.first + g.rows - g.out_rows; r < g.first + g.rows; ++r) out_rows.push_back(r);
+
+  // outputs: logits rows (logits or sampled groups), sampled rows, the sampler kind
+  std::vector<int32_t> out_rows, s_src, s_slot, s_off, s_fed;
+  bool plain = true;
+  for (const Group& g : groups_) {
+    if (!(g.logits || g.sample)) continue;
+    for (int32_t k = 0; k < g.out_rows; ++k) {
+      if (g.sample) {
+        s_src.push_back(int32_t(out_rows.size()));
+        s_slot.push_back(g.st->slot_);
+        s_off.push_back(k);
+        s_fed.push_back(k == g.out_rows - 1 ? g.st->slot_ : -1);
+      }
+      out_rows.push_back(g.first + g.rows - g.out_rows + k);
+    }
+    if (g.sample && g.out_rows > 0) plain = plain && g.st->greedy_plain_ && !g.st->mask_on_;
+  }
   O_ = int(out_rows.size());
+  S_ = int(s_src.size());
+  kind_ = S_ == 0 ? 0 : plain && S_ <= kArgmaxRows ? 1 : 2;
   out_tail_ = true;
   for (int i = 0; i < O_; ++i) out_tail_ = out_tail_ && out_rows[size_t(i)] == T_ - O_ + i;
 
-  // launch shapes: the split of each group's attention (a function of the context bucket when captured)
-  capture_ = replay_ = false;
-  exec_ = nullptr;
-  const bool graph = recording_ || (opt_.graphs && !opt_.profile && T_ == 1 && G == 1);
-  int64_t ctx_graph = 0;
-  if (graph) {
-    const int64_t need = groups_[0].st->n_ + T_;
-    ctx_graph = int64_t(256) << bucket_for(need);
-    graph_key_ = GraphKey{groups_[0].st->slot_, T_, G, bucket_for(need), O_, 0};
-  }
-  const DevLayer* attn0 = nullptr;
-  for (const DevLayer& D : layers_)
-    if (D.kind == LayerKind::FullAttention) { attn0 = &D; break; }
-  size_t work = 0;
-  nsplit_.assign(size_t(G), 1);
+  // the short launches: their groups and step rows
+  std::vector<int32_t> as, as_rows, gs, gs_rows;
+  int max_short = 0;
+  int64_t ctx_short = 0, ctx_all = 0;
+  bool uniform = true;
+  ba_groups_ = opt_.ba_fold && T_ == G;
   for (int gi = 0; gi < G; ++gi) {
     const Group& g = groups_[size_t(gi)];
-    const int64_t ctx = graph ? ctx_graph : g.st->n_ + g.rows;
-    if (attn0) nsplit_[size_t(gi)] = attn_splits(attn0->attn, g.rows, ctx);
-    for (const DevLayer& D : layers_) {
-      if (D.kind == LayerKind::LinearAttention) work = std::max(work, gdn_scratch_bytes(D.gdn, g.rows));
-      else work = std::max(work, attn_scratch_bytes(D.attn, g.rows, nsplit_[size_t(gi)]));
+    const int64_t ctx = g.st->n_ + g.rows;
+    ctx_all = std::max(ctx_all, ctx);
+    if (g.attn_short) {
+      as.push_back(gi);
+      for (int32_t r = g.first; r < g.first + g.rows; ++r) as_rows.push_back(r);
+      max_short = std::max(max_short, int(g.rows));
+      ctx_short = std::max(ctx_short, ctx);
     }
+    if (g.gdn_short) {
+      gs.push_back(gi);
+      for (int32_t r = g.first; r < g.first + g.rows; ++r) gs_rows.push_back(r);
+    }
+    uniform = uniform && g.rows == groups_[0].rows && (g.attn_short || !attn0) && (g.gdn_short || !gdn0);
+    ba_groups_ = ba_groups_ && g.gdn_short;
   }
-  for (const DevLayer& D : layers_) work = std::max(work, moe_scratch_bytes(D.moe, T_));
+  n_attn_short_ = int(as.size());
+  n_attn_short_rows_ = int(as_rows.size());
+  n_gdn_short_ = int(gs.size());
+  n_gdn_short_rows_ = int(gs_rows.size());
+
+  // launch shapes: a captured step's are functions of its key (the context bucket for the splits)
+  capture_ = replay_ = false;
+  exec_ = nullptr;
+  const bool graph = recording_ || (opt_.graphs && !opt_.profile && uniform && T_ <= kMaxGraphRows);
+  if (graph) {
+    const int b = bucket_for(ctx_all);
+    graph_key_ = GraphKey{-1, T_, G, b, O_, S_, kind_, out_tail_};
+    ctx_short = int64_t(256) << b;
+  }
+  size_t work = 0;
+  nsplit_short_ = attn0 && n_attn_short_ > 0 ? attn_splits(*attn0, max_short, ctx_short, n_attn_short_) : 1;
+  for (Group& g : groups_)
+    if (attn0 && !g.attn_short) g.nsplit = attn_splits(*attn0, g.rows, g.st->n_ + g.rows);
+  for (const DevLayer& D : layers_) {
+    if (D.kind == LayerKind::LinearAttention) {
+      if (n_gdn_short_ > 0) work = std::max(work, gdn_scratch_bytes(D.gdn, T_));
+      for (const Group& g : groups_)
+        if (!g.gdn_short) work = std::max(work, gdn_scratch_bytes(D.gdn, g.rows));
+    } else {
+      size_t part = n_attn_short_ > 0 ? attn_partials_bytes(D.attn, T_, nsplit_short_) : 0;
+      for (const Group& g : groups_)
+        if (!g.attn_short) part = std::max(part, attn_partials_bytes(D.attn, g.rows, g.nsplit));
+      work = std::max(work, attn_q_bytes(D.attn, T_) + part);
+    }
+    work = std::max(work, moe_scratch_bytes(D.moe, T_));
+  }
   ensure_scratch(T_, work);
   stage_flights();  // earlier steps' logits leave the buffer before this step (or its growth) overwrites it
   ensure_logits(O_);
+  if (kind_ == 2) ensure_sampler_rows(S_);
 
   // the descriptor: this step's rows and groups, from a pinned block into the device copy
-  lay_ = desc_layout(T_, G, O_, 0, 0, 0, 0);
+  lay_ = desc_layout(T_, G, O_, S_, n_attn_short_, n_attn_short_rows_, n_gdn_short_, n_gdn_short_rows_);
   ensure_desc(lay_.bytes);
   PinnedPool::Block blk = pinned_.get(lay_.bytes);
   char* h = static_cast<char*>(blk.p);
@@ -239,7 +301,18 @@ void CudaBackend::begin(const Step& step) {
     d.pos = g.st->n_;
     dg[gi] = d;
   }
-  if (O_ > 0) std::memcpy(h + lay_.out_rows, out_rows.data(), 4 * size_t(O_));
+  auto put = [&](size_t off, const std::vector<int32_t>& v) {
+    if (!v.empty()) std::memcpy(h + off, v.data(), 4 * v.size());
+  };
+  put(lay_.out_rows, out_rows);
+  put(lay_.sample_src, s_src);
+  put(lay_.sample_slot, s_slot);
+  put(lay_.sample_off, s_off);
+  put(lay_.sample_fed, s_fed);
+  put(lay_.attn_short, as);
+  put(lay_.attn_short_rows, as_rows);
+  put(lay_.gdn_short, gs);
+  put(lay_.gdn_short_rows, gs_rows);
   LILY_CU(cudaMemcpyAsync(desc_dev_, h, lay_.bytes, cudaMemcpyHostToDevice, stream_));
   desc_host_ = blk;
 
@@ -266,6 +339,8 @@ uint64_t CudaBackend::end() {
   f.ticket = next_ticket_++;
   f.desc = desc_host_;
   desc_host_ = PinnedPool::Block{};
+  f.uploads = std::move(uploads_);
+  uploads_.clear();
   if (!recording_) {
     int64_t row = 0;
     for (const Group& g : groups_) {
@@ -273,9 +348,18 @@ uint64_t CudaBackend::end() {
         f.logit_ranges.push_back({row, g.out_rows});
         f.logit_rows += g.out_rows;
       }
-      if (g.logits) row += g.out_rows;
+      if (g.logits || g.sample) row += g.out_rows;
+      if (g.sample && g.out_rows > 0) {
+        g.st->fed_ = true;
+        g.st->mask_on_ = false;  // the draw used it
+      }
       if (g.tentative) g.st->pending_ = g.rows;
       else g.st->n_ += g.rows;
+    }
+    if (S_ > 0) {  // the drawn ids come back without a synchronisation: finish() waits for them
+      f.ids = pinned_.get(4 * size_t(S_));
+      f.sample_rows = S_;
+      LILY_CU(cudaMemcpyAsync(f.ids.p, ids_dev_, 4 * size_t(S_), cudaMemcpyDeviceToHost, stream_));
     }
   }
   f.done = get_event();
@@ -306,8 +390,23 @@ void CudaBackend::finish(uint64_t ticket, const StepOutputs& out) {
   pinned_.put(f.desc);
   pinned_.put(f.ids);
   pinned_.put(f.staged);
+  for (PinnedPool::Block& u : f.uploads) pinned_.put(u);
   put_event(f.done);
   flights_.pop_front();
+}
+
+void CudaBackend::upload_async(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  PinnedPool::Block b = pinned_.get(bytes);
+  std::memcpy(b.p, src, bytes);
+  LILY_CU(cudaMemcpyAsync(dst, b.p, bytes, cudaMemcpyHostToDevice, stream_));
+  uploads_.push_back(b);
+}
+
+CudaState& CudaBackend::own(SequenceState& seq, const char* what) {
+  auto* st = dynamic_cast<CudaState*>(&seq);
+  if (!st || &st->be_ != this) throw InternalError(fmt::format("{}: the sequence state belongs to another backend", what));
+  return *st;
 }
 
 }  // namespace lily::cuda

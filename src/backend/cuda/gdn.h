@@ -1,4 +1,4 @@
-// Gated DeltaNet core of the CUDA backend (gdn.cu), callable from plain C++.
+// Gated DeltaNet core of the CUDA backend (gdn.cu, gdn_step.cu, gdn_groups.cu), callable from plain C++.
 #pragma once
 #include "backend/cuda/ops.h"
 #include "backend/cuda/step_desc.h"

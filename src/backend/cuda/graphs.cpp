@@ -83,10 +83,12 @@ std::vector<KernelLaunch> CudaBackend::describe(int64_t ctx, int rows, int group
   std::vector<std::unique_ptr<SequenceState>> sts;
   Step step;
   const std::vector<int32_t> toks(size_t(r), 0);
+  const bool ids = can_sample();  // the runtime's device path: each sequence draws its next id greedily
   for (int g = 0; g < groups; ++g) {
     sts.push_back(new_state(ctx + r));
     static_cast<CudaState*>(sts.back().get())->n_ = ctx;  // only the launch shapes matter: nothing runs
-    step.add(*sts.back(), toks, 1, true, false);
+    if (ids) set_sampling(*sts.back(), DeviceSampling{}, {});
+    step.add(*sts.back(), toks, 1, !ids, ids);
   }
   recording_ = true;
   marks_.clear();

@@ -87,19 +87,24 @@ int CudaBackend::take_slot(CudaState* st) {
     const size_t L = size_t(w_->cfg.layers);
     auto* tab = static_cast<DevSlotLayer*>(dev_->alloc(sizeof(DevSlotLayer) * size_t(cap) * L));
     auto* fed = static_cast<int32_t*>(dev_->alloc(sizeof(int32_t) * size_t(cap)));
+    auto* samp = static_cast<SampleSlot*>(dev_->alloc(sizeof(SampleSlot) * size_t(cap)));
     LILY_CU(cudaMemsetAsync(tab, 0, sizeof(DevSlotLayer) * size_t(cap) * L, stream_));
     LILY_CU(cudaMemsetAsync(fed, 0, sizeof(int32_t) * size_t(cap), stream_));
+    LILY_CU(cudaMemsetAsync(samp, 0, sizeof(SampleSlot) * size_t(cap), stream_));
     if (slot_cap_ > 0) {
       LILY_CU(cudaMemcpy2DAsync(tab, sizeof(DevSlotLayer) * size_t(cap), slot_tab_, sizeof(DevSlotLayer) * size_t(slot_cap_),
                                 sizeof(DevSlotLayer) * size_t(slot_cap_), L, cudaMemcpyDeviceToDevice, stream_));
       LILY_CU(cudaMemcpyAsync(fed, fed_, sizeof(int32_t) * size_t(slot_cap_), cudaMemcpyDeviceToDevice, stream_));
+      LILY_CU(cudaMemcpyAsync(samp, samp_slots_, sizeof(SampleSlot) * size_t(slot_cap_), cudaMemcpyDeviceToDevice, stream_));
     }
     dev_->sync();
     drop_graphs();
     dev_->free(slot_tab_, sizeof(DevSlotLayer) * size_t(slot_cap_) * L);
     dev_->free(fed_, sizeof(int32_t) * size_t(slot_cap_));
+    dev_->free(samp_slots_, sizeof(SampleSlot) * size_t(slot_cap_));
     slot_tab_ = tab;
     fed_ = fed;
+    samp_slots_ = samp;
     slot_cap_ = cap;
   }
   slots_.push_back(st);
@@ -113,12 +118,10 @@ void CudaBackend::release_slot(int slot) {
 
 void CudaBackend::put_slot_table(const CudaState& st) {
   const size_t L = size_t(w_->cfg.layers);
-  std::vector<DevSlotLayer> e(L);
-  for (size_t l = 0; l < L; ++l) e[l] = st.table_entry(l);
-  // one entry per layer row of the table; pageable sources are staged by the driver before the call returns
-  for (size_t l = 0; l < L; ++l)
-    LILY_CU(cudaMemcpyAsync(slot_tab_ + l * size_t(slot_cap_) + size_t(st.slot_), &e[l], sizeof(DevSlotLayer),
-                            cudaMemcpyHostToDevice, stream_));
+  for (size_t l = 0; l < L; ++l) {  // one entry per layer row of the table
+    const DevSlotLayer e = st.table_entry(l);
+    upload_async(slot_tab_ + l * size_t(slot_cap_) + size_t(st.slot_), &e, sizeof(DevSlotLayer));
+  }
 }
 
 std::unique_ptr<SequenceState> CudaBackend::new_state(int64_t max_tokens) {
@@ -167,6 +170,10 @@ CudaState::~CudaState() {
   be_.release_slot(slot_);
   dev_->free(kv_region, kv_region_bytes);
   dev_->free(ring_region, ring_region_bytes);
+  const size_t V = size_t(be_.w_->cfg.vocab);
+  dev_->free(counts_, 4 * V);
+  dev_->free(bias_, 4 * V);
+  dev_->free(mask_, 8 * ((V + 63) / 64));
 }
 
 // Version rings of R versions per DeltaNet layer (conv, then S), zeroed.
@@ -235,6 +242,7 @@ void CudaState::reset() {
   n_ = 0;
   pending_ = 0;
   cur_ = 0;
+  fed_ = false;
 }
 
 std::unique_ptr<StateSnapshot> CudaState::snapshot() const {
@@ -297,6 +305,7 @@ void CudaState::restore(const StateSnapshot& snap) {
   }
   n_ = s->n;
   pending_ = 0;
+  fed_ = false;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -57,10 +57,12 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   drop_graphs();
+  for (PinnedPool::Block& u : uploads_) pinned_.put(u);
   for (Flight& f : flights_) {
     pinned_.put(f.desc);
     pinned_.put(f.ids);
     pinned_.put(f.staged);
+    for (PinnedPool::Block& u : f.uploads) pinned_.put(u);
     if (f.done) cudaEventDestroy(f.done);
   }
   pinned_.put(desc_host_);
@@ -71,6 +73,8 @@ CudaBackend::~CudaBackend() {
   dev_->free(desc_dev_, desc_cap_);
   dev_->free(slot_tab_, sizeof(DevSlotLayer) * size_t(slot_cap_) * size_t(w_->cfg.layers));
   dev_->free(fed_, sizeof(int32_t) * size_t(slot_cap_));
+  dev_->free(samp_slots_, sizeof(SampleSlot) * size_t(slot_cap_));
+  dev_->free(samp_mem_, samp_bytes_);
   dev_->free(small_, small_bytes());
   cudaStreamDestroy(side_);
   cudaEventDestroy(fork_);

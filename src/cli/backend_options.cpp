@@ -1,0 +1,41 @@
+#include "cli/backend_options.h"
+
+#include "core/error.h"
+#ifdef LILY_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace lily::cli {
+
+void add_cuda_opt(CLI::App& app, std::vector<std::string>& dst) {
+  app.add_option("--cuda-opt", dst,
+                 "CUDA backend option name=value, repeatable (graphs, chunk_min, profile, ba_fold, topk_fold, pdl, "
+                 "gemv_ring, gemm_bf16, gemm_skip_empty, ring_early_ids, device)");
+}
+
+std::unique_ptr<Backend> make_backend_with(std::shared_ptr<const ModelWeights> w, const std::vector<std::string>& cuda_opts) {
+#ifdef LILY_HAVE_CUDA
+  CudaOptions co;
+  for (const std::string& kv : cuda_opts) set_cuda_option(co, kv);
+  return make_cuda_backend(std::move(w), co);
+#else
+  (void)w;
+  (void)cuda_opts;
+  fail("--cuda-opt: this build has no CUDA backend (configure with nvcc present)");
+#endif
+}
+
+std::unique_ptr<Engine> engine_from_weights(std::shared_ptr<const ModelWeights> w, const EngineOptions& eo,
+                                            const std::vector<std::string>& cuda_opts) {
+  if (cuda_opts.empty()) return Engine::from_weights(std::move(w), eo);
+  if (eo.backend != "cuda") fail("--cuda-opt needs --backend cuda (got --backend {})", eo.backend);
+  auto be = make_backend_with(w, cuda_opts);
+  return Engine::from_backend(std::move(w), std::move(be), eo);
+}
+
+std::unique_ptr<Engine> open_engine(const std::string& dir, const EngineOptions& eo, const std::vector<std::string>& cuda_opts) {
+  if (cuda_opts.empty()) return Engine::open(dir, eo);
+  return engine_from_weights(ModelWeights::load(dir), eo, cuda_opts);
+}
+
+}  // namespace lily::cli

@@ -1,0 +1,25 @@
+// `--cuda-opt name=value` (repeatable) of the commands that take --backend: CUDA backend options by name
+// (backend/cuda/cuda_backend.h: set_cuda_option), and the engines built with them.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "backend/backend.h"
+#include "runtime/engine.h"
+
+namespace lily::cli {
+
+void add_cuda_opt(CLI::App& app, std::vector<std::string>& dst);
+// The CUDA backend for `w` with the options (throws InputError for an unknown option, a bad value, or a
+// build without CUDA).
+std::unique_ptr<Backend> make_backend_with(std::shared_ptr<const ModelWeights> w, const std::vector<std::string>& cuda_opts);
+// Engine::open / Engine::from_weights, or with options given (backend cuda) the engine over a CUDA backend
+// built with them.
+std::unique_ptr<Engine> open_engine(const std::string& dir, const EngineOptions& eo, const std::vector<std::string>& cuda_opts);
+std::unique_ptr<Engine> engine_from_weights(std::shared_ptr<const ModelWeights> w, const EngineOptions& eo,
+                                            const std::vector<std::string>& cuda_opts);
+
+}  // namespace lily::cli
