@@ -62,13 +62,14 @@ __global__ void qk_prep_kernel(const float* __restrict__ proj, int64_t ldp, int 
                                const float* __restrict__ inv_freq_tab, const StepSeqs seqs, float* __restrict__ qout) {
   extern __shared__ float v[];
   __shared__ float red[32];
+  const int t = blockIdx.x, h = blockIdx.y;
+  int64_t p = 0, cap = 0;
+  uint16_t *kc = nullptr, *vc = nullptr;
+  if (seqs.row_group) row_kv(seqs, t, p, kc, vc, cap);  // step form: no kernel of the step writes the tables
   // no early trigger: the decode attention launched early would be placed on SMs in the order the input
   // projection's blocks leave them, unevenly, and it is the longest kernel of the layer at long context
   grid_dependency_wait();
-  const int t = blockIdx.x, h = blockIdx.y;
-  int64_t p, cap;
-  uint16_t *kc, *vc;
-  row_kv(seqs, t, p, kc, vc, cap);
+  if (!seqs.row_group) row_kv(seqs, t, p, kc, vc, cap);  // *pos may come from the previous kernel
   const float* pr = proj + int64_t(t) * ldp;
   if (h >= Hq + Hkv) {  // value head: copy into the cache
     const int kh = h - Hq - Hkv;
@@ -261,14 +262,11 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_kernel(const fl
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, c = lane & 3;  // mma fragment row (= packed row) and column pair
   uint16_t* ring = dsm + 16 * LD + warp * NS * C::STAGE;  // this warp's [NS][K 16 | V 16][LD]
-  // no early trigger: the combine has nothing to prefetch, and its blocks would hold SM slots during the
-  // key sweep
-  grid_dependency_wait();
   const int h = blockIdx.x, split = blockIdx.y;
   int T = T_all, t0 = 0;
-  int64_t p0, cap;
+  int64_t p0 = 0, cap;
   const uint16_t *kc, *vc;
-  if (list) {
+  if (list) {  // the descriptor and slot table: no kernel of the step writes them, so read before the wait
     const DevGroup& gr = seqs.groups[list[blockIdx.z]];
     const DevSlotLayer& e = seqs.slots[gr.slot];
     T = gr.rows;
@@ -278,11 +276,14 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_kernel(const fl
     vc = e.v;
     cap = e.cap;
   } else {
-    p0 = *seqs.pos;
     kc = seqs.k;
     vc = seqs.v;
     cap = seqs.cap;
   }
+  // no early trigger: the combine has nothing to prefetch, and its blocks would hold SM slots during the
+  // key sweep
+  grid_dependency_wait();
+  if (!list) p0 = *seqs.pos;  // may come from the previous kernel
   const int G = Hq / Hkv, R = G * T, R_all = G * T_all;
   const int64_t N = p0 + T;
   const int64_t chunk = (N + nsplit - 1) / nsplit;
@@ -448,11 +449,12 @@ __global__ void attn_combine_kernel(const float* __restrict__ po, const float* _
   __shared__ float f[kMaxSplits];
   __shared__ float red[32];
   __shared__ float part[8][33];
-  pdl_entry();
+  allow_dependent_launch();
   const int h = blockIdx.y, lane = threadIdx.x & 31, d = blockIdx.z * 32 + lane, w = threadIdx.x >> 5;
   const int G = Hq / Hkv, R = G * T;
   const int tid = threadIdx.x;
-  const int t = rows ? rows[blockIdx.x / G] : int(blockIdx.x) / G, r = t * G + int(blockIdx.x) % G;
+  const int t = rows ? rows[blockIdx.x / G] : int(blockIdx.x) / G, r = t * G + int(blockIdx.x) % G;  // the descriptor
+  grid_dependency_wait();
   const int hq = h * G + r % G;
   const bool mine = tid < nsplit;
   const float ms = mine ? pm[(int64_t(tid) * Hkv + h) * R + r] : -INFINITY;
