@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build-cuda}
 D=${DEVBIN:-.devbin}
-grep -qx "/$D/" .git/info/exclude 2>/dev/null || echo "/$D/" >> .git/info/exclude
+EX=$(git rev-parse --git-path info/exclude); grep -qx "/$D/" "$EX" 2>/dev/null || echo "/$D/" >> "$EX"
 rm -rf "$D" && mkdir -p "$D/lib" "$D/golden"
 cp "$BUILD/tests/test_cuda" "$D/"
 [ -x "$BUILD/lily" ] && cp "$BUILD/lily" "$D/"
