@@ -31,8 +31,19 @@ std::vector<double> ref_linear(const std::vector<float>& W, int out, int in, con
   return y;
 }
 
-TEST(CudaOps, LinearMatchesReference) {
-  LILY_REQUIRE_GPU();
+// Rows of many-row products as per-row GEMVs instead of GEMMs, for the duration of a scope.
+struct GemvRowsScope {
+  lily::cuda::KernelSwitches saved = lily::cuda::kernel_switches();
+  GemvRowsScope(int dense, int moe) {
+    auto k = saved;
+    k.gemv_rows = dense;
+    k.moe_gemv_rows = moe;
+    lily::cuda::set_kernel_switches(k);
+  }
+  ~GemvRowsScope() { lily::cuda::set_kernel_switches(saved); }
+};
+
+void linear_cases() {
   std::mt19937 rng(1);
   const std::pair<int, int> shapes[] = {{65, 136}, {1, 24}, {130, 2048}, {7, 13}};
   for (auto [out, in] : shapes)
@@ -65,9 +76,13 @@ TEST(CudaOps, LinearMatchesReference) {
     }
 }
 
-// Affine (MLX) 4- and 8-bit weights read packed: GEMV (T <= 2), GEMM, expert slots, embedding rows.
-TEST(CudaOps, AffineLinearMatchesReference) {
+TEST(CudaOps, LinearMatchesReference) {
   LILY_REQUIRE_GPU();
+  linear_cases();
+}
+
+// Affine (MLX) 4- and 8-bit weights read packed: GEMV (T <= 2), GEMM, expert slots, embedding rows.
+void affine_linear_cases() {
   std::mt19937 rng(8);
   for (int bits : {4, 8})
     for (int gs : {32, 64, 128})
@@ -118,6 +133,11 @@ TEST(CudaOps, AffineLinearMatchesReference) {
         for (int t = 0; t < 3; ++t)
           for (int i = 0; i < in; ++i) ASSERT_NEAR(e[size_t(t) * in + i], deq[size_t(tok[t]) * in + i], 1e-6f);
       }
+}
+
+TEST(CudaOps, AffineLinearMatchesReference) {
+  LILY_REQUIRE_GPU();
+  affine_linear_cases();
 }
 
 TEST(CudaOps, RmsNormEmbedArgmax) {
@@ -308,8 +328,7 @@ void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, st
   EXPECT_EQ(counter.down()[0], 0u);
 }
 
-TEST(CudaOps, MoeMatchesReference) {
-  LILY_REQUIRE_GPU();
+void moe_cases() {
   std::mt19937 rng(3);
   for (int T : {1, 2, 3, 4, 5, 16, 17, 33, 63, 64, 65, 129}) {
     run_moe_case(T, true, false, true, 8, 2, rng);
@@ -325,6 +344,20 @@ TEST(CudaOps, MoeMatchesReference) {
     run_moe_case(T, true, false, true, 8, 2, rng, true);
     run_moe_case(T, false, true, true, 40, 5, rng, true);
   }
+}
+
+TEST(CudaOps, MoeMatchesReference) {
+  LILY_REQUIRE_GPU();
+  moe_cases();
+}
+
+// The same products with every row count up to 64 on the GEMV paths (--cuda-opt gemv_rows / moe_gemv_rows).
+TEST(CudaOps, ManyRowGemvsMatchReference) {
+  LILY_REQUIRE_GPU();
+  GemvRowsScope scope(64, 64);
+  linear_cases();
+  affine_linear_cases();
+  moe_cases();
 }
 
 // ---- Gated DeltaNet ----

@@ -47,9 +47,9 @@ std::vector<Model> models() {
   return m;
 }
 
-void together_vs_alone(const Model& m, int S, int stagger) {
+void together_vs_alone(const Model& m, int S, int stagger, const CudaOptions& opt = {}) {
   const int64_t V = m.w->cfg.vocab;
-  auto gpu = make_cuda_backend(m.w);
+  auto gpu = make_cuda_backend(m.w, opt);
   cpu::CpuBackend cpu(m.w, m.copt);
   const auto plans = make_plans(S, V, 4, stagger);
   const auto tog = run_schedule(*gpu, plans, true);
@@ -67,6 +67,16 @@ TEST(CudaStep, SequencesTogetherMatchEachAlone) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (const Model& m : models())
     for (int S : {1, 2, 3, 7, 16}) together_vs_alone(m, S, 0);
+}
+
+// Many-row steps with every product on the GEMV paths (--cuda-opt gemv_rows=32 moe_gemv_rows=32).
+TEST(CudaStep, SequencesTogetherOnManyRowGemvs) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  CudaOptions opt;
+  opt.kernels.gemv_rows = 32;
+  opt.kernels.moe_gemv_rows = 32;
+  for (const Model& m : models())
+    for (int S : {3, 16}) together_vs_alone(m, S, 0, opt);
 }
 
 // Prompts join while the others decode: steps that mix a prompt chunk with single decode rows.

@@ -1,6 +1,6 @@
 // MoE block on the device: router, top-k with softmax over the selected experts, expert SwiGLU MLPs,
 // shared expert with its sigmoid gate, weighted combine into the residual. No host synchronisation:
-// decode (T <= kMoeGemvRows) runs one GEMV slot per (token, choice); prompts sort the (token, choice)
+// decode (T <= KernelSwitches::moe_gemv_rows) runs one GEMV slot per (token, choice); prompts sort the (token, choice)
 // slots by expert on the device (histogram, prefix scan, scatter, tile map) and run the tiled GEMM over
 // a tile list whose live length is read on the device.
 #include "backend/cuda/kernels.cuh"
@@ -8,7 +8,8 @@
 namespace lily::cuda {
 namespace {
 
-constexpr int kMoeGemvRows = 4;
+// T <= this: one GEMV slot per (token, choice) (KernelSwitches::moe_gemv_rows)
+int moe_gemv_rows() { return kernel_switches().moe_gemv_rows; }
 
 // The MoE down product requests its experts' weights before its programmatic-launch wait when the
 // gate‖up product ran on the ring (KernelSwitches::ring_early_ids off: after it).
@@ -161,7 +162,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
     s = side;
   }
   if (has_shared) {
-    if (T <= kMoeGemvRows) {
+    if (T <= moe_gemv_rows()) {
       gemv_slots(m.sh_gate_up, nullptr, 0, H, u, H, 1, T, sc.sh_h, m.Is, false, m.Is, s, nw, eps);
     } else {
       linear(m.sh_gate_up, 2 * m.Is, H, u, H, T, sc.sh_gu, 2 * m.Is, false, s);
@@ -194,7 +195,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   const int kk = m.slots_per_token();
   const int n = T * kk;
   const int32_t* pos = nullptr;
-  if (T <= kMoeGemvRows) {
+  if (T <= moe_gemv_rows()) {
     const bool ring_gu = T == 1 && gemv_ring(m.gate_up, sc.idx, 0, H, u, n, sc.h, m.I, false, m.I, s, nw, eps);
     if (!ring_gu) gemv_slots(m.gate_up, sc.idx, 0, H, u, H, kk, n, sc.h, m.I, false, m.I, s, nw, eps);
     // one token, no side-stream shared expert: the down products of every slot and the weighted sum into

@@ -31,6 +31,12 @@ int parse_int(const std::string& name, const std::string& v) {
   fail("--cuda-opt {}={}: expected an integer", name, v);
 }
 
+int parse_int_in(const std::string& name, const std::string& v, int lo, int hi) {
+  const int x = parse_int(name, v);
+  if (x < lo || x > hi) fail("--cuda-opt {}={}: must be in {}..{}", name, v, lo, hi);
+  return x;
+}
+
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
       {"device", "CUDA device ordinal", [](CudaOptions& o, const std::string& v) { o.device = parse_int("device", v); }},
@@ -50,6 +56,10 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.gemm_skip_empty = parse_bool("gemm_skip_empty", v); }},
       {"ring_early_ids", "MoE down product reads expert ids before its PDL wait",
        [](CudaOptions& o, const std::string& v) { o.kernels.ring_early_ids = parse_bool("ring_early_ids", v); }},
+      {"gemv_rows", "dense products of up to this many rows as GEMVs (2..64)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.gemv_rows = parse_int_in("gemv_rows", v, 2, 64); }},
+      {"moe_gemv_rows", "MoE steps of up to this many rows as per-slot GEMVs (1..64)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.moe_gemv_rows = parse_int_in("moe_gemv_rows", v, 1, 64); }},
   };
   return f;
 }
