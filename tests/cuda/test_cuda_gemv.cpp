@@ -125,6 +125,12 @@ TEST(CudaGemv, EveryLaunchShapeMatchesReference) {
       if (out <= 1031) run_case(bits, 32, out, in, 9, true, out % 2 == 1, false, rng);
     }
   for (int bits : {0, 4}) run_case(bits, 64, 8448, 512, 1, true, true, false, rng);  // SwiGLU, 2 row pairs per warp
+  // many slots (the experts of a 16- or 32-row step): several blocks per slot
+  for (int bits : {0, 4})
+    for (int slots : {72, 144, 288}) {
+      run_case(bits, 64, 512, 2048, slots, true, false, false, rng);
+      run_case(bits, 64, 2048, 512, slots, false, false, true, rng);
+    }
 }
 
 bool sm90() {
@@ -279,6 +285,11 @@ TEST(CudaGemv, LaunchShapesCoverTheBranches) {
   EXPECT_LT(strided.blocks, strided.tiles);
   const auto slots = gemv_shape(4, 2048, 1031, 9, 132, true);
   EXPECT_LT(slots.blocks, slots.tiles);
+  for (int n : {72, 144, 288}) {  // many slots: every SM's two block slots busy in most rounds
+    const auto many = gemv_shape(4, 2048, 512, n, 132, true);
+    EXPECT_GT(many.blocks, 1) << n << " slots";
+    EXPECT_GE(int64_t(many.blocks) * n, 264) << n << " slots";
+  }
 }
 
 }  // namespace

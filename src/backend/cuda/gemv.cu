@@ -325,6 +325,21 @@ GemvShape gemv_shape(int mode, int in, int nrows, int slots, int sm_count, bool 
   while (g.ks < kWarps && tiles(g.rpw, g.ks) * slots < wave(g.rpw) && n / (g.lpr * g.ks * 2) >= 2) g.ks *= 2;
   g.tiles = int(tiles(g.rpw, g.ks));
   g.blocks = int(std::min<int64_t>(g.tiles, std::max<int64_t>(1, wave(g.rpw) / slots)));
+  // Many slots (the experts of a many-row step): one block per slot would leave SMs idle and stream each
+  // expert through one block. Pick b blocks per slot by time ∝ rounds(b) · ceil(tiles / b) for the work
+  // slots · tiles, rounds(b) = ceil(slots · b / wave).
+  const int64_t w = wave(g.rpw);
+  if (w / slots < 4) {
+    double best = 0;
+    for (int64_t b = 1; b <= std::min<int64_t>(g.tiles, 64); ++b) {
+      const int64_t rounds = (slots * b + w - 1) / w, per = (g.tiles + b - 1) / b;
+      const double eff = double(slots) * g.tiles / double(rounds * w * per);
+      if (eff > best + 1e-9) {
+        best = eff;
+        g.blocks = int(b);
+      }
+    }
+  }
   return g;
 }
 

@@ -11,8 +11,8 @@ struct KernelSwitches {
   bool gemm_bf16 = false;       // prompt GEMMs round activations to bf16 once (faster, less accurate)
   bool gemm_skip_empty = true;  // expert GEMM warps skip the MMAs of row tiles past a partial tile
   bool ring_early_ids = true;   // the MoE down+combine ring product reads its expert ids before its PDL wait
-  int gemv_rows = 2;            // dense products of up to this many rows run as one GEMV per row, more as GEMMs
-  int moe_gemv_rows = 4;        // MoE steps of up to this many rows run one GEMV per (row, expert) slot
+  int gemv_rows = 16;           // dense products of up to this many rows run as one GEMV per row, more as GEMMs
+  int moe_gemv_rows = 32;       // MoE steps of up to this many rows run one GEMV per (row, expert) slot
 };
 
 // Process-wide: the last values set apply to every launch that follows.
