@@ -1,7 +1,9 @@
 // Helpers shared by the model tests.
 #pragma once
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -29,6 +31,16 @@ inline std::string golden_dir(const std::string& name) {
   namespace fs = std::filesystem;
   for (fs::path p : {fs::path(LILY_TEST_DATA) / "golden" / name, fs::path(LILY_SOURCE_DIR) / ".." / "shared" / "golden" / name})
     if (fs::exists(p / "model.safetensors")) return p.string();
+  // colon-separated folders of golden models (a copy of the tree away from the build's source path)
+  if (const char* e = std::getenv("LILY_GOLDEN_EXTRA")) {
+    std::string all = e;
+    for (size_t i = 0; i <= all.size();) {
+      const size_t j = std::min(all.find(':', i), all.size());
+      const fs::path p = fs::path(all.substr(i, j - i)) / name;
+      if (j > i && fs::exists(p / "model.safetensors")) return p.string();
+      i = j + 1;
+    }
+  }
   return "";
 }
 
