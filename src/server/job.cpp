@@ -82,6 +82,7 @@ void GenJob::on_finish(const GenResult& r) {
   f.reasoning_tokens = reasoning_tokens_;
   f.tool_calls = parser_ ? parser_->tool_calls() : 0;
   f.ids = ids_;
+  if (filter_.stopped()) f.stop_sequence = filter_.matched();
   channel.push(std::move(f));
 }
 

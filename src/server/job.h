@@ -33,6 +33,7 @@ struct Event {
   int reasoning_tokens = 0;        // Final
   int tool_calls = 0;              // Final
   std::vector<int32_t> ids;        // Final: every generated token id (stop ids excluded)
+  std::string stop_sequence;       // Final: the stop string that ended the reply ("" when none did)
 };
 
 class Channel {

@@ -8,6 +8,8 @@ namespace lily::server {
 
 namespace {
 
+constexpr int kMaxForcedCalls = 8;  // tool_choice required / named with parallel_tool_calls
+
 json normalize_messages(const json& b) {
   auto* m = field(b, "messages");
   if (!m || !m->is_array() || m->empty()) bad("messages", "'messages' must be a non-empty array");
@@ -85,7 +87,7 @@ json normalize_messages(const json& b) {
   return out;
 }
 
-json parse_tools(const json& b) {
+json parse_tools(const json& b, OutputConstraint& force) {
   json tools = json::array();
   auto* t = field(b, "tools");
   if (t) {
@@ -104,6 +106,7 @@ json parse_tools(const json& b) {
       if (s == "none") return json::array();
       if (s != "auto" && s != "required") bad("tool_choice", "'tool_choice' must be none, auto, required or a named function");
       if (s == "required" && tools.empty()) bad("tool_choice", "tool_choice 'required' needs 'tools'");
+      if (s == "required") force.kind = OutputConstraint::ToolCall;
     } else if (tc->is_object()) {
       std::string name;
       if (tc->contains("function") && (*tc)["function"].is_object() && (*tc)["function"].contains("name") &&
@@ -115,6 +118,8 @@ json parse_tools(const json& b) {
       for (auto& x : tools)
         if (x["function"]["name"] == name) one.push_back(x);
       if (one.empty()) bad("tool_choice", fmt::format("tool_choice names '{}', which is not in 'tools'", name));
+      force.kind = OutputConstraint::ToolCall;
+      force.only = name;
       return one;
     } else {
       bad("tool_choice", "'tool_choice' must be a string or an object");
@@ -138,7 +143,7 @@ std::string finish_reason(const Event& f) {
   return r;
 }
 
-void chat_completions(Core& core, const HttpRequest& req, HttpResponse& res) {
+void chat_completions(Core& core, Structured* structured, const HttpRequest& req, HttpResponse& res) {
   core.count("chat");
   json b = core.parse_body(req);
   check_model(b, core.opt.model_id);
@@ -146,29 +151,13 @@ void chat_completions(Core& core, const HttpRequest& req, HttpResponse& res) {
   if (!core.chat) bad("", "this model has no chat template (give one with --chat-template FILE)", "no_chat_template");
   ChatRequest cr = parse_chat_request(b, core.opt.limits);
   const OpenAiSampling& c = cr.common;
-  const auto& tok = core.tok;
   const auto& chat = core.chat;
 
-  std::string prompt;
-  try {
-    prompt = chat->render(cr.messages, cr.tools, cr.kwargs, true);
-  } catch (const InputError& e) {
-    bad("messages", fmt::format("the chat template failed: {}", e.what()), "template_error");
-  }
+  ChatPrompt rendered = render_chat_prompt(core, cr.messages, cr.tools, cr.kwargs, "messages");
+  const std::string& prompt = rendered.text;
   GenParams gp;
-  gp.prompt = tok->encode(prompt, true);
-  core.check_prompt_ids(gp.prompt, "messages");
-  // Also save the state where the last message starts: a regenerated or edited last turn reuses it.
-  if (cr.messages.size() >= 2) {
-    try {
-      json head(cr.messages.begin(), cr.messages.end() - 1);
-      auto ids = tok->encode(chat->render(head, cr.tools, cr.kwargs, false), true);
-      if (!ids.empty() && ids.size() < gp.prompt.size() && std::equal(ids.begin(), ids.end(), gp.prompt.begin()))
-        gp.boundaries.push_back(ids.size());
-    } catch (const std::exception&) {
-      // Some templates refuse a conversation that ends early; then there is no boundary snapshot.
-    }
-  }
+  gp.prompt = rendered.ids;
+  gp.boundaries = rendered.boundaries;
   gp.max_tokens = core.max_tokens(c.max_tokens, gp.prompt.size(), "messages");
   gp.sampling = c.sampling;
   gp.logit_bias = c.logit_bias;
@@ -176,6 +165,7 @@ void chat_completions(Core& core, const HttpRequest& req, HttpResponse& res) {
   gp.sample_vocab = core.sample_vocab();
   gp.stop_ids = core.stop_ids();
   gp.token_logits = cr.logprobs;
+  gp.constraint = output_constraint(structured, cr.constraint, cr.tools, prompt, thinking_enabled(cr.kwargs), gp.max_tokens);
   auto job = core.submit(std::move(gp), c.stops, chat->output(prompt, cr.tools), cr.logprobs ? cr.top_logprobs : -1, c.stream);
 
   const std::string id = random_id("chatcmpl-");
@@ -290,11 +280,31 @@ ChatRequest parse_chat_request(const json& b, const RequestLimits& limits) {
   if (auto* rf = field(b, "response_format")) {
     if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
       bad("response_format", "'response_format' must be an object with a 'type'");
-    if ((*rf)["type"] != "text")
-      bad("response_format", fmt::format("response_format type '{}' is not supported (only 'text')", (*rf)["type"].get<std::string>()));
+    const std::string t = (*rf)["type"];
+    if (t == "json_object") {
+      cr.constraint.kind = OutputConstraint::JsonObject;
+    } else if (t == "json_schema") {
+      auto* js = field(*rf, "json_schema");
+      if (!js || !js->is_object()) bad("response_format.json_schema", "response_format.json_schema must be an object with a 'schema'");
+      auto* schema = field(*js, "schema");
+      if (!schema || !(schema->is_object() || schema->is_boolean()))
+        bad("response_format.json_schema.schema", "response_format.json_schema.schema must be a JSON Schema object");
+      cr.constraint.kind = OutputConstraint::JsonSchema;
+      cr.constraint.schema = *schema;
+    } else if (t != "text") {
+      bad("response_format.type", fmt::format("response_format type '{}' is not one of text, json_object, json_schema", t));
+    }
+    cr.constraint.where = "response_format.json_schema.schema";
   }
   cr.messages = normalize_messages(b);
-  cr.tools = parse_tools(b);
+  OutputConstraint force;
+  cr.tools = parse_tools(b, force);
+  if (force.kind != OutputConstraint::None) {
+    if (cr.constraint.kind != OutputConstraint::None) bad("response_format", "a forced tool call cannot be combined with response_format");
+    force.where = "tools";
+    force.max_calls = boolean(b, "parallel_tool_calls").value_or(true) ? kMaxForcedCalls : 1;
+    cr.constraint = force;
+  }
   cr.kwargs = json::object();
   if (auto* k = field(b, "chat_template_kwargs")) {
     if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
@@ -304,8 +314,8 @@ ChatRequest parse_chat_request(const json& b, const RequestLimits& limits) {
   return cr;
 }
 
-void register_openai_chat(Core& core) {
-  auto h = [&core](const HttpRequest& req, HttpResponse& res) { chat_completions(core, req, res); };
+void register_openai_chat(Core& core, std::shared_ptr<Structured> structured) {
+  auto h = [&core, structured](const HttpRequest& req, HttpResponse& res) { chat_completions(core, structured.get(), req, res); };
   core.route("POST", "/v1/chat/completions", h);
   core.route("POST", "/chat/completions", h);
 }

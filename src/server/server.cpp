@@ -7,9 +7,11 @@
 #include <httplib.h>
 
 #include "core/error.h"
+#include "server/anthropic_messages.h"
 #include "server/misc_routes.h"
 #include "server/openai_chat.h"
 #include "server/openai_completions.h"
+#include "server/openai_responses.h"
 
 namespace lily::server {
 
@@ -17,7 +19,10 @@ namespace {
 
 // Every API, registered on the core. A new API is a file with its register function, called here.
 void register_apis(Core& core) {
-  register_openai_chat(core);
+  auto structured = core.tok ? std::make_shared<Structured>(core.tok, int32_t(core.vocab()), core.stop_ids(), core.chat) : nullptr;
+  register_openai_chat(core, structured);
+  register_anthropic_messages(core, structured);
+  register_openai_responses(core, structured, std::make_shared<ResponseStore>());
   register_openai_completions(core);
   register_misc_routes(core);
 }

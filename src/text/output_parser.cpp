@@ -317,8 +317,14 @@ void OutputParser::emit_reasoning(ParsedDelta& d, std::string_view s, bool closi
 
 void OutputParser::close_tool(ParsedDelta& d, bool terminated) {
   auto call = parse_tool_call(tool_text_, opts_.tools);
+  const bool in_reasoning = tool_in_reasoning_;
+  tool_in_reasoning_ = false;
   if (call) {
     d.tool_calls.push_back(std::move(*call));
+  } else if (in_reasoning) {  // not a call after all: its text stays reasoning (the tags dropped)
+    emit_reasoning(d, tool_text_, false);
+    tool_text_.clear();
+    return;
   } else {
     d.content += held_ws_;
     held_ws_.clear();
@@ -371,8 +377,20 @@ void OutputParser::step(ParsedDelta& d, bool final) {
     }
     if (mode_ == Mode::Reasoning) {
       size_t p = buf_.find(kThinkClose);
+      // A tool call written inside the block (or right after <think>, never closed) is still a call.
+      std::string_view tool_open = opts_.parse_tool_calls ? kToolOpen : "";
+      size_t q = tool_open.empty() ? std::string::npos : buf_.find(tool_open);
+      if (q < p) {
+        emit_reasoning(d, std::string_view(buf_).substr(0, q), false);
+        buf_.erase(0, q + kToolOpen.size());
+        mode_ = Mode::Tool;
+        tool_bare_ = false;
+        tool_in_reasoning_ = true;
+        tool_text_.clear();
+        continue;
+      }
       if (p == std::string::npos) {
-        size_t keep = final ? 0 : partial_tag_suffix(buf_, {kThinkClose});
+        size_t keep = final ? 0 : partial_tag_suffix(buf_, {kThinkClose, tool_open});
         emit_reasoning(d, std::string_view(buf_).substr(0, buf_.size() - keep), final);
         buf_.erase(0, buf_.size() - keep);
         if (final) mode_ = Mode::Content;
@@ -402,8 +420,9 @@ void OutputParser::step(ParsedDelta& d, bool final) {
     tool_text_.append(buf_, 0, p);
     if (tool_bare_) tool_text_ += kFuncClose;
     buf_.erase(0, p + end.size());
+    const bool back_to_reasoning = tool_in_reasoning_;
     close_tool(d, true);
-    mode_ = Mode::Content;
+    mode_ = back_to_reasoning ? Mode::Reasoning : Mode::Content;
   }
 }
 

@@ -1,6 +1,8 @@
 // Incremental parsing of generated text into content, reasoning and tool calls. Feed the decoded text
 // as it streams (any chunking); tags (<think>, </think>, <tool_call>, </tool_call>, <function=...>)
 // never reach content or reasoning, partial tags are held back until they resolve.
+// A tool call written inside a <think> block (or right after <think>, never closed) is parsed as a
+// call and the block resumes after it, so neither the call nor the reasoning reaches content.
 // Tool calls: Qwen3 JSON form  <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
 //             Qwen3.5 / Qwen3-Coder XML form  <tool_call>\n<function=NAME>\n<parameter=ARG>\nVALUE\n
 //             </parameter>\n</function>\n</tool_call>  (the <tool_call> wrapper may be missing).
@@ -57,6 +59,7 @@ class OutputParser {
   std::string buf_;              // text not yet consumed
   std::string tool_text_;        // body of the current tool call
   bool tool_bare_ = false;       // current call started at <function= without <tool_call>
+  bool tool_in_reasoning_ = false;  // current call started inside <think> (reasoning resumes after it)
   bool content_started_ = false; // non-whitespace content emitted since the last think/tool block
   bool strip_content_ws_ = false;// drop whitespace before the next content (after </think> or a call)
   bool reasoning_started_ = false;

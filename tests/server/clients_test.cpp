@@ -1,5 +1,5 @@
-// Real clients against the server: the `lily serve` binary, the official openai npm SDK, and the chat
-// page in headless Chromium.
+// Real clients against the server: the `lily serve` binary, the official openai (chat completions,
+// Responses) and @anthropic-ai/sdk (Messages) npm SDKs, and the chat page in headless Chromium.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -45,6 +45,27 @@ TEST(Clients, OpenAiNpmSdk) {
   int rc = run(fmt::format("cd '{}' && timeout 120 node openai_sdk.mjs http://127.0.0.1:{}/v1 lily-demo", dir.string(), demo->port()), out);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("ok:"), std::string::npos) << out;
+}
+
+// The official SDKs of the other two APIs: @anthropic-ai/sdk (Messages) and openai (Responses).
+void run_sdk_script(int port, const std::string& script, const std::string& package, const std::string& base) {
+  const fs::path dir = fs::path(LILY_SOURCE_DIR) / "tests/server";
+  if (!have("node") || !fs::exists(dir / "node_modules" / package / "package.json"))
+    GTEST_SKIP() << "node or the " << package << " npm package is missing (scripts/fetch-assets.sh installs it)";
+  std::string out;
+  int rc = run(fmt::format("cd '{}' && timeout 300 node {} http://127.0.0.1:{}{}", dir.string(), script, port, base), out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("ok:"), std::string::npos) << out;
+}
+
+TEST(Clients, AnthropicNpmSdk) {
+  NEED_DEMO();
+  run_sdk_script(demo->port(), "anthropic_sdk.mjs", "@anthropic-ai/sdk", "");
+}
+
+TEST(Clients, OpenAiResponsesNpmSdk) {
+  NEED_DEMO();
+  run_sdk_script(demo->port(), "openai_responses.mjs", "openai", "/v1");
 }
 
 TEST(Clients, ChatPageStreamsInHeadlessChromium) {

@@ -353,6 +353,13 @@ TEST(TokenGrammar, RealQwen3VocabularyMatchesReference) {
       "genres": {"type": "array", "items": {"enum": ["drama", "comédie"]}}}, "required": ["title", "year"]})");
   check_walks(g, v, 2, 12, -1, 3, true, tok->im_end_id());
   check_walks(g, v, 8, 40, 40, 4, false, tok->im_end_id());
+  ToolCallGrammarOptions o;
+  o.tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string", "maxLength": 16}, "days": {"type": "integer"}}, "required": ["city", "days"],
+      "additionalProperties": false}}}])");
+  o.reasoning = ReasoningMode::Optional;
+  // The shortest call is 73 bytes: a budget of 96 tokens leaves room for it (the budget counts bytes).
+  check_walks(tool_call_grammar(o), v, 8, 96, 96, 5, false, tok->im_end_id());
 }
 
 }  // namespace
