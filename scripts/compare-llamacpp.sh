@@ -8,7 +8,8 @@
 # The weights are random draws of the same shapes, not the same numbers: speed does not depend on them.
 # Usage: scripts/compare-llamacpp.sh [--threads 2] [--preset small] [--prefill 512] [--decode-context 256]
 #                                    [--repeats 3] [--rounds 2] [--decode-tokens 32] [--markdown FILE]
-# Env: LILY_BIN (default: build-compare/lily, built if absent), LILY_COMPARE_DIR (models, default .cache/compare).
+# Env: LILY_BIN (default: build-compare/lily, built if absent), LILY_PEER_BUILD (llama-peer's build folder,
+#      default build-compare/peers, built if absent), LILY_COMPARE_DIR (models, default .cache/compare).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 THREADS=2 PRESET=small PREFILL=512 DECODE=256 REPEATS=3 ROUNDS=2 DTOK=32 MD=""
@@ -37,11 +38,12 @@ if [[ ! -x "$LILY" ]]; then
   cmake --build "$BUILD" --target lily -j"$(nproc)" >/dev/null
 fi
 PEERS="$("$ROOT/bench/peers/fetch.sh" | tail -1)"
-PEER="$BUILD/peers/llama-peer"
+PEER_BUILD="${LILY_PEER_BUILD:-$BUILD/peers}"
+PEER="$PEER_BUILD/llama-peer"
 if [[ ! -x "$PEER" ]]; then
   log "building bench/peers against $PEERS"
-  cmake -S "$ROOT/bench/peers" -B "$BUILD/peers" -G Ninja -DLLAMA_SRC="$PEERS/src" -DLLAMA_LIBS="$PEERS/libs" >/dev/null
-  cmake --build "$BUILD/peers" >/dev/null
+  cmake -S "$ROOT/bench/peers" -B "$PEER_BUILD" -G Ninja -DLLAMA_SRC="$PEERS/src" -DLLAMA_LIBS="$PEERS/libs" >/dev/null
+  cmake --build "$PEER_BUILD" >/dev/null
 fi
 
 A4="$WORK/$PRESET-affine4" BF="$WORK/$PRESET-bf16" GG="$WORK/$PRESET-q4_0.gguf"

@@ -11,6 +11,7 @@
 //   xs [T][gp] exact float Σx per weight group, zero-padded to gp = multiple of 16 groups.
 // Weight scales and biases of the rows in flight are converted to float once per row block.
 #include "backend/cpu/affine_int8.h"
+#include "backend/cpu/affine_int8_internal.h"
 
 #include <algorithm>
 #include <cmath>
@@ -34,17 +35,12 @@ namespace lily::cpu {
 
 namespace {
 
-struct Acts {
-  int64_t T = 0, in = 0, dl = 0, gp = 0;  // dl: d floats per token; gp: padded groups per token
-  std::vector<int8_t> qv;
-  std::vector<float> dv, xsv;
-  const int8_t* q = nullptr;
-  const float* d = nullptr;
-  const float* xs = nullptr;
-};
+using int8_detail::Acts;
+using int8_detail::pos4;
 
-// Position of input i in the 4-bit layout.
-inline int64_t pos4(int64_t i, int64_t in) {
+}  // namespace
+
+int64_t int8_detail::pos4(int64_t i, int64_t in) {
   const int64_t full = in / 128 * 128;
   int64_t cb, w;
   if (i < full) {
@@ -60,6 +56,8 @@ inline int64_t pos4(int64_t i, int64_t in) {
   const int64_t o = i - cb;
   return cb + ((o & 1) ? w / 2 + o / 2 : o / 2);
 }
+
+namespace {
 
 // Sizes the buffers of `a` for T rows; quantize_token_* fill one row each.
 void prepare_acts(int64_t T, int64_t in, int bits, int64_t gs, Acts& a) {
@@ -534,16 +532,22 @@ void check_job(const quant::AffineWeight& w, Int8Isa isa) {
 
 }  // namespace
 
-void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T, float* y, Int8Isa isa) {
+bool int8_tiles_available(Int8Isa isa) { return isa == Int8Isa::Avx512Vnni && int8_isa_available(isa); }
+
+void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T, float* y, Int8Isa isa,
+                        Int8Tiling tiling) {
   const Int8Job job{&w, x, T, y};
-  affine_matmul_int8_batch(std::span<const Int8Job>(&job, 1), isa);
+  affine_matmul_int8_batch(std::span<const Int8Job>(&job, 1), isa, tiling);
 }
 
-void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa) {
+void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa, Int8Tiling tiling) {
+  LILY_CHECK(tiling != Int8Tiling::Tiles || int8_tiles_available(isa), "int8 affine path: no tile kernel for {}",
+             int8_isa_name(isa));
   // Quantise each distinct (input, rows, layout) once; on the calling thread, alive while the pool runs.
   thread_local std::vector<std::unique_ptr<Quantised>> pool_q;
   std::vector<int> qi(jobs.size(), -1);
   std::vector<int64_t> start(jobs.size() + 1, 0);  // first global block of each job
+  std::vector<char> tiles(jobs.size(), 0);           // job runs as tiles of kTileRows rows
   const int R = rows_per_block(isa);
   int used = 0;
   int64_t madds = 0;
@@ -561,7 +565,10 @@ void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa) {
       quantise(*jb.w, jb.x, jb.T, isa, *pool_q[size_t(used)]);
       qi[j] = used++;
     }
-    start[j + 1] = start[j] + (jb.w->out + R - 1) / R;
+    tiles[j] = int8_tiles_available(isa) &&
+               (tiling == Int8Tiling::Tiles || (tiling == Int8Tiling::Auto && jb.T >= kInt8TileMinTokens));
+    const int64_t rb = tiles[j] ? int8_detail::kTileRows : R;
+    start[j + 1] = start[j] + (jb.w->out + rb - 1) / rb;
     madds += jb.w->out * jb.w->in * jb.T;
   }
   const int64_t nblk = start[jobs.size()];
@@ -576,7 +583,14 @@ void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa) {
       while (start[j + 1] <= b) ++j;  // skips empty jobs
       const int64_t e = std::min(b1, start[j + 1]);
       const Int8Job& jb = jobs[j];
-      run_blocks(*jb.w, *qs[size_t(qi[j])], jb.T, jb.y, isa, b - start[j], e - start[j]);
+      if (tiles[j]) {
+        for (int64_t blk = b - start[j]; blk < e - start[j]; ++blk) {
+          const int64_t o0 = blk * int8_detail::kTileRows;
+          int8_detail::tile_rows_avx512(*jb.w, qs[size_t(qi[j])]->a, o0, jb.y + o0, jb.w->out);
+        }
+      } else {
+        run_blocks(*jb.w, *qs[size_t(qi[j])], jb.T, jb.y, isa, b - start[j], e - start[j]);
+      }
       b = e;
     }
   });

@@ -12,6 +12,8 @@
 // (ymm, 2 rows × 2 tokens), and a scalar one (any machine; the reference the others are tested against:
 // same quantised activations, same integer sums, only the float summation order differs). The best
 // kernel is picked at run time from the CPU's features, whatever flags the binary was built with.
+// Products of many tokens take tiles where the ISA has them (AVX-512 VNNI): the codes of 16 rows are
+// unpacked once into a u8 tile and run against up to 12 tokens at a time (affine_int8_tiles.cpp).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -29,8 +31,15 @@ Int8Isa int8_isa_best();
 // bits 4 or 8, group size 32/64/128, in % 32 == 0.
 bool affine_int8_supported(const quant::AffineWeight& w);
 
+// Row kernels or tiles: Auto takes tiles from kInt8TileMinTokens tokens on where the ISA has them;
+// Tiles on an ISA without them is an error (int8_tiles_available).
+enum class Int8Tiling { Auto, Rows, Tiles };
+constexpr int64_t kInt8TileMinTokens = 3;
+bool int8_tiles_available(Int8Isa isa);
+
 // y[T, out] = x[T, in] · Wᵀ through int8 activations with the given kernel (tests force each one).
-void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T, float* y, Int8Isa isa);
+void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T, float* y, Int8Isa isa,
+                        Int8Tiling tiling = Int8Tiling::Auto);
 inline void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T, float* y) {
   affine_matmul_int8(w, x, T, y, int8_isa_best());
 }
@@ -44,7 +53,7 @@ struct Int8Job {
   int64_t T;
   float* y;
 };
-void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa);
+void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa, Int8Tiling tiling = Int8Tiling::Auto);
 inline void affine_matmul_int8_batch(std::span<const Int8Job> jobs) { affine_matmul_int8_batch(jobs, int8_isa_best()); }
 
 // One activation row in the kernels' layout (q [in], d [in/32 · (bits == 4 ? 4 : 8)], xsum [in/group_size])

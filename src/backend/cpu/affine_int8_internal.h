@@ -1,0 +1,43 @@
+// Shared by the int8-activation affine kernels (affine_int8.cpp: activations, row kernels, dispatch;
+// affine_int8_tiles.cpp: the many-token tile kernels). Not part of the backend's interface.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "quant/affine/affine.h"
+
+namespace lily::cpu::int8_detail {
+
+// Quantised activation rows of one product (layout: affine_int8.cpp's header comment).
+struct Acts {
+  int64_t T = 0, in = 0, dl = 0, gp = 0;  // dl: d floats per token; gp: padded groups per token
+  std::vector<int8_t> qv;
+  std::vector<float> dv, xsv;
+  const int8_t* q = nullptr;
+  const float* d = nullptr;
+  const float* xs = nullptr;
+};
+
+// Position of input i of a row of `in` inputs in the 4-bit activation layout.
+int64_t pos4(int64_t i, int64_t in);
+
+// Tiles: blocks of kTileRows weight rows.
+constexpr int kTileRows = 16;
+
+// The activation positions of input block b (inputs 32b .. 32b+31) are two runs of 16 bytes:
+// [lo, lo + 16) and [hi, hi + 16). 4-bit: the block's even inputs, then its odd ones; 8-bit: natural order.
+struct BlockRuns {
+  int64_t lo, hi;
+};
+BlockRuns block_runs(int64_t in, int bits, int64_t b);
+
+// The u8 tile of rows o0 .. o0+15 (rows at or past w.out are zero), in the vpdpbusd layout: per input
+// block b, 8 vectors of 64 bytes (quads k < 4 from the lo run, k ≥ 4 from the hi run),
+//   tile[((8b + k) · 16 + r) · 4 + j] = code of row o0 + r at activation position (k < 4 ? lo : hi) + 4(k % 4) + j
+// built by the plain loop or (simd) the AVX-512 transposes; they must agree (tests). tile: in · 16 bytes.
+void tile_build(const quant::AffineWeight& w, int64_t o0, bool simd, uint8_t* tile);
+
+// Tokens [0, T) × rows [o0, o0 + 16) ∩ [0, w.out) of y (row stride ys) through the AVX-512 VNNI tile kernel.
+void tile_rows_avx512(const quant::AffineWeight& w, const Acts& a, int64_t o0, float* y, int64_t ys);
+
+}  // namespace lily::cpu::int8_detail
