@@ -110,6 +110,7 @@ struct KArgs {
   int64_t ld = 0;
   const Acts* a = nullptr;
   int64_t in = 0, gs = 0;
+  int gshift = 0;             // log2(gs): the kernels' group index of input i is i >> gshift
   int32_t lane_grp[16] = {};  // group (relative to a step's first) of each int32 lane: (l / rep) · 32 / gs
   int64_t ahead = 0;          // bytes from a row to the same row of the next block (prefetch distance)
 };
@@ -156,7 +157,7 @@ inline __m512 zext(__m256 v) { return _mm512_insertf32x8(_mm512_setzero_ps(), v,
 template <int BITS, int R, int NT>
 void kernel(const KArgs& k, int64_t t0, float* y, int64_t ys) {
   const Acts& a = *k.a;
-  const int64_t in = k.in, gs = k.gs;
+  const int64_t in = k.in;
   constexpr int rep = BITS == 4 ? 4 : 8;
   constexpr int64_t cw = BITS == 4 ? 128 : 64;  // codes per zmm step
   __m512 acc[R][NT];
@@ -173,34 +174,29 @@ void kernel(const KArgs& k, int64_t t0, float* y, int64_t ys) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m256i m4y = _mm256_set1_epi8(0x0F);
   const int64_t nfull = in / cw;
-  for (int64_t c = 0; c < nfull; ++c) {
-    __m512i lo[R], hi[R];
-    __m512 sv[R];
-    for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(k.w[r] + c * 64 + k.ahead), _MM_HINT_T0);  // the next block
-      const __m512i P = _mm512_loadu_si512(k.w[r] + c * 64);
+  // Row by row: each thread then reads its weights as one sequential stream (interleaved rows defeat the
+  // hardware prefetcher on some CPUs); the activations of a step come from L1 for every row.
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* wr = k.w[r];
+    const float* sr = k.s + r * k.ld;
+    for (int64_t c = 0; c < nfull; ++c) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr + c * 64 + k.ahead), _MM_HINT_T0);
+      const __m512i P = _mm512_loadu_si512(wr + c * 64);
+      __m512i lo, hi;
       if constexpr (BITS == 4) {
-        lo[r] = _mm512_and_si512(P, m4);
-        hi[r] = _mm512_and_si512(_mm512_srli_epi16(P, 4), m4);
+        lo = _mm512_and_si512(P, m4);
+        hi = _mm512_and_si512(_mm512_srli_epi16(P, 4), m4);
       } else {
-        lo[r] = P;
+        lo = hi = P;
       }
-      sv[r] = _mm512_permutexvar_ps(vidx, _mm512_loadu_ps(k.s + r * k.ld + c * cw / gs));
-    }
-    for (int t = 0; t < NT; ++t) {
-      const __m512i xl = _mm512_loadu_si512(xq[t] + c * cw);
-      const __m512 dv = _mm512_loadu_ps(xd[t] + c * 16);
-      if constexpr (BITS == 4) {
-        const __m512i xh = _mm512_loadu_si512(xq[t] + c * cw + 64);
-        for (int r = 0; r < R; ++r) {
-          const __m512i i = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xl), hi[r], xh);
-          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(sv[r], dv), acc[r][t]);
-        }
-      } else {
-        for (int r = 0; r < R; ++r) {
-          const __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xl);
-          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(sv[r], dv), acc[r][t]);
-        }
+      const __m512 sv = _mm512_permutexvar_ps(vidx, _mm512_loadu_ps(sr + ((c * cw) >> k.gshift)));
+      for (int t = 0; t < NT; ++t) {
+        const __m512i xl = _mm512_loadu_si512(xq[t] + c * cw);
+        const __m512 dv = _mm512_loadu_ps(xd[t] + c * 16);
+        __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl);
+        if constexpr (BITS == 4) i = _mm512_dpbusd_epi32(i, hi, _mm512_loadu_si512(xq[t] + c * cw + 64));
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(sv, dv), acc[r][t]);
       }
     }
   }
@@ -216,7 +212,7 @@ void kernel(const KArgs& k, int64_t t0, float* y, int64_t ys) {
       } else {
         lo[r] = P;
       }
-      sv[r] = _mm256_permutexvar_ps(vidx8, _mm256_loadu_ps(k.s + r * k.ld + off / gs));
+      sv[r] = _mm256_permutexvar_ps(vidx8, _mm256_loadu_ps(k.s + r * k.ld + (off >> k.gshift)));
     }
     for (int t = 0; t < NT; ++t) {
       const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + off));
@@ -237,7 +233,7 @@ void kernel(const KArgs& k, int64_t t0, float* y, int64_t ys) {
     for (int r = 0; r < R; ++r) {
       const __m128i P = _mm_loadu_si128(reinterpret_cast<const __m128i*>(k.w[r] + off / 2));
       L[r] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(P, 4), m4x), _mm_and_si128(P, m4x));
-      sv[r] = _mm256_set1_ps(k.s[r * k.ld + off / gs]);
+      sv[r] = _mm256_set1_ps(k.s[r * k.ld + (off >> k.gshift)]);
     }
     for (int t = 0; t < NT; ++t) {
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + off));
@@ -495,7 +491,8 @@ void run_blocks(const quant::AffineWeight& w, const Quantised& qa, int64_t T, fl
   k.a = &a;
   k.in = w.in;
   k.gs = w.group_size;
-  k.ahead = R * row_bytes;  // the weights stream from DRAM once per product
+  k.gshift = w.group_size == 32 ? 5 : w.group_size == 64 ? 6 : 7;
+  k.ahead = R * row_bytes;  // the same row of the next block: 2-4 KB ahead in the stream
   for (int l = 0; l < 16; ++l) k.lane_grp[l] = int32_t((l / (w.bits == 4 ? 4 : 8)) * 32 / w.group_size);
   for (int64_t blk = b0; blk < b1; ++blk) {
     const int64_t o0 = blk * R;
