@@ -7,12 +7,16 @@
 # Both are timed the same way (random prompt ids, warm-up, median of repeats; decode after a cheap fill).
 # The weights are random draws of the same shapes, not the same numbers: speed does not depend on them.
 # Usage: scripts/compare-llamacpp.sh [--threads 2] [--preset small] [--prefill 512] [--decode-context 256]
-#                                    [--repeats 3] [--rounds 2] [--decode-tokens 32] [--markdown FILE]
+#                                    [--repeats 3] [--rounds 2] [--decode-tokens 32] [--markdown FILE] [--cpu-time]
+# --cpu-time: instead of wall-clock rates, CPU seconds (user + sys) per token, from the difference of two
+#   runs of each engine that differ only in the prompt length (prefill) or in the decoded tokens (decode),
+#   alternated the same way. Robust on a loaded host, where wall-clock rates measure the scheduler; use it
+#   with --threads 1 (with more threads it counts the pools' spinning).
 # Env: LILY_BIN (default: build-compare/lily, built if absent), LILY_PEER_BUILD (llama-peer's build folder,
 #      default build-compare/peers, built if absent), LILY_COMPARE_DIR (models, default .cache/compare).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-THREADS=2 PRESET=small PREFILL=512 DECODE=256 REPEATS=3 ROUNDS=2 DTOK=32 MD=""
+THREADS=2 PRESET=small PREFILL=512 DECODE=256 REPEATS=3 ROUNDS=2 DTOK=32 MD="" CPUTIME=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --threads) THREADS="$2"; shift 2 ;;
@@ -23,6 +27,7 @@ while [[ $# -gt 0 ]]; do
     --rounds) ROUNDS="$2"; shift 2 ;;
     --decode-tokens) DTOK="$2"; shift 2 ;;
     --markdown) MD="$2"; shift 2 ;;
+    --cpu-time) CPUTIME=1; shift ;;
     *) echo "compare-llamacpp.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -57,6 +62,54 @@ fi
 
 RES="$WORK/results-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$RES"
+if [[ $CPUTIME == 1 ]]; then
+  # Each engine: a prompt of PREFILL vs 1 token, DTOK vs 1 decoded token per run (repeats + 1 warm-up each).
+  cpu() {  # cpu OUTFILE CMD...: CPU seconds of CMD into OUTFILE
+    local out="$1"; shift
+    /usr/bin/time -f "%U %S" -o "$out.time" "$@" >/dev/null 2>"$out.err" || { cat "$out.err" >&2; exit 1; }
+    awk '{print $1 + $2}' "$out.time" > "$out"
+  }
+  lily_run() { cpu "$1" "$LILY" --threads "$THREADS" bench --model "$A4" --prefill "$2" --decode-context "$DECODE" \
+    --repeats "$REPEATS" --decode-tokens "$3"; }
+  llama_run() { cpu "$1" "$PEER" bench --model "$GG" --threads "$THREADS" --prefill "$2" --decode-context "$DECODE" \
+    --repeats "$REPEATS" --decode-tokens "$3"; }
+  for ((r = 1; r <= ROUNDS; r++)); do
+    for who in lily llama; do
+      echo "$who-$r start $(cut -d' ' -f1-3 /proc/loadavg)" >> "$RES/loadavg.txt"
+      log "round $r/$ROUNDS: $who (CPU time)"
+      ${who}_run "$RES/$who-$r-base" 1 1
+      ${who}_run "$RES/$who-$r-prefill" "$PREFILL" 1
+      ${who}_run "$RES/$who-$r-decode" 1 "$DTOK"
+    done
+  done
+  echo "end $(cut -d' ' -f1-3 /proc/loadavg)" >> "$RES/loadavg.txt"
+  python3 - "$RES" "$ROUNDS" "$THREADS" "$PRESET" "$MD" "$PREFILL" "$DTOK" "$REPEATS" "$DECODE" <<'EOF'
+import statistics, sys, os
+res, rounds, threads, preset, md = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+P, D, reps, ctx = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]), sys.argv[9]
+runs = reps + 1  # bench: one warm-up, then the timed repeats
+def ms(who, what, n):
+    base = lambda r: float(open(f"{res}/{who}-{r}-base").read())
+    v = [(float(open(f"{res}/{who}-{r}-{what}").read()) - base(r)) * 1e3 / (runs * (n - 1)) for r in range(1, rounds + 1)]
+    return statistics.median(v), v
+loads = [l.split()[-3] for l in open(f"{res}/loadavg.txt")]
+lines = [f"CPU time per token (user + sys), {threads} thread(s); model: synth `{preset}`; {rounds} alternating rounds, "
+         f"median; 1-minute load average at the start of each engine's runs: {', '.join(loads)} "
+         f"(the host has {os.cpu_count()} cores)",
+         "", "| figure | lily affine4 ms/token | llama.cpp Q4_0 ms/token | llama.cpp / lily |", "|---|---:|---:|---:|"]
+for what, n, name in (("prefill", P, f"prefill {P}"), ("decode", D, f"decode @{ctx}")):
+    a, av = ms("lily", what, n)
+    b, bv = ms("llama", what, n)
+    lines.append(f"| {name} | {a:.2f} ({', '.join(f'{x:.2f}' for x in av)}) | {b:.2f} ({', '.join(f'{x:.2f}' for x in bv)}) "
+                 f"| **{b/a:.2f}x** |")
+out = "\n".join(lines)
+print(out)
+if md:
+    open(md, "w").write(out + "\n")
+EOF
+  log "raw CPU times in $RES"
+  exit 0
+fi
 for ((r = 1; r <= ROUNDS; r++)); do
   echo "lily-$r start $(cut -d' ' -f1-3 /proc/loadavg)" >> "$RES/loadavg.txt"
   log "round $r/$ROUNDS: lily"
