@@ -36,6 +36,7 @@ LILY="${LILY_BIN:-$BUILD/lily}"
 WORK="${LILY_COMPARE_DIR:-$ROOT/.cache/compare}"
 mkdir -p "$WORK"
 log() { echo "[compare] $*" >&2; }
+to_md() { if [[ -n "$MD" ]]; then tee "$MD"; else cat; fi; }  # the table on stdout, and into --markdown FILE
 
 if [[ ! -x "$LILY" ]]; then
   log "building lily in $BUILD"
@@ -83,10 +84,10 @@ if [[ $CPUTIME == 1 ]]; then
     done
   done
   echo "end $(cut -d' ' -f1-3 /proc/loadavg)" >> "$RES/loadavg.txt"
-  python3 - "$RES" "$ROUNDS" "$THREADS" "$PRESET" "$MD" "$PREFILL" "$DTOK" "$REPEATS" "$DECODE" <<'EOF'
+  python3 - "$RES" "$ROUNDS" "$THREADS" "$PRESET" "$PREFILL" "$DTOK" "$REPEATS" "$DECODE" <<'EOF' | to_md
 import statistics, sys, os
-res, rounds, threads, preset, md = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
-P, D, reps, ctx = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]), sys.argv[9]
+res, rounds, threads, preset = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+P, D, reps, ctx = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7]), sys.argv[8]
 runs = reps + 1  # bench: one warm-up, then the timed repeats
 def ms(who, what, n):
     base = lambda r: float(open(f"{res}/{who}-{r}-base").read())
@@ -102,10 +103,7 @@ for what, n, name in (("prefill", P, f"prefill {P}"), ("decode", D, f"decode @{c
     b, bv = ms("llama", what, n)
     lines.append(f"| {name} | {a:.2f} ({', '.join(f'{x:.2f}' for x in av)}) | {b:.2f} ({', '.join(f'{x:.2f}' for x in bv)}) "
                  f"| **{b/a:.2f}x** |")
-out = "\n".join(lines)
-print(out)
-if md:
-    open(md, "w").write(out + "\n")
+print("\n".join(lines))
 EOF
   log "raw CPU times in $RES"
   exit 0
@@ -122,9 +120,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 echo "end $(cut -d' ' -f1-3 /proc/loadavg)" >> "$RES/loadavg.txt"
 
-python3 - "$RES" "$ROUNDS" "$THREADS" "$PRESET" "$MD" <<'EOF'
+python3 - "$RES" "$ROUNDS" "$THREADS" "$PRESET" <<'EOF' | to_md
 import json, statistics, sys, platform, os
-res, rounds, threads, preset, md = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+res, rounds, threads, preset = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 def load(prefix):
     return [json.load(open(f"{res}/{prefix}-{r}.json")) for r in range(1, rounds + 1)]
 L, P = load("lily"), load("llama")
@@ -152,9 +150,6 @@ for phase, key, name in (("prefill", "tokens", "prefill"), ("decode", "context",
         roof = statistics.median(next(x["fraction_of_roofline"] for x in j[phase] if x[key] == n) for j in L)
         lines.append(f"| {name} {n} | {a:.1f} ({', '.join(f'{x:.1f}' for x in av)}) | {b:.1f} ({', '.join(f'{x:.1f}' for x in bv)}) "
                      f"| **{a/b:.2f}x** | {100*roof:.1f}% |")
-out = "\n".join(lines)
-print(out)
-if md:
-    open(md, "w").write(out + "\n")
+print("\n".join(lines))
 EOF
 log "raw JSON in $RES"

@@ -40,19 +40,15 @@ using int8_detail::pos4;
 
 }  // namespace
 
-int64_t int8_detail::pos4(int64_t i, int64_t in) {
+int8_detail::Chunk4 int8_detail::chunk4(int64_t i, int64_t in) {
   const int64_t full = in / 128 * 128;
-  int64_t cb, w;
-  if (i < full) {
-    cb = i / 128 * 128;
-    w = 128;
-  } else if (in - full >= 64 && i < full + 64) {
-    cb = full;
-    w = 64;
-  } else {
-    cb = in - 32;
-    w = 32;
-  }
+  if (i < full) return {i / 128 * 128, 128};
+  if (in - full >= 64 && i < full + 64) return {full, 64};
+  return {in - 32, 32};
+}
+
+int64_t int8_detail::pos4(int64_t i, int64_t in) {
+  const auto [cb, w] = chunk4(i, in);
   const int64_t o = i - cb;
   return cb + ((o & 1) ? w / 2 + o / 2 : o / 2);
 }

@@ -18,6 +18,11 @@ struct Acts {
   const float* xs = nullptr;
 };
 
+// The chunk of the 4-bit activation layout holding input i: [cb, cb + w), w = 128, then 64 and 32 at the end.
+struct Chunk4 {
+  int64_t cb, w;
+};
+Chunk4 chunk4(int64_t i, int64_t in);
 // Position of input i of a row of `in` inputs in the 4-bit activation layout.
 int64_t pos4(int64_t i, int64_t in);
 

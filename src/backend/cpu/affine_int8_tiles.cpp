@@ -32,19 +32,8 @@ namespace lily::cpu::int8_detail {
 
 BlockRuns block_runs(int64_t in, int bits, int64_t b) {
   if (bits != 4) return {32 * b, 32 * b + 16};
-  const int64_t full = in / 128 * 128, i = 32 * b;
-  int64_t cb, w;  // the chunk of the 4-bit layout holding the block (pos4)
-  if (i < full) {
-    cb = i / 128 * 128;
-    w = 128;
-  } else if (in - full >= 64 && i < full + 64) {
-    cb = full;
-    w = 64;
-  } else {
-    cb = in - 32;
-    w = 32;
-  }
-  const int64_t m = (i - cb) / 32;
+  const auto [cb, w] = chunk4(32 * b, in);
+  const int64_t m = (32 * b - cb) / 32;
   return {cb + 16 * m, cb + w / 2 + 16 * m};
 }
 
