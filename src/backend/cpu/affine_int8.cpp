@@ -135,13 +135,7 @@ void scalar_row(int bits, const KArgs& k, int64_t T, float* y, int64_t ys, const
 
 #if LILY_X86
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
-// GCC 12's AVX-512 headers seed masked builtins with _mm512_undefined_*(), which -Wuninitialized
-// reports inside inlined intrinsics (GCC bug 105593); nothing here reads an uninitialised value.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+LILY_INT8_ZMM_BEGIN
 namespace zmm {
 
 constexpr int kRows = 4;
@@ -333,8 +327,7 @@ void run_block(int bits, int R, const KArgs& k, int64_t T, float* y, int64_t ys)
 }
 
 }  // namespace zmm
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
+LILY_INT8_ZMM_END
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avxvnni")

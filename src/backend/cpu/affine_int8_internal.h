@@ -6,6 +6,17 @@
 
 #include "quant/affine/affine.h"
 
+// Brackets of the AVX-512 VNNI code of the int8 kernels: compiled for that ISA whatever the build flags
+// (the kernels are picked at run time). GCC 12's AVX-512 headers seed masked builtins with
+// _mm512_undefined_*(), which -Wuninitialized reports inside inlined intrinsics (GCC bug 105593); nothing
+// there reads an uninitialised value.
+#define LILY_INT8_ZMM_BEGIN                                                                           \
+  _Pragma("GCC push_options")                                                                         \
+  _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni\")")             \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")                \
+  _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define LILY_INT8_ZMM_END _Pragma("GCC diagnostic pop") _Pragma("GCC pop_options")
+
 namespace lily::cpu::int8_detail {
 
 // Quantised activation rows of one product (layout: affine_int8.cpp's header comment).

@@ -84,11 +84,7 @@ void params_transposed(const quant::AffineWeight& w, int64_t o0, float* s, float
 
 #if LILY_X86
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+LILY_INT8_ZMM_BEGIN
 namespace {
 
 // v[r] lane j ← v[j] lane r (16 × 16 dwords): dwords, then qwords interleaved within 128-bit lanes (u[4i + c]
@@ -211,8 +207,7 @@ constexpr auto tile_table(std::integer_sequence<int, N...>) {
 constexpr auto kTileFns = tile_table(std::make_integer_sequence<int, kTileTokens>{});
 
 }  // namespace
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
+LILY_INT8_ZMM_END
 
 #endif  // LILY_X86
 
