@@ -1,6 +1,7 @@
-// Multi-sequence steps on the CPU backend (the seam's contract, backend/backend.h): sequences stepped
-// together give exactly the logits each gives alone; a tentative step of k + 1 rows then commit(n)
-// leaves exactly the state of stepping n rows plainly; malformed steps are refused with their cause.
+// Multi-sequence steps on the CPU backend (the seam's contract, backend/backend.h), on the bf16 goldens and
+// on affine synth models through the int8 path: sequences stepped together give exactly the logits each
+// gives alone; a tentative step of k + 1 rows then commit(n) leaves exactly the state of stepping n rows
+// plainly; malformed steps are refused with their cause.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/mapped_file.h"
 #include "model/qwen_hybrid.h"
+#include "tools/synth.h"
 #include "test_util.h"
 
 using namespace lily;
@@ -32,14 +34,27 @@ std::vector<int32_t> random_ids(size_t n, int64_t V, uint32_t seed) {
   return v;
 }
 
-// fn(backend, weights) for each golden model present.
+// fn(backend, weights) for each golden model present (bf16), then for two synth models in affine 4- and 8-bit
+// on the int8-activation path (the CPU's default for affine weights: its row kernels and tiles must give a
+// row the same bits whatever the rows beside it).
 template <typename F>
-void for_each_golden(F fn) {
+void for_each_model(F fn) {
   for (const char* name : kGoldens) {
     auto w = load(name);
     if (!w) continue;
     SCOPED_TRACE(name);
     cpu::CpuBackend be(w);
+    fn(be, *w);
+  }
+  for (auto [preset, format] : {std::pair{"tiny", SynthFormat::Affine4}, std::pair{"tiny-next", SynthFormat::Affine8}}) {
+    SynthOptions so;
+    so.preset = preset;
+    so.format = format;
+    std::shared_ptr<const ModelWeights> w = synth_model(so);
+    SCOPED_TRACE(std::string("synth ") + preset + " " + synth_format_name(format) + " int8");
+    cpu::CpuOptions o;
+    o.affine = cpu::AffinePath::Int8;
+    cpu::CpuBackend be(w, o);
     fn(be, *w);
   }
 }
@@ -52,7 +67,7 @@ bool same(const std::vector<float>& a, const std::vector<float>& b) {
 // step holding every sequence's prompt, then steps holding one decode row of each, then a step mixing a
 // new prompt chunk of one with decode rows of the others): the same logits bit for bit.
 TEST(Step, SequencesSteppedTogetherMatchEachAlone) {
-  for_each_golden([](cpu::CpuBackend& be, const ModelWeights& w) {
+  for_each_model([](cpu::CpuBackend& be, const ModelWeights& w) {
     const int64_t V = w.cfg.vocab;
     for (int S : {1, 2, 3, 7, 16}) {
       SCOPED_TRACE("S=" + std::to_string(S));
@@ -116,7 +131,7 @@ TEST(Step, SequencesSteppedTogetherMatchEachAlone) {
 std::vector<float> contents(const SequenceState& s) { return s.snapshot()->contents(); }
 
 TEST(Step, TentativeThenCommitEqualsPlainSteps) {
-  for_each_golden([](cpu::CpuBackend& be, const ModelWeights& w) {
+  for_each_model([](cpu::CpuBackend& be, const ModelWeights& w) {
     const int64_t V = w.cfg.vocab;
     const auto prompt = random_ids(37, V, 1);
     const auto probe = random_ids(1, V, 9);

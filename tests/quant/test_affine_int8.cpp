@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -194,6 +195,39 @@ TEST(AffineInt8, KernelsMatchScalarAndExactWithinBound) {
   EXPECT_GT(checked, 100);
 }
 
+// A token's outputs do not depend on the tokens it runs with: row t of a T-token product equals that token's
+// one-token product bit for bit, for every kernel; on AVX-512 the gemv and tile forms agree bit for bit.
+TEST(AffineInt8, RowsDoNotDependOnTheBatch) {
+  std::mt19937 rng(23);
+  struct Shape { int64_t out, in; };
+  const Shape shapes[] = {{1, 64}, {3, 96}, {17, 160}, {65, 224}, {16, 1056}, {33, 4096}};
+  const auto kns = kernels();
+  for (const auto& s : shapes)
+    for (int bits : {4, 8})
+      for (int g : {32, 64, 128}) {
+        if (s.in % g) continue;
+        auto wf = randn(size_t(s.out * s.in), rng, 0.05f);
+        auto q = affine_quantize(wf.data(), s.out, s.in, bits, g);
+        auto w = q.view();
+        for (int64_t T : {1, 2, 3, 4, 5, 12, 13, 17, 33}) {
+          if (s.in >= 4096 && T > 13) continue;
+          auto x = randn(size_t(T * s.in), rng);
+          std::vector<float> y(size_t(T * s.out)), one(size_t(s.out)), first;
+          for (const auto& kn : kns) {
+            cpu::affine_matmul_int8(w, x.data(), T, y.data(), kn.isa, kn.tiling);
+            for (int64_t t = 0; t < T; ++t) {
+              cpu::affine_matmul_int8(w, x.data() + t * s.in, 1, one.data(), kn.isa, kn.tiling);
+              ASSERT_EQ(0, std::memcmp(one.data(), y.data() + t * s.out, one.size() * 4))
+                  << kn.name() << " " << bits << "-bit g" << g << " " << s.out << "x" << s.in << " T" << T << " row " << t;
+            }
+            if (kn.isa != cpu::Int8Isa::Avx512Vnni) continue;
+            if (first.empty()) first = y;
+            else ASSERT_EQ(first, y) << "avx512 rows vs tiles " << bits << "-bit g" << g << " " << s.out << "x" << s.in << " T" << T;
+          }
+        }
+      }
+}
+
 TEST(AffineInt8, SimdQuantiserMatchesPlain) {
   if (!cpu::int8_isa_available(cpu::Int8Isa::Avx512Vnni)) GTEST_SKIP() << "no AVX-512 VNNI";
   std::mt19937 rng(3);
@@ -239,6 +273,39 @@ TEST(AffineInt8, TileBuildMatchesPlain) {
         }
       }
   EXPECT_GT(checked, 100);
+}
+
+TEST(AffineInt8, ParamsTransposeMatchesPlain) {
+  if (!cpu::int8_tiles_available(cpu::Int8Isa::Avx512Vnni)) GTEST_SKIP() << "no AVX-512 VNNI";
+  std::mt19937 rng(43);
+  int checked = 0;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (int64_t out : {1, 15, 16, 17, 40})
+      for (int64_t in : {32, 64, 512, 544, 1024, 1056}) {
+        auto wf = randn(size_t(out * in), rng, 0.05f);
+        auto q = affine_quantize(wf.data(), out, in, 4, 32, dt == DType::F32 ? DType::BF16 : dt);
+        auto w = q.view();
+        std::vector<float> fs, fb;  // F32 scales: the bf16 ones widened (the quantiser writes 16-bit ones)
+        if (dt == DType::F32) {
+          for (int64_t i = 0; i < out * w.groups(); ++i) {
+            fs.push_back(quant::affine_scale(w, i / w.groups(), i % w.groups()));
+            fb.push_back(quant::affine_bias(w, i / w.groups(), i % w.groups()));
+          }
+          w.scale_dtype = DType::F32;
+          w.scales = fs.data();
+          w.biases = fb.data();
+        }
+        const size_t n = size_t(w.groups() * 16);
+        std::vector<float> s0(n), b0(n), s1(n, -1.0f), b1(n, -1.0f);  // both write every float
+        for (int64_t o0 = 0; o0 < out; o0 += 16) {
+          cpu::int8_detail::params_transposed(w, o0, false, s0.data(), b0.data());
+          cpu::int8_detail::params_transposed(w, o0, true, s1.data(), b1.data());
+          ASSERT_EQ(0, std::memcmp(s0.data(), s1.data(), n * 4)) << dtype_name(dt) << " " << out << "x" << in << " from " << o0;
+          ASSERT_EQ(0, std::memcmp(b0.data(), b1.data(), n * 4)) << dtype_name(dt) << " " << out << "x" << in << " from " << o0;
+          ++checked;
+        }
+      }
+  EXPECT_GT(checked, 50);
 }
 
 TEST(AffineInt8, PathSelection) {

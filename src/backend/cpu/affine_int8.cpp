@@ -108,7 +108,6 @@ struct KArgs {
   int64_t in = 0, gs = 0;
   int gshift = 0;             // log2(gs): the kernels' group index of input i is i >> gshift
   int32_t lane_grp[16] = {};  // group (relative to a step's first) of each int32 lane: (l / rep) · 32 / gs
-  int64_t ahead = 0;          // bytes from a row to the same row of the next block (prefetch distance)
 };
 
 // Scalar kernel: integer block sums in int32, float accumulation in double. One row, all tokens.
@@ -137,113 +136,6 @@ void scalar_row(int bits, const KArgs& k, int64_t T, float* y, int64_t ys, const
 
 LILY_INT8_ZMM_BEGIN
 namespace zmm {
-
-constexpr int kRows = 4;
-
-inline __m512 zext(__m256 v) { return _mm512_insertf32x8(_mm512_setzero_ps(), v, 0); }
-
-// R weight rows × NT tokens; 4-bit: 128 codes (64 bytes) per step, 8-bit: 64 codes per step; the int32
-// lane l of a step covers block l/rep of it. Tails (64 or 32 codes for 4-bit, 32 for 8-bit) use ymm.
-template <int BITS, int R, int NT>
-void kernel(const KArgs& k, int64_t t0, float* y, int64_t ys) {
-  const Acts& a = *k.a;
-  const int64_t in = k.in;
-  constexpr int rep = BITS == 4 ? 4 : 8;
-  constexpr int64_t cw = BITS == 4 ? 128 : 64;  // codes per zmm step
-  __m512 acc[R][NT];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-  const int8_t* xq[NT];
-  const float* xd[NT];
-  for (int t = 0; t < NT; ++t) {
-    xq[t] = a.q + (t0 + t) * in;
-    xd[t] = a.d + (t0 + t) * a.dl;
-  }
-  const __m512i vidx = _mm512_loadu_si512(k.lane_grp);
-  const __m256i vidx8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.lane_grp));
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m256i m4y = _mm256_set1_epi8(0x0F);
-  const int64_t nfull = in / cw;
-  // Row by row: each thread then reads its weights as one sequential stream (interleaved rows defeat the
-  // hardware prefetcher on some CPUs); the activations of a step come from L1 for every row.
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    const uint8_t* wr = k.w[r];
-    const float* sr = k.s + r * k.ld;
-    for (int64_t c = 0; c < nfull; ++c) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr + c * 64 + k.ahead), _MM_HINT_T0);
-      const __m512i P = _mm512_loadu_si512(wr + c * 64);
-      __m512i lo, hi;
-      if constexpr (BITS == 4) {
-        lo = _mm512_and_si512(P, m4);
-        hi = _mm512_and_si512(_mm512_srli_epi16(P, 4), m4);
-      } else {
-        lo = hi = P;
-      }
-      const __m512 sv = _mm512_permutexvar_ps(vidx, _mm512_loadu_ps(sr + ((c * cw) >> k.gshift)));
-      for (int t = 0; t < NT; ++t) {
-        const __m512i xl = _mm512_loadu_si512(xq[t] + c * cw);
-        const __m512 dv = _mm512_loadu_ps(xd[t] + c * 16);
-        __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl);
-        if constexpr (BITS == 4) i = _mm512_dpbusd_epi32(i, hi, _mm512_loadu_si512(xq[t] + c * cw + 64));
-        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(sv, dv), acc[r][t]);
-      }
-    }
-  }
-  int64_t off = nfull * cw;
-  if (in - off >= (BITS == 4 ? 64 : 32)) {  // one ymm step: 4-bit chunk of 64 ([evens | odds]) / 8-bit block
-    __m256i lo[R], hi[R];
-    __m256 sv[R];
-    for (int r = 0; r < R; ++r) {
-      const __m256i P = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.w[r] + off * BITS / 8));
-      if constexpr (BITS == 4) {
-        lo[r] = _mm256_and_si256(P, m4y);
-        hi[r] = _mm256_and_si256(_mm256_srli_epi16(P, 4), m4y);
-      } else {
-        lo[r] = P;
-      }
-      sv[r] = _mm256_permutexvar_ps(vidx8, _mm256_loadu_ps(k.s + r * k.ld + (off >> k.gshift)));
-    }
-    for (int t = 0; t < NT; ++t) {
-      const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + off));
-      const __m256 dv = _mm256_loadu_ps(xd[t] + off / 32 * rep);
-      for (int r = 0; r < R; ++r) {
-        __m256i i = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[r], xl);
-        if constexpr (BITS == 4)
-          i = _mm256_dpbusd_epi32(i, hi[r], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + off + 32)));
-        acc[r][t] = _mm512_add_ps(acc[r][t], zext(_mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sv[r], dv))));
-      }
-    }
-    off += BITS == 4 ? 64 : 32;
-  }
-  if (BITS == 4 && in - off == 32) {  // last 4-bit block: [evens | odds] of 32 codes
-    __m256i L[R];
-    __m256 sv[R];
-    const __m128i m4x = _mm_set1_epi8(0x0F);
-    for (int r = 0; r < R; ++r) {
-      const __m128i P = _mm_loadu_si128(reinterpret_cast<const __m128i*>(k.w[r] + off / 2));
-      L[r] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(P, 4), m4x), _mm_and_si128(P, m4x));
-      sv[r] = _mm256_set1_ps(k.s[r * k.ld + (off >> k.gshift)]);
-    }
-    for (int t = 0; t < NT; ++t) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + off));
-      const __m256 dv = _mm256_set1_ps(xd[t][off / 32 * 4]);
-      for (int r = 0; r < R; ++r) {
-        const __m256i i = _mm256_dpbusd_epi32(_mm256_setzero_si256(), L[r], x);
-        acc[r][t] = _mm512_add_ps(acc[r][t], zext(_mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sv[r], dv))));
-      }
-    }
-  }
-  for (int64_t g = 0; g < a.gp; g += 16) {  // bias term: Σ_g b_g · Σx_g (zero-padded)
-    for (int r = 0; r < R; ++r) {
-      const __m512 bv = _mm512_loadu_ps(k.b + r * k.ld + g);
-      for (int t = 0; t < NT; ++t)
-        acc[r][t] = _mm512_fmadd_ps(bv, _mm512_loadu_ps(a.xs + (t0 + t) * a.gp + g), acc[r][t]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < NT; ++t) y[t * ys + r] = _mm512_reduce_add_ps(acc[r][t]);
-}
 
 // One token row of quantize_acts (same per-element float operations as the scalar loop, so the same
 // codes and block scales; the group sums Σx are added in another order).
@@ -289,43 +181,6 @@ void quantize_token(const float* xt, int64_t in, int bits, int64_t gs, int8_t* q
   }
 }
 
-// Float scales / biases of rows o0 .. o0+n−1 into [n][ld], groups rounded up to 16 (zeros past the last
-// group); the caller keeps the rest of each row (the kernels' over-read) zero.
-void load_row_params(const quant::AffineWeight& w, int64_t o0, int n, int64_t ld, float* s, float* b) {
-  const int64_t G = w.groups();
-  for (int r = 0; r < n; ++r)
-    for (int which = 0; which < 2; ++which) {
-      const void* src = which ? w.biases : w.scales;
-      float* dst = (which ? b : s) + r * ld;
-      for (int64_t g = 0; g < G; g += 16) {
-        const __mmask16 m = G - g >= 16 ? 0xFFFF : __mmask16((1u << (G - g)) - 1);
-        const int64_t i = (o0 + r) * G + g;
-        __m512 v;
-        if (w.scale_dtype == DType::F32) {
-          v = _mm512_maskz_loadu_ps(m, static_cast<const float*>(src) + i);
-        } else {
-          const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(src) + i);
-          v = w.scale_dtype == DType::BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
-                                           : _mm512_cvtph_ps(h);
-        }
-        _mm512_storeu_ps(dst + g, v);
-      }
-    }
-}
-
-template <int BITS, int R>
-void run_tokens(const KArgs& k, int64_t T, float* y, int64_t ys) {
-  int64_t t = 0;
-  for (; t + 3 <= T; t += 3) kernel<BITS, R, 3>(k, t, y + t * ys, ys);
-  if (T - t == 2) kernel<BITS, R, 2>(k, t, y + t * ys, ys);
-  else if (T - t == 1) kernel<BITS, R, 1>(k, t, y + t * ys, ys);
-}
-
-void run_block(int bits, int R, const KArgs& k, int64_t T, float* y, int64_t ys) {
-  if (bits == 4) R == kRows ? run_tokens<4, kRows>(k, T, y, ys) : run_tokens<4, 1>(k, T, y, ys);
-  else R == kRows ? run_tokens<8, kRows>(k, T, y, ys) : run_tokens<8, 1>(k, T, y, ys);
-}
-
 }  // namespace zmm
 LILY_INT8_ZMM_END
 
@@ -354,7 +209,7 @@ constexpr int kRows = 2;
 int rows_per_block(Int8Isa isa) {
 #if LILY_X86
   switch (isa) {
-    case Int8Isa::Avx512Vnni: return zmm::kRows;
+    case Int8Isa::Avx512Vnni: return int8_detail::kTileRows;
     case Int8Isa::AvxVnni: return ymm_vnni::kRows;
     case Int8Isa::Avx2: return ymm_avx2::kRows;
     default: break;
@@ -465,7 +320,8 @@ void quantise(const quant::AffineWeight& w, const float* x, int64_t T, Int8Isa i
   }
 }
 
-// Row blocks [b0, b1) (R = rows_per_block(isa) rows each) of y[T, w.out] = x · Wᵀ.
+// Row blocks [b0, b1) (R = rows_per_block(isa) rows each) of y[T, w.out] = x · Wᵀ: the ymm and scalar
+// kernels (AVX-512 VNNI runs its own: gemv_rows_avx512 / tile_rows_avx512).
 void run_blocks(const quant::AffineWeight& w, const Quantised& qa, int64_t T, float* y, Int8Isa isa, int64_t b0,
                 int64_t b1) {
   const Acts& a = qa.a;
@@ -481,25 +337,18 @@ void run_blocks(const quant::AffineWeight& w, const Quantised& qa, int64_t T, fl
   k.in = w.in;
   k.gs = w.group_size;
   k.gshift = w.group_size == 32 ? 5 : w.group_size == 64 ? 6 : 7;
-  k.ahead = R * row_bytes;  // the same row of the next block: 2-4 KB ahead in the stream
   for (int l = 0; l < 16; ++l) k.lane_grp[l] = int32_t((l / (w.bits == 4 ? 4 : 8)) * 32 / w.group_size);
   for (int64_t blk = b0; blk < b1; ++blk) {
     const int64_t o0 = blk * R;
     const int n = int(std::min<int64_t>(R, out - o0));
     for (int r0 = 0; r0 < n;) {
       const int rr = (n == R) ? R : 1;  // full block, or the last rows one at a time
-#if LILY_X86
-      if (isa == Int8Isa::Avx512Vnni)
-        zmm::load_row_params(w, o0 + r0, rr, ld, sb.data(), sb.data() + 4 * ld);
-      else
-#endif
-        load_row_params_plain(w, o0 + r0, rr, ld, sb.data(), sb.data() + 4 * ld);
+      load_row_params_plain(w, o0 + r0, rr, ld, sb.data(), sb.data() + 4 * ld);
       for (int r = 0; r < rr; ++r)
         k.w[r] = reinterpret_cast<const uint8_t*>(w.packed) + (o0 + r0 + r) * row_bytes;
       float* yo = y + o0 + r0;
       switch (isa) {
 #if LILY_X86
-        case Int8Isa::Avx512Vnni: zmm::run_block(w.bits, rr, k, T, yo, out); break;
         case Int8Isa::AvxVnni: ymm_vnni::run_block(w.bits, rr, k, T, yo, out); break;
         case Int8Isa::Avx2: ymm_avx2::run_block(w.bits, rr, k, T, yo, out); break;
 #endif
@@ -553,8 +402,7 @@ void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa, Int8Ti
     }
     tiles[j] = int8_tiles_available(isa) &&
                (tiling == Int8Tiling::Tiles || (tiling == Int8Tiling::Auto && jb.T >= kInt8TileMinTokens));
-    const int64_t rb = tiles[j] ? int8_detail::kTileRows : R;
-    start[j + 1] = start[j] + (jb.w->out + rb - 1) / rb;
+    start[j + 1] = start[j] + (jb.w->out + R - 1) / R;
     madds += jb.w->out * jb.w->in * jb.T;
   }
   const int64_t nblk = start[jobs.size()];
@@ -569,10 +417,12 @@ void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa, Int8Ti
       while (start[j + 1] <= b) ++j;  // skips empty jobs
       const int64_t e = std::min(b1, start[j + 1]);
       const Int8Job& jb = jobs[j];
-      if (tiles[j]) {
+      if (isa == Int8Isa::Avx512Vnni) {
         for (int64_t blk = b - start[j]; blk < e - start[j]; ++blk) {
           const int64_t o0 = blk * int8_detail::kTileRows;
-          int8_detail::tile_rows_avx512(*jb.w, qs[size_t(qi[j])]->a, o0, jb.y + o0, jb.w->out);
+          const auto& a = qs[size_t(qi[j])]->a;
+          if (tiles[j]) int8_detail::tile_rows_avx512(*jb.w, a, o0, jb.y + o0, jb.w->out);
+          else int8_detail::gemv_rows_avx512(*jb.w, a, o0, jb.y + o0, jb.w->out);
         }
       } else {
         run_blocks(*jb.w, *qs[size_t(qi[j])], jb.T, jb.y, isa, b - start[j], e - start[j]);

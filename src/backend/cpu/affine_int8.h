@@ -8,12 +8,15 @@
 // The only error against the float product is the activation rounding (the bias term uses exact sums):
 //   |Δy| ≤ Σ_i |s_{g(i)} · code_i| · d_{b(i)} / 2.
 //
-// Kernels: AVX-512 VNNI (zmm, 4 weight rows × up to 3 tokens per register tile), AVX-VNNI and AVX2
-// (ymm, 2 rows × 2 tokens), and a scalar one (any machine; the reference the others are tested against:
-// same quantised activations, same integer sums, only the float summation order differs). The best
-// kernel is picked at run time from the CPU's features, whatever flags the binary was built with.
-// Products of many tokens take tiles where the ISA has them (AVX-512 VNNI): the codes of 16 rows are
-// unpacked once into a u8 tile and run against up to 12 tokens at a time (affine_int8_tiles.cpp).
+// Kernels: AVX-512 VNNI (zmm, blocks of 16 weight rows: from the packed rows for 1–2 tokens at a time, and
+// for many tokens as tiles, the codes of 16 rows unpacked once into a u8 tile and run against up to 12
+// tokens: affine_int8_gemv.cpp, affine_int8_tiles.cpp), AVX-VNNI and AVX2 (ymm, 2 rows × 2 tokens), and a
+// scalar one (any machine; the reference the others are tested against: same quantised activations, same
+// integer sums, only the float summation order differs). The best kernel is picked at run time from the
+// CPU's features, whatever flags the binary was built with. Every kernel computes each output with one
+// arithmetic whatever the number of tokens, so a token's row does not depend on the rows it runs with
+// (the AVX-512 ones: one exact integer sum per input block, folded in block order, then the bias term;
+// the two AVX-512 forms give identical results).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -32,7 +35,7 @@ Int8Isa int8_isa_best();
 bool affine_int8_supported(const quant::AffineWeight& w);
 
 // Row kernels or tiles: Auto takes tiles from kInt8TileMinTokens tokens on where the ISA has them;
-// Tiles on an ISA without them is an error (int8_tiles_available).
+// Tiles on an ISA without them is an error (int8_tiles_available). Results are the same either way.
 enum class Int8Tiling { Auto, Rows, Tiles };
 constexpr int64_t kInt8TileMinTokens = 3;
 bool int8_tiles_available(Int8Isa isa);

@@ -53,7 +53,55 @@ BlockRuns block_runs(int64_t in, int bits, int64_t b);
 // built by the plain loop or (simd) the AVX-512 transposes; they must agree (tests). tile: in · 16 bytes.
 void tile_build(const quant::AffineWeight& w, int64_t o0, bool simd, uint8_t* tile);
 
-// Tokens [0, T) × rows [o0, o0 + 16) ∩ [0, w.out) of y (row stride ys) through the AVX-512 VNNI tile kernel.
+// Scales and biases of rows o0 .. o0+15 as [group][16] floats (zero past w.out), by the plain loop or (simd)
+// the AVX-512 transposes; they must agree (tests). s, b: w.groups() · 16 floats each.
+void params_transposed(const quant::AffineWeight& w, int64_t o0, bool simd, float* s, float* b);
+
+// The AVX-512 VNNI kernels: tokens [0, T) × rows [o0, o0 + 16) ∩ [0, w.out) of y (row stride ys; y points at
+// column o0). Both compute every output with one arithmetic, whatever T:
+//   acc = 0;  acc ← fma(float(I_b), s_g(b) · d_b, acc) for the input blocks b in order (I_b: the exact integer
+//   sum of block b's 32 code × activation products);  acc ← fma(bias_g, Σx_g, acc) for the groups in order.
+// tile_rows_avx512: the codes unpacked once into a tile, 12 tokens at a time (prompts);
+// gemv_rows_avx512: from the packed rows, 1–2 tokens at a time (decode).
 void tile_rows_avx512(const quant::AffineWeight& w, const Acts& a, int64_t o0, float* y, int64_t ys);
+void gemv_rows_avx512(const quant::AffineWeight& w, const Acts& a, int64_t o0, float* y, int64_t ys);
 
 }  // namespace lily::cpu::int8_detail
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+LILY_INT8_ZMM_BEGIN
+namespace lily::cpu::int8_detail {
+
+// v[r] lane j ← v[j] lane r (16 × 16 dwords): dwords, then qwords interleaved within 128-bit lanes (u[4i + c]
+// lane L: column 4L + c of rows 4i..4i+3), then the 128-bit lanes transposed 4 × 4. Fully unrolled so that
+// v stays in registers.
+__attribute__((always_inline)) inline void transpose16(__m512i (&v)[16]) {
+  __m512i t[16], u[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m512i a = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), b = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
+    const __m512i e = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88), f = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
+    v[c] = _mm512_shuffle_i32x4(a, e, 0x88);
+    v[8 + c] = _mm512_shuffle_i32x4(a, e, 0xDD);
+    v[4 + c] = _mm512_shuffle_i32x4(b, f, 0x88);
+    v[12 + c] = _mm512_shuffle_i32x4(b, f, 0xDD);
+  }
+}
+
+}  // namespace lily::cpu::int8_detail
+LILY_INT8_ZMM_END
+#endif

@@ -39,26 +39,7 @@ BlockRuns block_runs(int64_t in, int bits, int64_t b) {
 
 namespace {
 
-void tile_build_plain(const quant::AffineWeight& w, int64_t o0, uint8_t* tile) {
-  const int64_t in = w.in, n = std::min<int64_t>(kTileRows, w.out - o0);
-  std::vector<int64_t> input_at(static_cast<size_t>(in));  // activation position -> input
-  for (int64_t i = 0; i < in; ++i) input_at[size_t(w.bits == 4 ? pos4(i, in) : i)] = i;
-  std::memset(tile, 0, size_t(in) * kTileRows);
-  for (int64_t r = 0; r < n; ++r) {
-    const uint32_t* row = w.packed + (o0 + r) * w.row_words;
-    for (int64_t b = 0; b < in / 32; ++b) {
-      const BlockRuns br = block_runs(in, w.bits, b);
-      for (int k = 0; k < 8; ++k)
-        for (int j = 0; j < 4; ++j) {
-          const int64_t p = (k < 4 ? br.lo : br.hi) + 4 * (k % 4) + j;
-          tile[((8 * b + k) * kTileRows + r) * 4 + j] = uint8_t(quant::affine_code(row, w.bits, input_at[size_t(p)]));
-        }
-    }
-  }
-}
-
-// Scales and biases of rows o0 .. o0+15 as [group][16] floats (zero past w.out).
-void params_transposed(const quant::AffineWeight& w, int64_t o0, float* s, float* b) {
+void params_transposed_plain(const quant::AffineWeight& w, int64_t o0, float* s, float* b) {
   const int64_t G = w.groups(), n = std::min<int64_t>(kTileRows, w.out - o0);
   std::fill(s, s + G * kTileRows, 0.0f);
   std::fill(b, b + G * kTileRows, 0.0f);
@@ -80,40 +61,30 @@ void params_transposed(const quant::AffineWeight& w, int64_t o0, float* s, float
   }
 }
 
+void tile_build_plain(const quant::AffineWeight& w, int64_t o0, uint8_t* tile) {
+  const int64_t in = w.in, n = std::min<int64_t>(kTileRows, w.out - o0);
+  std::vector<int64_t> input_at(static_cast<size_t>(in));  // activation position -> input
+  for (int64_t i = 0; i < in; ++i) input_at[size_t(w.bits == 4 ? pos4(i, in) : i)] = i;
+  std::memset(tile, 0, size_t(in) * kTileRows);
+  for (int64_t r = 0; r < n; ++r) {
+    const uint32_t* row = w.packed + (o0 + r) * w.row_words;
+    for (int64_t b = 0; b < in / 32; ++b) {
+      const BlockRuns br = block_runs(in, w.bits, b);
+      for (int k = 0; k < 8; ++k)
+        for (int j = 0; j < 4; ++j) {
+          const int64_t p = (k < 4 ? br.lo : br.hi) + 4 * (k % 4) + j;
+          tile[((8 * b + k) * kTileRows + r) * 4 + j] = uint8_t(quant::affine_code(row, w.bits, input_at[size_t(p)]));
+        }
+    }
+  }
+}
+
 }  // namespace
 
 #if LILY_X86
 
 LILY_INT8_ZMM_BEGIN
 namespace {
-
-// v[r] lane j ← v[j] lane r (16 × 16 dwords): dwords, then qwords interleaved within 128-bit lanes (u[4i + c]
-// lane L: column 4L + c of rows 4i..4i+3), then the 128-bit lanes transposed 4 × 4. Fully unrolled so that
-// v stays in registers.
-__attribute__((always_inline)) inline void transpose16(__m512i (&v)[16]) {
-  __m512i t[16], u[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {
-    const __m512i a = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), b = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
-    const __m512i e = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88), f = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
-    v[c] = _mm512_shuffle_i32x4(a, e, 0x88);
-    v[8 + c] = _mm512_shuffle_i32x4(a, e, 0xDD);
-    v[4 + c] = _mm512_shuffle_i32x4(b, f, 0x88);
-    v[12 + c] = _mm512_shuffle_i32x4(b, f, 0xDD);
-  }
-}
 
 void tile_build_zmm(const quant::AffineWeight& w, int64_t o0, uint8_t* tile) {
   const int64_t in = w.in, n = std::min<int64_t>(kTileRows, w.out - o0), row_bytes = w.row_words * 4;
@@ -147,6 +118,38 @@ void tile_build_zmm(const quant::AffineWeight& w, int64_t o0, uint8_t* tile) {
       }
     }
     cb += cw;
+  }
+}
+
+// params_transposed through 16 × 16 transposes: per 16 groups, each row's scales (masked loads, widened to
+// float) into one vector, then transposed to one vector per group with the 16 rows in its lanes.
+void params_transposed_zmm(const quant::AffineWeight& w, int64_t o0, float* s, float* b) {
+  const int64_t G = w.groups(), n = std::min<int64_t>(kTileRows, w.out - o0);
+  for (int which = 0; which < 2; ++which) {
+    const void* src = which ? w.biases : w.scales;
+    float* dst = which ? b : s;
+    for (int64_t g0 = 0; g0 < G; g0 += 16) {
+      const int64_t ng = std::min<int64_t>(16, G - g0);
+      const __mmask16 m = __mmask16((1u << ng) - 1);
+      __m512i v[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) {
+        if (r >= n) {
+          v[r] = _mm512_setzero_si512();
+          continue;
+        }
+        const int64_t i = (o0 + r) * G + g0;
+        if (w.scale_dtype == DType::F32) {
+          v[r] = _mm512_maskz_loadu_epi32(m, static_cast<const float*>(src) + i);
+        } else {
+          const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(src) + i);
+          v[r] = w.scale_dtype == DType::BF16 ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)
+                                              : _mm512_castps_si512(_mm512_cvtph_ps(h));
+        }
+      }
+      transpose16(v);
+      for (int64_t j = 0; j < ng; ++j) _mm512_storeu_si512(dst + (g0 + j) * kTileRows, v[j]);
+    }
   }
 }
 
@@ -221,6 +224,16 @@ void tile_build(const quant::AffineWeight& w, int64_t o0, bool simd, uint8_t* ti
   tile_build_plain(w, o0, tile);
 }
 
+void params_transposed(const quant::AffineWeight& w, int64_t o0, bool simd, float* s, float* b) {
+  LILY_CHECK(o0 >= 0 && o0 < w.out, "bad row block for the transposed parameters");
+#if LILY_X86
+  if (simd) return params_transposed_zmm(w, o0, s, b);
+#else
+  LILY_CHECK(!simd, "no SIMD parameter transpose on this architecture");
+#endif
+  params_transposed_plain(w, o0, s, b);
+}
+
 void tile_rows_avx512(const quant::AffineWeight& w, const Acts& a, int64_t o0, float* y, int64_t ys) {
 #if LILY_X86
   thread_local std::vector<uint8_t> tile;
@@ -232,7 +245,7 @@ void tile_rows_avx512(const quant::AffineWeight& w, const Acts& a, int64_t o0, f
   runs.resize(size_t(w.in / 32));
   for (int64_t b = 0; b < w.in / 32; ++b) runs[size_t(b)] = block_runs(w.in, w.bits, b);
   tile_build_zmm(w, o0, tile.data());
-  params_transposed(w, o0, sb.data(), sb.data() + G * kTileRows);
+  params_transposed_zmm(w, o0, sb.data(), sb.data() + G * kTileRows);
   const TileArgs k{tile.data(), sb.data(), sb.data() + G * kTileRows, runs.data(), &a, w.in, G,
                    w.group_size == 32 ? 0 : w.group_size == 64 ? 1 : 2, w.bits == 4 ? 4 : 8, __mmask16((1u << n) - 1)};
   for (int64_t t = 0; t < a.T; t += kTileTokens) {
