@@ -20,13 +20,6 @@
 #include <memory>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define LILY_X86 1
-#else
-#define LILY_X86 0
-#endif
-
 #include "core/error.h"
 #include "core/half.h"
 #include "core/thread_pool.h"

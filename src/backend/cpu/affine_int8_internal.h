@@ -6,6 +6,13 @@
 
 #include "quant/affine/affine.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define LILY_X86 1
+#else
+#define LILY_X86 0
+#endif
+
 // Brackets of the AVX-512 VNNI code of the int8 kernels: compiled for that ISA whatever the build flags
 // (the kernels are picked at run time). GCC 12's AVX-512 headers seed masked builtins with
 // _mm512_undefined_*(), which -Wuninitialized reports inside inlined intrinsics (GCC bug 105593); nothing
@@ -68,9 +75,7 @@ void gemv_rows_avx512(const quant::AffineWeight& w, const Acts& a, int64_t o0, f
 
 }  // namespace lily::cpu::int8_detail
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-
+#if LILY_X86
 LILY_INT8_ZMM_BEGIN
 namespace lily::cpu::int8_detail {
 

@@ -17,13 +17,6 @@
 #include <utility>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define LILY_X86 1
-#else
-#define LILY_X86 0
-#endif
-
 #include "backend/cpu/affine_int8_internal.h"
 #include "core/error.h"
 #include "core/half.h"
