@@ -1,5 +1,7 @@
 #include "runtime/grammar_constraint.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -10,7 +12,11 @@ GrammarConstraint::GrammarConstraint(std::shared_ptr<text::TokenGrammar> g, int6
     : g_(std::move(g)), state_(g_->start()), max_tokens_(max_tokens) {}
 
 const text::TokenMask& GrammarConstraint::mask() const {
-  if (!mask_) mask_ = g_->mask(state_, max_tokens_ < 0 ? -1 : max_tokens_ - emitted_);
+  if (!mask_) {
+    // One token of the limit is kept for the end id, so that a complete document also ends the reply.
+    const int64_t left = max_tokens_ - emitted_ - (g_->has_end_ids() ? 1 : 0);
+    mask_ = g_->mask(state_, max_tokens_ < 0 ? -1 : std::max<int64_t>(left, 0));
+  }
   return *mask_;
 }
 

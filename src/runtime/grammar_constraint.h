@@ -1,8 +1,9 @@
 // TokenConstraint over a grammar compiled against the tokenizer's vocabulary (text/token_grammar.h):
 // structured outputs and forced tool calls. The end-of-generation ids are allowed exactly where the
 // grammar accepts, and a request's max_tokens is kept in view: a token is allowed only when the
-// grammar can still finish in the tokens left after it, so the output is a complete document whenever
-// max_tokens leaves room for the shortest one.
+// grammar can still finish in the tokens left after it, one kept for the end id, so the output is a
+// complete document followed by the end id whenever max_tokens leaves room for the shortest one and
+// that id (TokenGrammar::token_distance(start) + 1).
 #pragma once
 #include <memory>
 

@@ -1,6 +1,7 @@
 #include "text/grammar_automaton.h"
 
 #include <algorithm>
+#include <bit>
 
 #include <fmt/format.h>
 
@@ -137,6 +138,22 @@ ByteAutomaton::State ByteAutomaton::step(State s, uint8_t b) {
   const State next = c.tops.empty() && !c.accept ? kDead : intern_state(std::move(c));
   trans_[size_t(ti)][b] = next;
   return next;
+}
+
+int ByteAutomaton::next_byte(State s) const {
+  const StateInfo& si = states_[size_t(s)];
+  if (si.accept) return -1;
+  int best = 256;
+  for (uint32_t t : si.stacks) {
+    if (snodes_[t].dist != si.dist) continue;  // only a shortest stack's byte shortens the distance
+    const ByteSet& set = sets_[nodes_[snodes_[t].pos].index];
+    for (int w = 0; w < 4 && w * 64 < best; ++w)
+      if (set.w[size_t(w)]) {
+        best = std::min(best, w * 64 + std::countr_zero(set.w[size_t(w)]));
+        break;
+      }
+  }
+  return best < 256 ? best : -1;
 }
 
 ByteAutomaton::State ByteAutomaton::walk(State s, std::string_view bytes) {

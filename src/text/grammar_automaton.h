@@ -30,6 +30,9 @@ class ByteAutomaton {
   bool can_continue(State s) const { return !states_[size_t(s)].stacks.empty(); }
   // Fewest bytes that take `s` to an accepting state (0 when accepting).
   int32_t distance(State s) const { return states_[size_t(s)].dist; }
+  // The lowest byte that starts a shortest completion of `s` (the state after it is one byte closer to
+  // accepting); -1 when `s` accepts (or cannot finish). Following it spells one fixed shortest completion.
+  int next_byte(State s) const;
   size_t states() const { return states_.size(); }
   size_t stacks() const { return snodes_.size(); }
 

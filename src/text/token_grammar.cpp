@@ -58,6 +58,63 @@ TokenGrammar::TokenGrammar(const Grammar& g, std::shared_ptr<const TokenVocabula
     : vocab_(std::move(vocab)), end_ids_(std::move(end_ids)), cache_bytes_(cache_bytes), dfa_(g) {
   std::erase_if(end_ids_, [&](int32_t t) { return t < 0 || t >= vocab_->size(); });
   walk_.resize(vocab_->max_depth() + 1);
+  roots_.fill(kNoNode);
+  const auto& trie = vocab_->trie();
+  for (uint32_t i = 0; i < trie.size(); i = trie[i].end) roots_[trie[i].byte] = i;
+}
+
+uint32_t TokenGrammar::child(uint32_t node, uint8_t byte) const {
+  const auto& trie = vocab_->trie();
+  for (uint32_t c = node + 1; c < trie[node].end; c = trie[c].end)
+    if (trie[c].byte == byte) return c;
+  return kNoNode;
+}
+
+int32_t TokenGrammar::bound(State s) {
+  auto known = [&](State q) {
+    if (size_t(q) >= bounds_.size()) bounds_.resize(dfa_.states(), -1);
+    return bounds_[size_t(q)] >= 0;
+  };
+  if (known(s)) return bounds_[size_t(s)];
+  // Spell the shortest completion until it accepts, or until a known state and one longest token past
+  // it (the states after a known one are its own completion's, known with it).
+  const size_t span = vocab_->max_depth();
+  path_.assign(1, s);
+  path_bytes_.clear();
+  size_t first_known = SIZE_MAX;
+  for (;;) {
+    const State q = path_.back();
+    if (first_known == SIZE_MAX && known(q)) first_known = path_.size() - 1;
+    if (first_known != SIZE_MAX && path_.size() - 1 >= first_known + span) break;
+    const int b = dfa_.next_byte(q);
+    if (b < 0) break;
+    path_bytes_.push_back(char(b));
+    path_.push_back(dfa_.step(q, uint8_t(b)));
+  }
+  // From the end: a position's bound is one more than the best position a token from it reaches.
+  const auto& trie = vocab_->trie();
+  path_bounds_.assign(path_.size(), kUnreachable);
+  for (size_t i = path_.size(); i-- > 0;) {
+    const State q = path_[i];
+    int32_t& u = path_bounds_[i];
+    if (known(q)) {
+      u = bounds_[size_t(q)];
+      continue;
+    }
+    if (dfa_.accepting(q)) {
+      u = 0;
+    } else {
+      uint32_t node = kNoNode;
+      for (size_t k = i; k < path_bytes_.size() && k - i < span; ++k) {
+        const uint8_t byte = uint8_t(path_bytes_[k]);
+        node = k == i ? roots_[byte] : child(node, byte);
+        if (node == kNoNode) break;
+        if (trie[node].token >= 0 && path_bounds_[k + 1] < kUnreachable) u = std::min(u, 1 + path_bounds_[k + 1]);
+      }
+    }
+    bounds_[size_t(q)] = u;
+  }
+  return path_bounds_[0];
 }
 
 bool TokenGrammar::is_end(int32_t token) const {
@@ -79,8 +136,8 @@ std::shared_ptr<TokenMask> TokenGrammar::compute(State s, int32_t max_dist) {
     }
     walk_[n.depth] = q;
     if (n.token >= 0) {
-      const int32_t d = dfa_.distance(q);
-      if (max_dist < 0 || d <= max_dist) {
+      const int32_t d = bound(q);
+      if (d <= max_dist) {
         m->bits[size_t(n.token) >> 6] |= uint64_t(1) << (n.token & 63);
         ++m->text_tokens;
         worst = std::max(worst, d);
@@ -110,7 +167,7 @@ std::shared_ptr<const TokenMask> TokenGrammar::mask(State s, int64_t budget) {
   std::lock_guard lk(mu_);
   LILY_ASSERT(s >= 0 && size_t(s) < dfa_.states());
   auto lookup = [&](int32_t threshold) -> std::shared_ptr<const TokenMask> {
-    const uint64_t key = uint64_t(uint32_t(s)) << 32 | uint32_t(threshold + 1);
+    const uint64_t key = uint64_t(uint32_t(s)) << 32 | uint32_t(threshold);
     if (auto it = cache_.find(key); it != cache_.end()) {
       ++stats_.hits;
       return it->second;
@@ -134,10 +191,11 @@ std::shared_ptr<const TokenMask> TokenGrammar::mask(State s, int64_t budget) {
     cached_bytes_ += bytes;
     return m;
   };
-  auto full = lookup(-1);
+  auto full = lookup(kNoLimit);
   // The budget matters only when some allowed token leads further from the end than it allows, and
-  // only when the grammar can finish in the budget at all (otherwise nothing would be allowed).
-  if (budget < 0 || budget - 1 >= full->max_distance || dfa_.distance(s) > budget) return full;
+  // only when the grammar can finish in the budget at all (otherwise nothing would be allowed). A
+  // budget of 0 allows the end ids alone (a threshold of -1: no text token qualifies).
+  if (budget < 0 || budget - 1 >= full->max_distance || bound(s) > budget) return full;
   return lookup(int32_t(budget - 1));
 }
 
@@ -160,9 +218,9 @@ bool TokenGrammar::accepting(State s) {
   return dfa_.accepting(s);
 }
 
-int32_t TokenGrammar::distance(State s) {
+int32_t TokenGrammar::token_distance(State s) {
   std::lock_guard lk(mu_);
-  return dfa_.distance(s);
+  return bound(s);
 }
 
 TokenGrammar::Stats TokenGrammar::stats() {

@@ -4,6 +4,8 @@
 // into a trie, and a state's mask is one walk of that trie through the byte automaton, pruned at the
 // first rejected byte. Masks are cached per automaton state, so after warm-up a step costs a lookup.
 #pragma once
+#include <array>
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -54,7 +56,7 @@ struct TokenMask {
   std::vector<uint64_t> bits;  // bit (id % 64) of word id / 64
   int32_t text_tokens = 0;     // allowed ids that are not end ids
   bool end_allowed = false;    // the end ids are in `bits` (the output so far is a complete document)
-  int32_t max_distance = 0;    // largest distance() of a state an allowed token leads to
+  int32_t max_distance = 0;    // largest token_distance() of a state an allowed token leads to
 };
 
 class TokenGrammar {
@@ -69,16 +71,23 @@ class TokenGrammar {
 
   State start() const { return 0; }
   // Allowed ids in state `s`. `budget`: tokens that may still be generated, this one included (< 0:
-  // no limit); a token is then only allowed when the grammar can still finish in the tokens left after
-  // it (every byte is a token, so the invariant holds to the end when it holds at the start).
+  // no limit); a token is then only allowed when the state it leads to has a token_distance() within
+  // the tokens left after it. Since a state's token_distance() is reached by its first token, the
+  // document is complete within the budget whenever token_distance(start) fits in it.
   std::shared_ptr<const TokenMask> mask(State s, int64_t budget = -1);
   // The state after `token`; kDead when the grammar rejects it. An end id leaves an accepting state as it is.
   State advance(State s, int32_t token);
   // Advances over raw bytes (kDead when rejected).
   State advance_bytes(State s, std::string_view bytes);
   bool accepting(State s);
-  int32_t distance(State s);
+  // Tokens that surely finish the document from `s`: the fewest tokens that spell the automaton's
+  // shortest completion (ByteAutomaton::next_byte), at most its length in bytes when every byte is a
+  // token; kUnreachable when no tokens spell it. An upper bound on the true fewest, and consistent: the
+  // first of those tokens leads to a state whose token_distance() is one less.
+  int32_t token_distance(State s);
+  static constexpr int32_t kUnreachable = INT32_MAX / 4;
   bool is_end(int32_t token) const;
+  bool has_end_ids() const { return !end_ids_.empty(); }
 
   const TokenVocabulary& vocab() const { return *vocab_; }
   struct Stats {
@@ -88,7 +97,11 @@ class TokenGrammar {
   Stats stats();
 
  private:
+  static constexpr int32_t kNoLimit = INT32_MAX;
   std::shared_ptr<TokenMask> compute(State s, int32_t max_dist);
+  int32_t bound(State s);  // token_distance() with mu_ held
+  uint32_t child(uint32_t node, uint8_t byte) const;  // trie child, or kNoNode
+  static constexpr uint32_t kNoNode = UINT32_MAX;
 
   std::shared_ptr<const TokenVocabulary> vocab_;
   std::vector<int32_t> end_ids_;
@@ -96,7 +109,12 @@ class TokenGrammar {
   std::mutex mu_;
   ByteAutomaton dfa_;
   std::vector<State> walk_;  // scratch: automaton state per trie depth
-  // key: state << 32 | (budget threshold + 1), threshold -1 meaning none
+  std::array<uint32_t, 256> roots_;  // the trie's first-byte nodes (kNoNode: no token starts so)
+  std::vector<int32_t> bounds_;      // token_distance() per automaton state, -1 until computed
+  std::vector<State> path_;          // scratch of bound(): the states of a shortest completion
+  std::string path_bytes_;           //   and its bytes
+  std::vector<int32_t> path_bounds_;
+  // key: state << 32 | budget threshold (the largest bound a token may lead to; kNoLimit: none)
   std::unordered_map<uint64_t, std::shared_ptr<const TokenMask>> cache_;
   std::vector<uint64_t> order_;  // insertion order of cache_ keys
   size_t order_head_ = 0;

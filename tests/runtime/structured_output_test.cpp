@@ -1,6 +1,7 @@
 // Structured outputs through the scheduler on the demo model (random weights, the real Qwen3 tokenizer):
 // 200 sampled completions against 20 JSON schemas, each a complete document that parses and that ajv
-// (a real JSON Schema validator, from npm) validates against its schema.
+// (a real JSON Schema validator, from npm) validates against its schema. And the device-sampled path (an
+// emulated device sampler, the mask uploaded per step) draws the same constrained tokens as the host path.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -12,10 +13,13 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/recording_job.h"
+#include "../support/sampling_backend.h"
+#include "runtime/generate.h"
 #include "runtime/demo_model.h"
 #include "runtime/engine.h"
 #include "runtime/grammar_constraint.h"
 #include "runtime/scheduler.h"
+#include "runtime/session.h"
 #include "text/json_grammar.h"
 #include "text/token_grammar.h"
 #include "text/tokenizer.h"
@@ -99,6 +103,56 @@ TEST(StructuredOutput, TwoHundredDemoCompletionsValidate) {
   int rc = run(fmt::format("node '{}' '{}'", (fs::path(LILY_SOURCE_DIR) / "tests/runtime/validate_json.mjs").string(), out.string()), log);
   EXPECT_EQ(rc, 0) << log;
   EXPECT_NE(log.find("200 valid, 0 invalid"), std::string::npos) << log;
+}
+
+TEST(StructuredOutput, DeviceSamplerPathDrawsUnderTheMask) {
+  const std::string dir = find_demo_tokenizer_dir();
+  if (dir.empty()) GTEST_SKIP() << "Qwen3 tokenizer not fetched (scripts/fetch-assets.sh)";
+  auto tok = text::Tokenizer::load(dir);
+  DemoModelOptions d;
+  d.vocab = tok->vocab_size();
+  d.hidden = 64;
+  std::shared_ptr<const ModelWeights> w = make_demo_weights(d);
+  EngineOptions eo{"cpu", 256, 256};
+  auto host = Engine::from_weights(w, eo);
+  auto be = std::make_unique<test_support::SamplingCpuBackend>(w);
+  auto* sampler = be.get();
+  auto dev = Engine::from_backend(w, std::move(be), eo);
+  auto vocab = text::TokenVocabulary::from_tokenizer(*tok, int32_t(host->config().vocab));
+  std::ifstream f(fs::path(LILY_TEST_DATA) / "structured/schemas.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const json schemas = json::parse(ss.str());
+  const auto prompt = tok->encode("<|im_start|>user\nAnswer in JSON.<|im_end|>\n<|im_start|>assistant\n");
+  constexpr int64_t kMaxTokens = 48;  // tight: the budgeted masks are exercised too
+  for (size_t i : {size_t(0), size_t(7), size_t(17), size_t(19)}) {
+    auto g = std::make_shared<text::TokenGrammar>(text::json_schema_grammar(schemas[i], "schema"), vocab, tok->stop_ids());
+    for (uint64_t seed : {1, 2}) {
+      GenerateOptions o;
+      o.max_tokens = kMaxTokens;
+      o.sampling.temperature = 1.0f;
+      o.sampling.top_k = 40;
+      o.sampling.seed = seed;
+      o.stop_ids = tok->stop_ids();
+      o.sample_vocab = tok->vocab_size();
+      o.use_cache = false;
+      o.constraint = std::make_shared<GrammarConstraint>(g, kMaxTokens);
+      Session hs(*host);
+      const GenerateResult a = generate(hs, prompt, o);
+      o.constraint = std::make_shared<GrammarConstraint>(g, kMaxTokens);
+      const int64_t draws = sampler->draws;
+      Session ds(*dev);
+      const GenerateResult b = generate(ds, prompt, o);
+      EXPECT_FALSE(a.device_sampled);
+      EXPECT_TRUE(b.device_sampled);
+      EXPECT_EQ(sampler->draws - draws, int64_t(b.tokens.size()));
+      EXPECT_EQ(a.tokens, b.tokens) << "schema " << i << " seed " << seed;
+      std::vector<int32_t> ids = b.tokens;
+      if (!ids.empty() && std::find(o.stop_ids.begin(), o.stop_ids.end(), ids.back()) != o.stop_ids.end()) ids.pop_back();
+      const std::string text = tok->decode(ids);
+      EXPECT_TRUE(json::accept(text)) << "schema " << i << " seed " << seed << ": " << text;
+    }
+  }
 }
 
 }  // namespace

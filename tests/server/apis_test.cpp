@@ -108,6 +108,44 @@ TEST(AnthropicApi, StreamEventSequenceAndForcedToolUse) {
   EXPECT_TRUE(valid_weather(json::parse(json_in, nullptr, false))) << json_in;
 }
 
+// max_tokens far below the shortest call's bytes still leaves a complete call: the mask counts the
+// fewest tokens that can finish it (the Qwen3 tokenizer's multi-byte tokens), not bytes.
+TEST(AnthropicApi, ForcedToolUseFitsATightMaxTokens) {
+  NEED_DEMO();
+  for (int i = 0; i < 4; ++i) {
+    int st = 0;
+    json r = post_json(demo->port(), "/v1/messages",
+                       {{"model", "m"}, {"max_tokens", 24}, {"messages", {{{"role", "user"}, {"content", "Weather?"}}}},
+                        {"tools", {{{"name", "get_weather"}, {"input_schema", kWeatherSchema}}}},
+                        {"tool_choice", {{"type", "tool"}, {"name", "get_weather"}, {"disable_parallel_tool_use", true}}}},
+                       &st);
+    ASSERT_EQ(st, 200) << r.dump();
+    EXPECT_EQ(r["stop_reason"], "tool_use") << r.dump();
+    ASSERT_EQ(r["content"].size(), 1u) << r.dump();
+    EXPECT_TRUE(valid_weather(r["content"][0]["input"])) << r.dump();
+    EXPECT_LE(r["usage"]["output_tokens"].get<int>(), 24);
+  }
+  // The shortest such call is 20 tokens; with the end id, 21 end the reply as a tool call.
+  json tools = {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", kWeatherSchema}}}}};
+  for (int i = 0; i < 4; ++i) {
+    int st = 0;
+    json c = post_json(demo->port(), "/v1/chat/completions",
+                       {{"messages", {{{"role", "user"}, {"content", "Weather?"}}}}, {"max_tokens", 21}, {"tools", tools},
+                        {"tool_choice", "required"}, {"parallel_tool_calls", false},
+                        {"chat_template_kwargs", {{"enable_thinking", false}}}}, &st);
+    ASSERT_EQ(st, 200) << c.dump();
+    EXPECT_EQ(c["choices"][0]["finish_reason"], "tool_calls") << c.dump();
+    ASSERT_EQ(c["choices"][0]["message"]["tool_calls"].size(), 1u) << c.dump();
+  }
+  int st = 0;
+  json b = post_json(demo->port(), "/v1/chat/completions",
+                     {{"messages", {{{"role", "user"}, {"content", "JSON"}}}}, {"max_tokens", 12},
+                      {"chat_template_kwargs", {{"enable_thinking", false}}},
+                      {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "w"}, {"schema", kWeatherSchema}}}}}}, &st);
+  ASSERT_EQ(st, 200) << b.dump();
+  EXPECT_TRUE(valid_weather(json::parse(b["choices"][0]["message"]["content"].get<std::string>(), nullptr, false))) << b.dump();
+}
+
 TEST(AnthropicApi, StopSequenceIsReported) {
   NEED_DEMO();
   // Generate once, then stop on a piece of that text.

@@ -1,6 +1,9 @@
 // Grammars over bytes, JSON Schema compilation, and token masks (the trie walk against a per-token
 // reference), on awkward cases: escapes, UTF-8 split across tokens, exponents, tokens spanning symbols.
+#include <iostream>
+#include <map>
 #include <random>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -37,9 +40,11 @@ TEST(Grammar, LiteralsAlternativesAndDistance) {
   g.set_root(r);
   ByteAutomaton a(g);
   EXPECT_EQ(a.distance(a.start()), 2);
+  EXPECT_EQ(a.next_byte(a.start()), 'a');
   auto s = a.walk(a.start(), "ab");
   ASSERT_NE(s, ByteAutomaton::kDead);
   EXPECT_TRUE(a.accepting(s));
+  EXPECT_EQ(a.next_byte(s), -1);
   EXPECT_TRUE(a.can_continue(s));
   EXPECT_EQ(a.walk(a.start(), "ax"), ByteAutomaton::kDead);
   auto e = a.walk(a.start(), "abcd");
@@ -227,13 +232,45 @@ TEST(OutputGrammar, ToolCallsAfterReasoning) {
 
 // ---- token masks ----
 
+// The token bound by definition: the shortest completion spelled byte by byte (each time the lowest
+// byte that takes the automaton one byte closer to accepting), then the fewest tokens that spell it.
+int32_t reference_bound(ByteAutomaton& a, const std::set<std::string>& tokens, ByteAutomaton::State s) {
+  std::string w;
+  while (!a.accepting(s)) {
+    int next = -1;
+    for (int b = 0; b < 256 && next < 0; ++b) {
+      auto t = a.step(s, uint8_t(b));
+      if (t != ByteAutomaton::kDead && a.distance(t) == a.distance(s) - 1) next = b;
+    }
+    if (next < 0) return TokenGrammar::kUnreachable;
+    w.push_back(char(next));
+    s = a.step(s, uint8_t(next));
+  }
+  std::vector<int32_t> u(w.size() + 1, TokenGrammar::kUnreachable);
+  u[w.size()] = 0;
+  for (size_t i = w.size(); i-- > 0;)
+    for (size_t j = i + 1; j <= w.size(); ++j)
+      if (u[j] < TokenGrammar::kUnreachable && tokens.count(w.substr(i, j - i))) u[i] = std::min(u[i], 1 + u[j]);
+  return u[0];
+}
+
 // The mask by definition: each token's bytes walked through the automaton from the state's text.
 std::vector<uint64_t> reference_mask(const Grammar& g, const TokenVocabulary& v, const std::string& text,
                                      const std::vector<int32_t>& end_ids, int64_t budget) {
   ByteAutomaton a(g);
   auto s = a.walk(a.start(), text);
   std::vector<uint64_t> m((size_t(v.size()) + 63) / 64, 0);
-  const bool limit = budget >= 0 && a.distance(s) <= budget;
+  std::set<std::string> tokens;
+  if (budget >= 0)
+    for (int32_t id = 0; id < v.size(); ++id)
+      if (!v.bytes(id).empty()) tokens.insert(v.bytes(id));
+  std::map<ByteAutomaton::State, int32_t> bounds;
+  auto bound = [&](ByteAutomaton::State q) {
+    auto it = bounds.find(q);
+    if (it == bounds.end()) it = bounds.emplace(q, reference_bound(a, tokens, q)).first;
+    return it->second;
+  };
+  const bool limit = budget >= 0 && bound(s) <= budget;
   for (int32_t id = 0; id < v.size(); ++id) {
     bool ok;
     if (std::find(end_ids.begin(), end_ids.end(), id) != end_ids.end()) {
@@ -242,7 +279,7 @@ std::vector<uint64_t> reference_mask(const Grammar& g, const TokenVocabulary& v,
       ok = false;
     } else {
       auto t = a.walk(s, v.bytes(id));
-      ok = t != ByteAutomaton::kDead && (!limit || a.distance(t) <= budget - 1);
+      ok = t != ByteAutomaton::kDead && (!limit || bound(t) <= budget - 1);
     }
     if (ok) m[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
   }
@@ -285,7 +322,7 @@ void check_walks(const Grammar& g, std::shared_ptr<const TokenVocabulary> v, int
       ASSERT_NE(s, TokenGrammar::kDead);
       text += v->bytes(t);
       if (budget >= 0) {
-        ASSERT_LE(tg.distance(s), budget - i - 1) << text;
+        ASSERT_LE(tg.token_distance(s), budget - i - 1) << text;
       }
     }
     if (budget >= 0 && budget <= steps) {
@@ -324,6 +361,12 @@ TEST(TokenGrammar, BudgetAlwaysFinishesTheDocument) {
       "items": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}, "required": ["s", "a"]})");
   for (int64_t budget : {16, 24, 40}) check_walks(g, v, 25, int(budget), budget, uint64_t(budget));
   check_walks(json_object_grammar(), v, 25, 20, 20, 9);
+  // The tightest budget: the token bound of the start, below its 15 bytes since tokens span symbols.
+  TokenGrammar probe(g, v, {v->size() - 1});
+  const int32_t need = probe.token_distance(probe.start());
+  EXPECT_EQ(ByteAutomaton(g).distance(0), 15);  // {"s":"","a":[]}
+  EXPECT_LT(need, 15);
+  check_walks(g, v, 25, need, need, 7);
 }
 
 TEST(TokenGrammar, EndIdOnlyWhereTheDocumentIsComplete) {
@@ -335,6 +378,8 @@ TEST(TokenGrammar, EndIdOnlyWhereTheDocumentIsComplete) {
   EXPECT_FALSE(bit(*tg.mask(s), end));
   s = tg.advance(s, int32_t('1'));
   EXPECT_TRUE(bit(*tg.mask(s), end));
+  EXPECT_EQ(ids_of(tg.mask(s, 0)->bits), std::vector<int32_t>{end});  // no token left: only the end
+  EXPECT_TRUE(bit(*tg.mask(s, 1), int32_t('2')));                     // one left: a digit still finishes
   EXPECT_GT(tg.mask(s)->text_tokens, 0);  // more digits may follow
   TokenGrammar obj(json_object_grammar(), v, {end});
   auto o = obj.advance_bytes(obj.start(), "{}");
@@ -358,8 +403,15 @@ TEST(TokenGrammar, RealQwen3VocabularyMatchesReference) {
       "properties": {"city": {"type": "string", "maxLength": 16}, "days": {"type": "integer"}}, "required": ["city", "days"],
       "additionalProperties": false}}}])");
   o.reasoning = ReasoningMode::Optional;
-  // The shortest call is 73 bytes: a budget of 96 tokens leaves room for it (the budget counts bytes).
-  check_walks(tool_call_grammar(o), v, 8, 96, 96, 5, false, tok->im_end_id());
+  // The shortest call is 83 bytes but far fewer tokens: a budget of exactly that many finishes it.
+  auto tg = tool_call_grammar(o);
+  TokenGrammar probe(tg, v, {tok->im_end_id()});
+  const int32_t need = probe.token_distance(probe.start());
+  EXPECT_EQ(ByteAutomaton(tg).distance(0), 83);
+  EXPECT_LE(need, 24);
+  std::cout << "forced tool call: " << need << " tokens (83 bytes)\n";
+  check_walks(tg, v, 8, need, need, 5, false, tok->im_end_id());
+  check_walks(tg, v, 4, 96, 96, 6, false, tok->im_end_id());
 }
 
 }  // namespace
