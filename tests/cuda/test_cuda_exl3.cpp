@@ -17,6 +17,7 @@ TEST(CudaExl3, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 
 #include <nlohmann/json.hpp>
 
+#include "../model/test_util.h"
 #include "backend/cpu/cpu_backend.h"
 #include "cuda_compare.h"
 #include "cuda_test_util.h"
@@ -128,22 +129,11 @@ const TensorInfo& tensor(const SafeTensorsFile& f, const std::string& n) {
   return it->second;
 }
 
-// The decode vectors in tests/data/golden/exl3, else in a golden folder of $LILY_GOLDEN_EXTRA (colon-separated,
-// as the GPU machine's copy of the tree sits elsewhere than the build's source path).
-std::string exl3_vectors() {
-  std::string p = std::string(LILY_TEST_DATA) + "/golden/exl3/vectors.safetensors";
-  if (std::filesystem::exists(p)) return p;
-  if (const char* e = std::getenv("LILY_GOLDEN_EXTRA")) {
-    std::stringstream ss(e);
-    for (std::string d; std::getline(ss, d, ':');)
-      if (std::filesystem::exists(d + "/exl3/vectors.safetensors")) return d + "/exl3/vectors.safetensors";
-  }
-  return p;
-}
-
 TEST(CudaExl3, DecodeGoldenBitExact) {
   LILY_REQUIRE_GPU();
-  SafeTensorsFile f(exl3_vectors());
+  const std::string vectors = test::golden_file("exl3/vectors.safetensors");
+  ASSERT_FALSE(vectors.empty()) << "exl3/vectors.safetensors not in any golden folder";
+  SafeTensorsFile f(vectors);
   int cases = 0;
   for (int K = 1; K <= 8; ++K)
     for (int cb = 0; cb < 3; ++cb) {
@@ -382,8 +372,8 @@ std::vector<int32_t> golden_prompt(const std::string& dir) {
 
 TEST(CudaExl3, GoldenModelK4MatchesCpu) {
   LILY_REQUIRE_GPU();
-  const std::string dir = std::string(LILY_TEST_DATA) + "/golden/qwen3_5_moe_text-a";
-  if (!fs::exists(dir + "/model.safetensors")) GTEST_SKIP() << "golden model not present";
+  const std::string dir = test::golden_dir("qwen3_5_moe_text-a");
+  if (dir.empty()) GTEST_SKIP() << "golden model not present";
   const fs::path out = fs::temp_directory_path() / ("lily-cuda-exl3-k4-" + std::to_string(::getpid()));
   fs::remove_all(out);
   QuantizeOptions qo;

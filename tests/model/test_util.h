@@ -26,22 +26,29 @@ inline int64_t argmax(const float* p, int64_t n) {
   return b;
 }
 
-// A golden model directory: tests/data/golden/NAME, else the shared folder beside the repo; "" if neither.
-inline std::string golden_dir(const std::string& name) {
+// A file of the golden data by its path below a golden folder (e.g. "qwen3_next-a/model.safetensors"):
+// tests/data/golden, the shared folder beside the repo, then the colon-separated folders of
+// $LILY_GOLDEN_EXTRA (a copy of the tree away from the build's source path); "" if none has it.
+inline std::string golden_file(const std::string& rel) {
   namespace fs = std::filesystem;
-  for (fs::path p : {fs::path(LILY_TEST_DATA) / "golden" / name, fs::path(LILY_SOURCE_DIR) / ".." / "shared" / "golden" / name})
-    if (fs::exists(p / "model.safetensors")) return p.string();
-  // colon-separated folders of golden models (a copy of the tree away from the build's source path)
+  std::vector<fs::path> roots{fs::path(LILY_TEST_DATA) / "golden", fs::path(LILY_SOURCE_DIR) / ".." / "shared" / "golden"};
   if (const char* e = std::getenv("LILY_GOLDEN_EXTRA")) {
-    std::string all = e;
+    const std::string all = e;
     for (size_t i = 0; i <= all.size();) {
       const size_t j = std::min(all.find(':', i), all.size());
-      const fs::path p = fs::path(all.substr(i, j - i)) / name;
-      if (j > i && fs::exists(p / "model.safetensors")) return p.string();
+      if (j > i) roots.emplace_back(all.substr(i, j - i));
       i = j + 1;
     }
   }
+  for (const fs::path& r : roots)
+    if (fs::exists(r / rel)) return (r / rel).string();
   return "";
+}
+
+// A golden model directory (one holding model.safetensors) by name; "" if no golden folder has it.
+inline std::string golden_dir(const std::string& name) {
+  const std::string f = golden_file(name + "/model.safetensors");
+  return f.empty() ? "" : std::filesystem::path(f).parent_path().string();
 }
 
 // gtest parameter names from model directory names (characters other than letters and digits become '_').
