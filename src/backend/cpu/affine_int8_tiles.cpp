@@ -116,6 +116,18 @@ void tile_build_zmm(const quant::AffineWeight& w, int64_t o0, uint8_t* tile) {
 
 // params_transposed through 16 × 16 transposes: per 16 groups, each row's scales (masked loads, widened to
 // float) into one vector, then transposed to one vector per group with the 16 rows in its lanes.
+// 16 scales or biases from src + i as floats (lanes off m zero, nothing read there); D: the stored dtype.
+template <DType D>
+inline __m512i load_params16(const void* src, int64_t i, __mmask16 m) {
+  if constexpr (D == DType::F32) return _mm512_maskz_loadu_epi32(m, static_cast<const float*>(src) + i);
+  const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(src) + i);
+  if constexpr (D == DType::BF16) return _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+  return _mm512_castps_si512(_mm512_cvtph_ps(h));
+}
+
+// Branch-free per row (rows past w.out load with an empty mask), so that the loops unroll and v stays in
+// registers through the transpose.
+template <DType D>
 void params_transposed_zmm(const quant::AffineWeight& w, int64_t o0, float* s, float* b) {
   const int64_t G = w.groups(), n = std::min<int64_t>(kTileRows, w.out - o0);
   for (int which = 0; which < 2; ++which) {
@@ -126,23 +138,23 @@ void params_transposed_zmm(const quant::AffineWeight& w, int64_t o0, float* s, f
       const __mmask16 m = __mmask16((1u << ng) - 1);
       __m512i v[16];
 #pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r) {
-        if (r >= n) {
-          v[r] = _mm512_setzero_si512();
-          continue;
-        }
-        const int64_t i = (o0 + r) * G + g0;
-        if (w.scale_dtype == DType::F32) {
-          v[r] = _mm512_maskz_loadu_epi32(m, static_cast<const float*>(src) + i);
-        } else {
-          const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(src) + i);
-          v[r] = w.scale_dtype == DType::BF16 ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)
-                                              : _mm512_castps_si512(_mm512_cvtph_ps(h));
-        }
-      }
+      for (int r = 0; r < 16; ++r)
+        v[r] = load_params16<D>(src, (o0 + std::min<int64_t>(r, n - 1)) * G + g0, r < n ? m : __mmask16(0));
       transpose16(v);
-      for (int64_t j = 0; j < ng; ++j) _mm512_storeu_si512(dst + (g0 + j) * kTileRows, v[j]);
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) {
+        if (j >= ng) break;
+        _mm512_storeu_si512(dst + (g0 + j) * kTileRows, v[j]);
+      }
     }
+  }
+}
+
+void params_transposed_zmm(const quant::AffineWeight& w, int64_t o0, float* s, float* b) {
+  switch (w.scale_dtype) {
+    case DType::F32: return params_transposed_zmm<DType::F32>(w, o0, s, b);
+    case DType::BF16: return params_transposed_zmm<DType::BF16>(w, o0, s, b);
+    default: return params_transposed_zmm<DType::F16>(w, o0, s, b);
   }
 }
 
