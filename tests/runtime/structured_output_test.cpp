@@ -42,19 +42,28 @@ int run(const std::string& cmd, std::string& out) {
   return pclose(p);
 }
 
+// The demo architecture, narrower: the 151K-row head dominates each step.
+std::shared_ptr<ModelWeights> narrow_demo(const text::Tokenizer& tok) {
+  DemoModelOptions d;
+  d.vocab = tok.vocab_size();
+  d.hidden = 64;
+  return make_demo_weights(d);
+}
+
+json load_schemas() {
+  std::ifstream f(fs::path(LILY_TEST_DATA) / "structured/schemas.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return json::parse(ss.str());
+}
+
 TEST(StructuredOutput, TwoHundredDemoCompletionsValidate) {
   const std::string dir = find_demo_tokenizer_dir();
   if (dir.empty()) GTEST_SKIP() << "Qwen3 tokenizer not fetched (scripts/fetch-assets.sh)";
   auto tok = text::Tokenizer::load(dir);
-  DemoModelOptions d;
-  d.vocab = tok->vocab_size();
-  d.hidden = 64;  // the demo architecture, narrower: the 151K-row head dominates each step
-  auto engine = Engine::from_weights(make_demo_weights(d), EngineOptions{"cpu", 512, 256});
+  auto engine = Engine::from_weights(narrow_demo(*tok), EngineOptions{"cpu", 512, 256});
   auto vocab = text::TokenVocabulary::from_tokenizer(*tok, int32_t(engine->config().vocab));
-  std::ifstream f(fs::path(LILY_TEST_DATA) / "structured/schemas.json");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const json schemas = json::parse(ss.str());
+  const json schemas = load_schemas();
   ASSERT_EQ(schemas.size(), 20u);
 
   SchedulerOptions so;
@@ -109,20 +118,14 @@ TEST(StructuredOutput, DeviceSamplerPathDrawsUnderTheMask) {
   const std::string dir = find_demo_tokenizer_dir();
   if (dir.empty()) GTEST_SKIP() << "Qwen3 tokenizer not fetched (scripts/fetch-assets.sh)";
   auto tok = text::Tokenizer::load(dir);
-  DemoModelOptions d;
-  d.vocab = tok->vocab_size();
-  d.hidden = 64;
-  std::shared_ptr<const ModelWeights> w = make_demo_weights(d);
+  std::shared_ptr<const ModelWeights> w = narrow_demo(*tok);
   EngineOptions eo{"cpu", 256, 256};
   auto host = Engine::from_weights(w, eo);
   auto be = std::make_unique<test_support::SamplingCpuBackend>(w);
   auto* sampler = be.get();
   auto dev = Engine::from_backend(w, std::move(be), eo);
   auto vocab = text::TokenVocabulary::from_tokenizer(*tok, int32_t(host->config().vocab));
-  std::ifstream f(fs::path(LILY_TEST_DATA) / "structured/schemas.json");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const json schemas = json::parse(ss.str());
+  const json schemas = load_schemas();
   const auto prompt = tok->encode("<|im_start|>user\nAnswer in JSON.<|im_end|>\n<|im_start|>assistant\n");
   constexpr int64_t kMaxTokens = 48;  // tight: the budgeted masks are exercised too
   for (size_t i : {size_t(0), size_t(7), size_t(17), size_t(19)}) {
