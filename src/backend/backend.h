@@ -6,6 +6,13 @@
 //   attn_mixer: x += GatedAttention(RMSNorm(x, input_norm))  (KV cache appended)
 //   ffn:        x += MoE(RMSNorm(x, post_norm))              (or the dense MLP)
 //   head:       logits = RMSNorm(x, final_norm) · lm_headᵀ for the output rows (or ids drawn from them)
+// An MTP step (Step::mtp, model doc §5) runs the same blocks over the MTP block, its layer addressed as
+// layer index cfg.layers (ModelWeights::mtp):
+//   embed:      x = fc([RMSNorm(embed[token], norm_embed) ‖ RMSNorm(hidden, norm_hidden)])
+//   attn_mixer(cfg.layers), ffn(cfg.layers): the MTP decoder layer, with the sequence's MTP KV cache
+//   head:       h' = RMSNorm(x, mtp.norm); logits = h' · lm_headᵀ for the output rows
+// Its rows sit at MTP positions seq.mtp_tokens() + i; each row's hidden input is a kept post-final-norm
+// row of the sequence's latest main step (StepGroup::keep_hidden) or the h' of its previous MTP step.
 // A step (Step below) holds rows of one or more sequences: each group is consecutive tokens of one
 // sequence at positions seq.n_tokens() + i. Every row is independent of the other groups of its step
 // (a sequence's result does not depend on what it is batched with). The seam carries no generation
@@ -53,11 +60,20 @@ class SequenceState {
   virtual void reserve_tentative(int rows) = 0;
   virtual std::unique_ptr<StateSnapshot> snapshot() const = 0;
   // A snapshot from the same backend and model; throws InputError when it does not fit the capacity.
+  // Snapshots hold the MTP KV rows too; a restored sequence has no kept hidden rows.
   virtual void restore(const StateSnapshot& s) = 0;
   virtual void reset() = 0;
   virtual size_t nbytes() const = 0;      // memory used by the tokens absorbed so far
+
+  // The MTP layer's KV cache (MTP steps): pairs it holds, i.e. the next MTP position (0 when no MTP step
+  // ran). truncate_mtp(n) keeps the first n (n <= mtp_tokens()): drops draft rows after a draft chain.
+  virtual int64_t mtp_tokens() const = 0;
+  virtual void truncate_mtp(int64_t n) = 0;
+  // Post-final-norm rows the latest main step of this sequence kept (StepGroup::keep_hidden; after a
+  // commit(n) only its first n), 0 when it kept none.
+  virtual int64_t hidden_rows() const = 0;
 };
-constexpr int kMaxTentativeRows = 16;
+constexpr int kMaxTentativeRows = 17;  // a verification of 16 drafted tokens and the token before them
 
 // Sampling on the device, per sequence (Backend::set_sampling). Fields as in SamplingParams
 // (runtime/sampler.h) with the seed resolved.
@@ -75,6 +91,10 @@ struct DeviceSampling {
 // (the decode pipeline: the host need not have seen the id yet).
 constexpr int32_t kFedToken = -1;
 
+// Hidden input of an MTP row (Step::hidden): the h' of the last row of the sequence's previous MTP step
+// (a draft chain). Values >= 0 name a kept row of the sequence's latest main step.
+constexpr int32_t kMtpHidden = -1;
+
 struct StepGroup {
   SequenceState* seq = nullptr;
   int32_t first = 0, rows = 0;  // rows [first, first + rows) of Step::tokens
@@ -82,23 +102,36 @@ struct StepGroup {
   bool logits = true;           // outputs include logits rows (copied to the host)
   bool sample = false;          // outputs include ids drawn on the device with the sequence's sampler
   // Keep a checkpoint after every row; the rows stay pending until seq->commit(n). Needs
-  // rows <= seq->max_tentative().
+  // rows <= seq->max_tentative(). Main steps only.
   bool tentative = false;
+  // Main steps: the backend keeps this group's rows after the final norm (every row) as the hidden
+  // inputs of the sequence's next MTP step; a main step without it drops the sequence's kept rows.
+  bool keep_hidden = false;
 };
 
 struct Step {
   std::vector<int32_t> tokens;  // one per row: a token id, or kFedToken
   std::vector<StepGroup> groups;
+  // An MTP step (model doc §5): every row runs through the MTP block; hidden[r] is row r's hidden input
+  // (a kept main row of its sequence, or kMtpHidden). Groups are neither tentative nor keep_hidden.
+  bool mtp = false;
+  std::vector<int32_t> hidden;
 
   // Appends a group of `toks` for `seq`; returns its index.
   size_t add(SequenceState& seq, std::span<const int32_t> toks, int32_t out_rows, bool logits = true,
              bool sample = false, bool tentative = false);
+  // MTP steps: a group of rows (toks[i], hid[i]) for `seq`.
+  size_t add_mtp(SequenceState& seq, std::span<const int32_t> toks, std::span<const int32_t> hid, int32_t out_rows,
+                 bool logits = true, bool sample = false);
   int64_t rows() const { return int64_t(tokens.size()); }
   int64_t logit_rows() const;   // rows whose logits come back, in group order
   int64_t sample_rows() const;  // rows whose drawn ids come back, in group order
   // Throws InternalError naming the group when the step is malformed: a sequence twice, a sequence with
   // pending rows, rows past the capacity, a tentative group beyond max_tentative(), bad row ranges,
-  // token ids outside [0, vocab) other than kFedToken, out_rows > rows, outputs asked for no kind.
+  // token ids outside [0, vocab) other than kFedToken, out_rows > rows, outputs asked for no kind; for
+  // an MTP step also a hidden input past the sequence's kept rows, kMtpHidden other than on a group's
+  // first row, tentative or keep_hidden groups. (Whether a kMtpHidden row has an h' to read is the
+  // backend's check.)
   void validate(int64_t vocab) const;
 };
 
@@ -148,6 +181,9 @@ class Backend {
   virtual void set_mask(SequenceState& /*seq*/, std::span<const uint64_t> /*mask*/) {
     throw InternalError("backend '" + name() + "' has no device sampler");
   }
+
+  // Whether the backend runs MTP steps (Step::mtp, StepGroup::keep_hidden).
+  virtual bool can_mtp() const { return false; }
 
   // Waits for queued device work (no-op on the CPU). Timings are taken after it.
   virtual void synchronize() {}

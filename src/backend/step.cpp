@@ -20,6 +20,15 @@ size_t Step::add(SequenceState& seq, std::span<const int32_t> toks, int32_t out_
   return groups.size() - 1;
 }
 
+size_t Step::add_mtp(SequenceState& seq, std::span<const int32_t> toks, std::span<const int32_t> hid, int32_t out_rows,
+                     bool logits, bool sample) {
+  LILY_ASSERT(hid.size() == toks.size());
+  mtp = true;
+  hidden.resize(tokens.size());  // rows added before (none in a well-formed MTP step)
+  hidden.insert(hidden.end(), hid.begin(), hid.end());
+  return add(seq, toks, out_rows, logits, sample, false);
+}
+
 int64_t Step::logit_rows() const {
   int64_t n = 0;
   for (const StepGroup& g : groups)
@@ -50,9 +59,20 @@ void Step::validate(int64_t vocab) const {
           std::to_string(tokens.size()) + " tokens");
     next = g.first + g.rows;
     if (g.seq->pending() > 0) bad("its sequence has " + std::to_string(g.seq->pending()) + " tentative rows awaiting commit()");
-    if (g.seq->n_tokens() + g.rows > g.seq->capacity())
-      bad(std::to_string(g.rows) + " rows after " + std::to_string(g.seq->n_tokens()) + " tokens exceed the capacity " +
-          std::to_string(g.seq->capacity()));
+    const int64_t at = mtp ? g.seq->mtp_tokens() : g.seq->n_tokens();
+    if (at + g.rows > g.seq->capacity())
+      bad(std::to_string(g.rows) + (mtp ? " MTP rows after " : " rows after ") + std::to_string(at) +
+          " tokens exceed the capacity " + std::to_string(g.seq->capacity()));
+    if (mtp) {
+      if (g.tentative || g.keep_hidden) bad("an MTP group cannot be tentative or keep hidden rows");
+      for (int32_t r = g.first; r < g.first + g.rows; ++r) {
+        const int32_t h = hidden[size_t(r)];
+        if (h == kMtpHidden && r != g.first) bad("an MTP row reads the previous MTP step's h' (kMtpHidden) but is not the group's first row");
+        if (h != kMtpHidden && (h < 0 || h >= g.seq->hidden_rows()))
+          bad("MTP row " + std::to_string(r) + " reads hidden row " + std::to_string(h) + " but the sequence's latest main step kept " +
+              std::to_string(g.seq->hidden_rows()));
+      }
+    }
     if (g.out_rows < 0 || g.out_rows > g.rows) bad("out_rows " + std::to_string(g.out_rows) + " outside 0.." + std::to_string(g.rows));
     if (g.out_rows > 0 && !g.logits && !g.sample) bad("outputs asked for without logits or sampling");
     if (g.tentative && g.rows > g.seq->max_tentative())
@@ -68,6 +88,9 @@ void Step::validate(int64_t vocab) const {
     }
   }
   if (next != int64_t(tokens.size())) throw InternalError("step: tokens past the last group");
+  if (mtp && hidden.size() != tokens.size())
+    throw InternalError("MTP step: " + std::to_string(hidden.size()) + " hidden inputs for " + std::to_string(tokens.size()) + " rows");
+  if (!mtp && !hidden.empty()) throw InternalError("step: hidden inputs given for a main step");
 }
 
 }  // namespace lily

@@ -8,10 +8,21 @@ uint64_t forward(Backend& be, const Step& step) {
   const auto& cfg = be.weights().cfg;
   for (int32_t t : step.tokens)
     if (t != kFedToken && (t < 0 || t >= cfg.vocab)) fail("token id {} is outside the vocabulary [0, {})", t, cfg.vocab);
-  for (const StepGroup& g : step.groups)
-    if (g.seq && g.seq->n_tokens() + g.rows > g.seq->capacity())
-      fail("context overflow: {} tokens in the cache + {} new exceed the context size {}", g.seq->n_tokens(), g.rows,
-           g.seq->capacity());
+  for (const StepGroup& g : step.groups) {
+    const int64_t at = !g.seq ? 0 : step.mtp ? g.seq->mtp_tokens() : g.seq->n_tokens();
+    if (g.seq && at + g.rows > g.seq->capacity())
+      fail("context overflow: {} tokens in the cache + {} new exceed the context size {}", at, g.rows, g.seq->capacity());
+  }
+  if (step.mtp) {
+    be.weights().require_mtp();                        // names the missing tensors
+    const int L = int(cfg.layers);                     // the MTP layer's index
+    be.begin(step);
+    be.embed();                                        // x = fc([norm(embed[x]) ‖ norm(h)])
+    be.attn_mixer(L);                                  // x += Attn(norm(x)), the MTP KV cache
+    be.ffn(L);                                         // x += MoE(norm(x))
+    be.head();                                         // h' = norm(x); logits = h' · lm_headᵀ
+    return be.end();
+  }
 
   be.begin(step);
   be.embed();                                          // x = embed_tokens[tokens]

@@ -25,6 +25,7 @@ class SamplingCpuBackend final : public Backend {
   std::unique_ptr<SequenceState> new_state(int64_t n) override { return cpu_.new_state(n); }
 
   bool can_sample() const override { return true; }
+  bool can_mtp() const override { return true; }
   void set_sampling(SequenceState& seq, const DeviceSampling& p, std::span<const int32_t> history) override {
     Seq& s = seqs_[&seq];
     s.p = p;

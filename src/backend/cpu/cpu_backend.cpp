@@ -20,19 +20,23 @@ class CpuSnapshot final : public StateSnapshot {
   };
   int64_t n_tokens() const override { return n; }
   size_t nbytes() const override {
-    size_t b = 0;
+    size_t b = (mtp.k.size() + mtp.v.size()) * sizeof(float);
     for (auto& L : layers) b += (L.k.size() + L.v.size() + L.conv.size() + L.ssm.size()) * sizeof(float);
     return b;
   }
+  // Per layer k, v, conv, ssm; then the MTP layer's k, v.
   std::vector<float> contents() const override {
     std::vector<float> v;
     for (auto& L : layers)
       for (const auto* p : {&L.k, &L.v, &L.conv, &L.ssm}) v.insert(v.end(), p->begin(), p->end());
+    v.insert(v.end(), mtp.k.begin(), mtp.k.end());
+    v.insert(v.end(), mtp.v.begin(), mtp.v.end());
     return v;
   }
   const ModelConfig* cfg = nullptr;
-  int64_t n = 0;
+  int64_t n = 0, mtp_n = 0;
   std::vector<Layer> layers;
+  Layer mtp;  // the MTP layer's KV rows
 };
 
 class CpuState final : public SequenceState {
@@ -58,6 +62,7 @@ class CpuState final : public SequenceState {
     n_ += n;
     cur_ = ver(int(n));
     pending_ = 0;
+    hidden_n_ = std::min(hidden_n_, n);
     const size_t kvw = size_t(cfg_->n_kv_heads * cfg_->head_dim);
     for (auto& L : layers_) {
       if (L.k.empty() && L.v.empty()) continue;
@@ -88,6 +93,9 @@ class CpuState final : public SequenceState {
     auto s = std::make_unique<CpuSnapshot>();
     s->cfg = cfg_;
     s->n = n_;
+    s->mtp_n = mtp_n_;
+    s->mtp.k = mtp_kv_.k;
+    s->mtp.v = mtp_kv_.v;
     s->layers.resize(layers_.size());
     for (size_t l = 0; l < layers_.size(); ++l) {
       const auto& L = layers_[l];
@@ -107,6 +115,11 @@ class CpuState final : public SequenceState {
     if (o->n > capacity_) fail("cannot restore a snapshot of {} tokens into a context of {}", o->n, capacity_);
     n_ = o->n;
     pending_ = 0;
+    mtp_n_ = o->mtp_n;
+    mtp_kv_.k = o->mtp.k;
+    mtp_kv_.v = o->mtp.v;
+    hidden_n_ = 0;
+    has_mtp_h_ = false;
     for (size_t l = 0; l < layers_.size(); ++l) {
       auto& L = layers_[l];
       const auto& D = o->layers[l];
@@ -122,6 +135,11 @@ class CpuState final : public SequenceState {
     n_ = 0;
     pending_ = 0;
     cur_ = 0;
+    mtp_n_ = 0;
+    mtp_kv_.k.clear();
+    mtp_kv_.v.clear();
+    hidden_n_ = 0;
+    has_mtp_h_ = false;
     const auto& c = *cfg_;
     for (size_t l = 0; l < layers_.size(); ++l) {
       auto& L = layers_[l];
@@ -134,10 +152,23 @@ class CpuState final : public SequenceState {
     }
   }
   size_t nbytes() const override {
-    size_t n = 0;
+    size_t n = (mtp_kv_.k.size() + mtp_kv_.v.size() + hidden_.size() + mtp_h_.size()) * sizeof(float);
     for (auto& L : layers_) n += (L.k.size() + L.v.size() + L.conv.size() + L.ssm.size()) * sizeof(float);
     return n;
   }
+  int64_t mtp_tokens() const override { return mtp_n_; }
+  void truncate_mtp(int64_t n) override {
+    if (n < 0 || n > mtp_n_)
+      throw InternalError("truncate_mtp(" + std::to_string(n) + ") with " + std::to_string(mtp_n_) + " MTP rows");
+    const size_t kvw = size_t(cfg_->n_kv_heads * cfg_->head_dim);
+    mtp_n_ = n;
+    mtp_kv_.k.resize(size_t(n) * kvw);
+    mtp_kv_.v.resize(size_t(n) * kvw);
+  }
+  int64_t hidden_rows() const override { return hidden_n_; }
+
+  // KV rows of attention layer l, or of the MTP layer (l == cfg.layers).
+  Layer& kv(size_t l) { return l == layers_.size() ? mtp_kv_ : layers_[l]; }
 
   // Version j steps after the current one (the state after tentative row j - 1).
   int ver(int j) const { return (cur_ + j) % R_; }
@@ -153,6 +184,12 @@ class CpuState final : public SequenceState {
   int R_ = 1, cur_ = 0;
   size_t conv_n_ = 0, ssm_n_ = 0;
   std::vector<Layer> layers_;
+  Layer mtp_kv_;                // the MTP layer's KV rows [mtp_n_][Hkv·hd]
+  int64_t mtp_n_ = 0;
+  std::vector<float> hidden_;   // post-final-norm rows of the latest main step [rows][H] (keep_hidden)
+  int64_t hidden_n_ = 0;        // of them valid (a commit keeps its first n)
+  std::vector<float> mtp_h_;    // h' of the last row of the latest MTP step [H]
+  bool has_mtp_h_ = false;
 };
 
 CpuBackend::CpuBackend(std::shared_ptr<const ModelWeights> w, CpuOptions opt) : w_(std::move(w)), opt_(opt) {}
@@ -164,7 +201,10 @@ std::unique_ptr<SequenceState> CpuBackend::new_state(int64_t max_tokens) {
 
 void CpuBackend::begin(const Step& step) {
   step.validate(w_->cfg.vocab);
+  if (step.mtp) w_->require_mtp();
+  mtp_ = step.mtp;
   tokens_ = step.tokens;
+  hidden_src_ = step.hidden;
   groups_.clear();
   pos_.resize(tokens_.size());
   for (const StepGroup& g : step.groups) {
@@ -172,8 +212,11 @@ void CpuBackend::begin(const Step& step) {
     if (!st || st->owner_ != this) throw InternalError("a step group's sequence state belongs to another backend");
     if (g.sample) throw InternalError("the CPU backend has no device sampler (a step group asks for drawn ids)");
     if (tokens_[size_t(g.first)] == kFedToken) throw InternalError("the CPU backend has no device sampler to feed a row from");
-    groups_.push_back({st, g.first, g.rows, st->n_, g.out_rows, g.logits, g.tentative});
-    for (int64_t r = 0; r < g.rows; ++r) pos_[size_t(g.first + r)] = st->n_ + r;
+    if (mtp_ && hidden_src_[size_t(g.first)] == kMtpHidden && !st->has_mtp_h_)
+      throw InternalError("an MTP row reads the previous MTP step's h', but its sequence ran no MTP step since its last reset");
+    const int64_t pos0 = mtp_ ? st->mtp_n_ : st->n_;
+    groups_.push_back({st, g.first, g.rows, pos0, g.out_rows, g.logits, g.tentative, g.keep_hidden});
+    for (int64_t r = 0; r < g.rows; ++r) pos_[size_t(g.first + r)] = pos0 + r;
   }
   T_ = int64_t(tokens_.size());
   const size_t H = size_t(w_->cfg.hidden);
@@ -183,7 +226,28 @@ void CpuBackend::begin(const Step& step) {
 
 void CpuBackend::embed() {
   const int64_t H = w_->cfg.hidden;
-  for (int64_t t = 0; t < T_; ++t) weight_row(w_->embed, tokens_[size_t(t)], x_.data() + t * H);
+  if (!mtp_) {
+    for (int64_t t = 0; t < T_; ++t) weight_row(w_->embed, tokens_[size_t(t)], x_.data() + t * H);
+    return;
+  }
+  // MTP: x = fc([norm_e(embed[token]) ‖ norm_h(hidden)]) per row.
+  const MtpWeights& m = *w_->mtp;
+  const float eps = float(w_->cfg.rms_eps);
+  std::vector<float> cat(static_cast<size_t>(T_ * 2 * H));
+  for (const Group& g : groups_)
+    for (int64_t r = g.first; r < g.first + g.rows; ++r) {
+      float* c = cat.data() + r * 2 * H;
+      weight_row(w_->embed, tokens_[size_t(r)], u_.data());
+      rms_norm(u_.data(), m.norm_embed.data(), 1, H, eps, c);
+      const int32_t src = hidden_src_[size_t(r)];
+      const float* h = src == kMtpHidden ? g.st->mtp_h_.data() : g.st->hidden_.data() + src * H;
+      rms_norm(h, m.norm_hidden.data(), 1, H, eps, c + H);
+    }
+  mm(m.fc, cat.data(), T_, x_.data());
+}
+
+const LayerWeights& CpuBackend::layer_weights(int layer) const {
+  return layer == int(w_->cfg.layers) ? w_->mtp->layer : w_->layers[size_t(layer)];
 }
 
 void CpuBackend::gdn_mixer(int layer) {
@@ -286,7 +350,7 @@ void CpuBackend::gdn_mixer(int layer) {
 
 void CpuBackend::attn_mixer(int layer) {
   const auto& cfg = w_->cfg;
-  const auto& L = w_->layers[size_t(layer)];
+  const auto& L = layer_weights(layer);
   const auto& A = L.attn;
   const int64_t T = T_, H = cfg.hidden, Hq = cfg.n_heads, Hkv = cfg.n_kv_heads, hd = cfg.head_dim,
                 grp = Hq / Hkv, kvw = Hkv * hd;
@@ -317,7 +381,7 @@ void CpuBackend::attn_mixer(int layer) {
   }
   std::vector<const CpuState::Layer*> row_kv(static_cast<size_t>(T));
   for (const Group& gr : groups_) {
-    auto& S = gr.st->layers_[size_t(layer)];
+    auto& S = gr.st->kv(size_t(layer));
     S.k.insert(S.k.end(), b_.begin() + gr.first * kvw, b_.begin() + (gr.first + gr.rows) * kvw);
     S.v.insert(S.v.end(), c_.begin() + gr.first * kvw, c_.begin() + (gr.first + gr.rows) * kvw);
     for (int64_t t = 0; t < gr.rows; ++t) row_kv[size_t(gr.first + t)] = &S;
@@ -365,7 +429,7 @@ void CpuBackend::expert_mlp(const Expert& e, const float* u, int64_t rows, float
 
 void CpuBackend::ffn(int layer) {
   const auto& cfg = w_->cfg;
-  const auto& L = w_->layers[size_t(layer)];
+  const auto& L = layer_weights(layer);
   const auto& F = L.ffn;
   const int64_t T = T_, H = cfg.hidden;
   rms_norm(x_.data(), L.post_norm.data(), T, H, float(cfg.rms_eps), u_.data());
@@ -460,15 +524,28 @@ void CpuBackend::ffn(int layer) {
 void CpuBackend::head() {
   const auto& cfg = w_->cfg;
   const int64_t H = cfg.hidden;
+  const float eps = float(cfg.rms_eps);
+  const float* norm = mtp_ ? w_->mtp->final_norm.data() : w_->final_norm.data();
   int64_t rows = 0;
   for (const Group& g : groups_)
     if (g.logits) rows += g.out_rows;
   std::vector<float> h(static_cast<size_t>(rows * H));
   int64_t r = 0;
   for (const Group& g : groups_) {
+    const float* x = x_.data() + g.first * H;
+    if (mtp_) {  // h' of the group's last row: the hidden input of the sequence's next chain row
+      g.st->mtp_h_.resize(size_t(H));
+      rms_norm(x + (g.rows - 1) * H, norm, 1, H, eps, g.st->mtp_h_.data());
+      g.st->has_mtp_h_ = true;
+    } else if (g.keep_hidden) {
+      g.st->hidden_.resize(size_t(g.rows * H));
+      rms_norm(x, norm, g.rows, H, eps, g.st->hidden_.data());
+      g.st->hidden_n_ = g.rows;
+    } else {
+      g.st->hidden_n_ = 0;
+    }
     if (!g.logits || g.out_rows == 0) continue;
-    rms_norm(x_.data() + (g.first + g.rows - g.out_rows) * H, w_->final_norm.data(), g.out_rows, H, float(cfg.rms_eps),
-             h.data() + r * H);
+    rms_norm(x + (g.rows - g.out_rows) * H, norm, g.out_rows, H, eps, h.data() + r * H);
     r += g.out_rows;
   }
   out_.assign(static_cast<size_t>(rows * cfg.vocab), 0.0f);
@@ -478,7 +555,8 @@ void CpuBackend::head() {
 uint64_t CpuBackend::end() {
   size_t states = 0;
   for (const Group& g : groups_) {
-    if (g.tentative) g.st->pending_ = g.rows;
+    if (mtp_) g.st->mtp_n_ += g.rows;
+    else if (g.tentative) g.st->pending_ = g.rows;
     else g.st->n_ += g.rows;
     states += g.st->nbytes();
   }

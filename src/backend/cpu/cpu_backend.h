@@ -1,8 +1,9 @@
 // CPU backend: float32 implementation of every block (the executable specification), with threaded
 // matmuls and heads processed in parallel. State per sequence: fp32 KV cache [pos][Hkv·hd] per attention
 // layer, conv state (last K-1 pre-conv qkv rows) and fp32 recurrent state [Hv][dv][dk] per DeltaNet
-// layer, the latter two in a ring of versions when tentative steps are reserved (one per checkpoint).
-// Steps run synchronously: end() returns with the outputs computed.
+// layer, the latter two in a ring of versions when tentative steps are reserved (one per checkpoint);
+// the MTP layer's KV rows, the kept post-final-norm rows of the latest main step and the last h' of the
+// latest MTP step. Steps run synchronously: end() returns with the outputs computed.
 #pragma once
 #include <deque>
 #include <memory>
@@ -39,6 +40,7 @@ class CpuBackend final : public Backend {
   uint64_t end() override;
   void finish(uint64_t ticket, const StepOutputs& out) override;
   size_t peak_memory() const override { return peak_; }
+  bool can_mtp() const override { return true; }
 
   // Residual stream of the current step [T, H] (tests read it).
   const std::vector<float>& residual() const { return x_; }
@@ -48,14 +50,16 @@ class CpuBackend final : public Backend {
   struct Group {
     CpuState* st;
     int64_t first, rows, pos0, out_rows;
-    bool logits, tentative;
+    bool logits, tentative, keep_hidden;
   };
+  const LayerWeights& layer_weights(int layer) const;  // layer == cfg.layers: the MTP layer
   void expert_mlp(const Expert& e, const float* u, int64_t rows, float* out);
   void mm(const Linear& W, const float* x, int64_t T, float* y) const { matmul(W, x, T, y, opt_.affine); }
 
   std::shared_ptr<const ModelWeights> w_;
   CpuOptions opt_;
-  std::vector<int32_t> tokens_;
+  std::vector<int32_t> tokens_, hidden_src_;
+  bool mtp_ = false;  // the current step runs the MTP block
   std::vector<Group> groups_;
   std::vector<int64_t> pos_;  // per row
   int64_t T_ = 0;

@@ -105,6 +105,12 @@ class CudaState final : public SequenceState {
   void restore(const StateSnapshot& s) override;
   void reset() override;
   size_t nbytes() const override { return fixed_bytes_ + size_t(n_) * kv_bytes_per_token_; }
+  // No MTP step on CUDA yet: its KV cache stays empty and no hidden rows are kept.
+  int64_t mtp_tokens() const override { return 0; }
+  void truncate_mtp(int64_t n) override {
+    if (n != 0) throw InternalError("truncate_mtp(" + std::to_string(n) + ") with 0 MTP rows");
+  }
+  int64_t hidden_rows() const override { return 0; }
 
   // Version j steps after the current one (the state after tentative row j - 1).
   int ver(int j) const { return (cur_ + j) % R_; }

@@ -169,6 +169,7 @@ void CudaBackend::begin(const Step& step) {
   if (stepping_) abandon_step();  // the previous step threw before end(): its sequences are not advanced
   const ModelConfig& c = w_->cfg;
   step.validate(c.vocab);
+  if (step.mtp) throw InternalError("the CUDA backend has no MTP step yet");
   const AttnDev* attn0 = nullptr;
   const GdnDev* gdn0 = nullptr;
   for (const DevLayer& D : layers_) {
@@ -189,6 +190,7 @@ void CudaBackend::begin(const Step& step) {
       throw InternalError(fmt::format("step group {}: draws ids, but set_sampling was not called for its sequence", i));
     if (step.tokens[size_t(g.first)] == kFedToken && !st->fed_)
       throw InternalError(fmt::format("step group {}: a fed row (kFedToken), but no earlier step drew an id for its sequence", i));
+    if (g.keep_hidden) throw InternalError(fmt::format("step group {}: kept hidden rows (MTP) are not supported on CUDA yet", i));
     Group gr{st, g.first, g.rows, g.out_rows, g.logits, g.sample, g.tentative, false, false, 1};
     // a group's path is a function of the group alone (its result does not depend on its batch)
     gr.attn_short = attn_batch && int64_t(Gq) * g.rows <= kAttnDecodeRows;

@@ -1,0 +1,346 @@
+// The MTP step at the seam (Step::mtp, backend/backend.h) on the CPU backend against the plain reference
+// (backend/cpu/mtp_reference.h) and the golden MTP logits and draft chains: teacher-forced rows absorbed in
+// awkward pieces beside prompt chunks of awkward sizes, draft chains through kMtpHidden, several sequences
+// in one MTP step, the MTP KV cache through truncation, commit and snapshots, and the bad-input checks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/mtp_reference.h"
+#include "core/mapped_file.h"
+#include "model/qwen_hybrid.h"
+#include "test_util.h"
+#include "tools/synth.h"
+
+using namespace lily;
+
+namespace {
+
+const char* const kMtpGoldens[] = {"qwen3_5_moe_text-a-mtp", "qwen3_next-a-mtp"};
+
+std::vector<int32_t> random_ids(size_t n, int64_t V, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int32_t> d(0, int32_t(V - 1));
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// max |a - b| / RMS(b)
+double rel_maxdiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double ss = 0, m = 0;
+  for (size_t i = 0; i < b.size() && i < a.size(); ++i) {
+    ss += double(b[i]) * b[i];
+    m = std::max(m, double(std::fabs(a[i] - b[i])));
+  }
+  return m / std::sqrt(ss / double(b.size()));
+}
+
+// Teacher-forced MTP logits [T-1, V] through the seam: the prompt in main chunks of `chunk` rows that keep
+// their hidden rows; after each chunk the pairs (x_{t+1}, h_t) of its rows go through MTP steps of at
+// most `piece` rows.
+std::vector<float> mtp_rows_via_steps(Backend& be, SequenceState& st, const std::vector<int32_t>& ids, int64_t chunk,
+                                      int64_t piece) {
+  const int64_t T = int64_t(ids.size()), V = be.weights().cfg.vocab;
+  std::vector<float> out;
+  for (int64_t p0 = 0; p0 < T; p0 += chunk) {
+    const int64_t m = std::min(chunk, T - p0);
+    Step main;
+    main.add(st, std::span(ids).subspan(size_t(p0), size_t(m)), 0, false);
+    main.groups[0].keep_hidden = true;
+    be.finish(forward(be, main), StepOutputs{});
+    EXPECT_EQ(st.hidden_rows(), m);
+    const int64_t pairs = std::min(p0 + m, T - 1) - p0;  // t in [p0, p0 + pairs)
+    for (int64_t b = 0; b < pairs; b += piece) {
+      const int64_t n = std::min(piece, pairs - b);
+      std::vector<int32_t> toks(ids.begin() + p0 + b + 1, ids.begin() + p0 + b + 1 + n), hid;
+      for (int64_t i = 0; i < n; ++i) hid.push_back(int32_t(b + i));
+      Step s;
+      s.add_mtp(st, toks, hid, int32_t(n));
+      std::vector<float> l(size_t(n * V));
+      be.finish(forward(be, s), StepOutputs{l.data(), nullptr});
+      out.insert(out.end(), l.begin(), l.end());
+    }
+  }
+  EXPECT_EQ(st.mtp_tokens(), T - 1);
+  return out;
+}
+
+// The greedy MTP draft of `depth` tokens after ids (its last token not yet in the main state, as in a
+// decode round) through the seam: main prefill keeping hidden rows, the catch-up pairs and the first draft
+// row in one MTP step, then chain rows reading kMtpHidden. The MTP cache is truncated back afterwards.
+std::vector<int32_t> draft_via_steps(Backend& be, SequenceState& st, const std::vector<int32_t>& ids, int depth) {
+  const int64_t V = be.weights().cfg.vocab;
+  const int64_t P = int64_t(ids.size()) - 1;  // prefilled
+  Step main;
+  main.add(st, std::span(ids).first(size_t(P)), 0, false);
+  main.groups[0].keep_hidden = true;
+  be.finish(forward(be, main), StepOutputs{});
+  std::vector<int32_t> toks(ids.begin() + 1, ids.end()), hid;
+  for (int64_t i = 0; i < P; ++i) hid.push_back(int32_t(i));
+  std::vector<int32_t> draft;
+  std::vector<float> l(static_cast<size_t>(V));
+  for (int d = 0; d < depth; ++d) {
+    Step s;
+    if (d == 0) s.add_mtp(st, toks, hid, 1);
+    else s.add_mtp(st, std::span(&draft.back(), 1), std::span(&kMtpHidden, 1), 1);
+    be.finish(forward(be, s), StepOutputs{l.data(), nullptr});
+    draft.push_back(int32_t(test::argmax(l.data(), V)));
+  }
+  EXPECT_EQ(st.mtp_tokens(), P + depth - 1);
+  st.truncate_mtp(P);
+  return draft;
+}
+
+TEST(MtpStep, TeacherForcedRowsMatchTheReferenceAndGolden) {
+  for (const char* name : kMtpGoldens) {
+    SCOPED_TRACE(name);
+    const std::string dir = test::golden_dir(name);
+    ASSERT_FALSE(dir.empty());
+    auto w = ModelWeights::load(dir);
+    auto j = nlohmann::json::parse(read_text_file(dir + "/golden.json"));
+    const auto prompt = j["prompt_ids"].get<std::vector<int32_t>>();
+    const auto golden = test::read_f32(dir + "/mtp_logits.f32");
+    cpu::CpuBackend be(w);
+    auto st0 = be.new_state(256);
+    const auto h = cpu::final_hidden_states(be, *st0, prompt, 2048, nullptr);
+    const auto ref = cpu::mtp_teacher_forced(*w, prompt, h.data());
+    for (auto [chunk, piece] : {std::pair<int64_t, int64_t>{2048, 2048}, {37, 5}, {1, 1}, {64, 7}, {150, 149}}) {
+      SCOPED_TRACE("chunk " + std::to_string(chunk) + " piece " + std::to_string(piece));
+      auto st = be.new_state(256);
+      const auto got = mtp_rows_via_steps(be, *st, prompt, chunk, piece);
+      const double dr = rel_maxdiff(got, ref), dg = rel_maxdiff(got, golden);
+      EXPECT_LE(dr, 1e-3) << "vs the reference";
+      EXPECT_LE(dg, 1e-3) << "vs the golden";
+      std::printf("%s chunk %lld piece %lld: max|d|/RMS %.2e vs reference, %.2e vs golden\n", name, (long long)chunk,
+                  (long long)piece, dr, dg);
+    }
+  }
+}
+
+TEST(MtpStep, DraftChainMatchesTheGoldenAndTheReference) {
+  for (const char* name : kMtpGoldens) {
+    SCOPED_TRACE(name);
+    const std::string dir = test::golden_dir(name);
+    auto w = ModelWeights::load(dir);
+    auto j = nlohmann::json::parse(read_text_file(dir + "/golden.json"));
+    const auto prompt = j["prompt_ids"].get<std::vector<int32_t>>();
+    const auto chain = j["mtp"]["chain"].get<std::vector<int32_t>>();
+    const int64_t prefix = j["mtp"]["chain_prefix_len"].get<int64_t>();
+    std::vector<int32_t> ids(prompt.begin(), prompt.begin() + prefix);
+    ids.push_back(j["greedy_ids"][0].get<int32_t>());
+    cpu::CpuBackend be(w);
+    auto st = be.new_state(256);
+    EXPECT_EQ(draft_via_steps(be, *st, ids, int(chain.size())), chain);
+    // deeper chains equal the reference's (which absorbs the same pairs)
+    auto st0 = be.new_state(256);
+    const auto h = cpu::final_hidden_states(be, *st0, std::span(ids).first(ids.size() - 1), 2048, nullptr);
+    for (int depth : {1, 6}) {
+      auto s = be.new_state(256);
+      EXPECT_EQ(draft_via_steps(be, *s, ids, depth), cpu::mtp_greedy_draft(*w, ids, h.data(), depth)) << "depth " << depth;
+    }
+  }
+}
+
+// Quantised synth models (affine 4-bit, EXL3) with awkward prompt lengths, exact products on both sides.
+TEST(MtpStep, QuantisedSynthModelsMatchTheReference) {
+  for (SynthFormat f : {SynthFormat::Affine4, SynthFormat::Exl3}) {
+    SCOPED_TRACE(synth_format_name(f));
+    SynthOptions so;
+    so.preset = "tiny";
+    so.format = f;
+    so.exl3_bits = 3;
+    auto w = std::shared_ptr<const ModelWeights>(synth_model(so));
+    ASSERT_TRUE(w->mtp.has_value());
+    cpu::CpuOptions co;
+    co.affine = cpu::AffinePath::Exact;
+    cpu::CpuBackend be(w, co);
+    for (size_t T : {2, 19, 70}) {
+      const auto ids = random_ids(T, w->cfg.vocab, uint32_t(T));
+      auto st0 = be.new_state(128);
+      const auto h = cpu::final_hidden_states(be, *st0, ids, 2048, nullptr);
+      const auto ref = cpu::mtp_teacher_forced(*w, ids, h.data(), cpu::AffinePath::Exact);
+      auto st = be.new_state(128);
+      const auto got = mtp_rows_via_steps(be, *st, ids, 17, 6);
+      EXPECT_LE(rel_maxdiff(got, ref), 1e-3) << "T " << T;
+    }
+  }
+}
+
+// An MTP step's rows do not depend on what they are batched with: bit for bit.
+TEST(MtpStep, SequencesInOneMtpStepMatchEachAlone) {
+  auto w = ModelWeights::load(test::golden_dir("qwen3_next-a-mtp"));
+  cpu::CpuBackend be(w);
+  const int64_t V = w->cfg.vocab;
+  const int S = 3;
+  std::vector<std::vector<int32_t>> ids;
+  for (int i = 0; i < S; ++i) ids.push_back(random_ids(size_t(5 + 9 * i), V, uint32_t(40 + i)));
+  auto run = [&](bool together) {
+    std::vector<std::unique_ptr<SequenceState>> sts;
+    for (int i = 0; i < S; ++i) {
+      sts.push_back(be.new_state(64));
+      Step m;
+      m.add(*sts.back(), ids[size_t(i)], 1);
+      m.groups[0].keep_hidden = true;
+      std::vector<float> l(static_cast<size_t>(V));
+      be.finish(forward(be, m), StepOutputs{l.data(), nullptr});
+    }
+    std::vector<float> all;
+    for (int depth = 0; depth < 3; ++depth) {
+      std::vector<Step> steps(together ? 1 : S);
+      for (int i = 0; i < S; ++i) {
+        Step& s = steps[together ? 0 : size_t(i)];
+        const auto& x = ids[size_t(i)];
+        if (depth == 0) {
+          std::vector<int32_t> toks(x.begin() + 1, x.end()), hid;
+          toks.push_back(int32_t(i));
+          for (size_t r = 0; r < x.size(); ++r) hid.push_back(int32_t(r));
+          s.add_mtp(*sts[size_t(i)], toks, hid, 2);
+        } else {
+          const int32_t t = int32_t(depth + i);
+          s.add_mtp(*sts[size_t(i)], std::span(&t, 1), std::span(&kMtpHidden, 1), 1);
+        }
+      }
+      for (Step& s : steps) {
+        std::vector<float> l(size_t(s.logit_rows() * V));
+        be.finish(forward(be, s), StepOutputs{l.data(), nullptr});
+        all.insert(all.end(), l.begin(), l.end());
+      }
+    }
+    return all;
+  };
+  const auto a = run(false), b = run(true);
+  // together, the rows come in step order: reorder the alone rows (per depth, per sequence) the same way
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+}
+
+// The MTP KV cache: truncation, snapshots (restored exactly, into another slot), reset; a tentative main
+// step keeping hidden rows then commit(n) keeps n of them.
+TEST(MtpStep, MtpCacheThroughTruncateSnapshotAndCommit) {
+  auto w = ModelWeights::load(test::golden_dir("qwen3_5_moe_text-a-mtp"));
+  cpu::CpuBackend be(w);
+  const int64_t V = w->cfg.vocab;
+  const auto ids = random_ids(30, V, 5);
+  auto a = be.new_state(64);
+  a->reserve_tentative(4);
+  mtp_rows_via_steps(be, *a, ids, 11, 4);
+  EXPECT_EQ(a->mtp_tokens(), 29);
+  auto snap = a->snapshot();
+  auto b = be.new_state(64);
+  b->restore(*snap);
+  EXPECT_EQ(b->mtp_tokens(), 29);
+  EXPECT_EQ(b->hidden_rows(), 0) << "a restored sequence keeps no hidden rows";
+  EXPECT_EQ(b->snapshot()->contents(), snap->contents());
+  // tentative main step keeping its rows, commit(2): rows 0, 1 readable, row 2 not
+  const int32_t t4[4] = {1, 2, 3, 4};
+  Step ten;
+  ten.add(*a, t4, 4, true, false, true);
+  ten.groups[0].keep_hidden = true;
+  std::vector<float> l(size_t(4 * V));
+  be.finish(forward(be, ten), StepOutputs{l.data(), nullptr});
+  EXPECT_EQ(a->hidden_rows(), 4);
+  a->commit(2);
+  EXPECT_EQ(a->hidden_rows(), 2);
+  const int32_t x2[2] = {2, 3}, h_ok[2] = {0, 1}, h_bad[2] = {1, 2};
+  {
+    Step s;
+    s.add_mtp(*a, x2, h_bad, 1);
+    EXPECT_THROW(forward(be, s), InternalError);
+  }
+  // the same pairs on a copy that stepped the two rows plainly give the same logits
+  Step plain;
+  plain.add(*b, std::span(t4, 2), 0, false);
+  plain.groups[0].keep_hidden = true;
+  be.finish(forward(be, plain), StepOutputs{});
+  std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));
+  for (auto [st, out] : {std::pair{a.get(), &la}, std::pair{b.get(), &lb}}) {
+    Step s;
+    s.add_mtp(*st, x2, h_ok, 1);
+    be.finish(forward(be, s), StepOutputs{out->data(), nullptr});
+  }
+  EXPECT_EQ(la, lb);
+  EXPECT_EQ(a->mtp_tokens(), 31);
+  a->truncate_mtp(29);
+  EXPECT_EQ(a->mtp_tokens(), 29);
+  EXPECT_THROW(a->truncate_mtp(30), InternalError);
+  a->reset();
+  EXPECT_EQ(a->mtp_tokens(), 0);
+  EXPECT_EQ(a->hidden_rows(), 0);
+}
+
+TEST(MtpStep, BadInputIsRefusedWithItsCause) {
+  auto refused = [](Backend& be, const Step& st, const std::string& what) {
+    try {
+      forward(be, st);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  {
+    auto w = ModelWeights::load(test::golden_dir("qwen3_next-a"));  // no MTP block
+    cpu::CpuBackend be(w);
+    auto st = be.new_state(8);
+    Step s;
+    const int32_t t = 1;
+    s.add_mtp(*st, std::span(&t, 1), std::span(&kMtpHidden, 1), 1);
+    refused(be, s, "mtp.fc");
+  }
+  auto w = ModelWeights::load(test::golden_dir("qwen3_5_moe_text-a-mtp"));
+  cpu::CpuBackend be(w);
+  auto st = be.new_state(8);
+  const int32_t t[3] = {1, 2, 3}, h0[3] = {0, 1, 2};
+  {
+    Step s;
+    s.add_mtp(*st, std::span(t, 1), std::span(&kMtpHidden, 1), 1);
+    refused(be, s, "ran no MTP step");
+  }
+  {
+    Step s;
+    s.add_mtp(*st, std::span(t, 1), std::span(h0, 1), 1);
+    refused(be, s, "kept 0");
+  }
+  Step m;
+  m.add(*st, t, 0, false);
+  m.groups[0].keep_hidden = true;
+  be.finish(forward(be, m), StepOutputs{});
+  {
+    const int32_t hb[2] = {0, kMtpHidden};
+    Step s;
+    s.add_mtp(*st, std::span(t, 2), hb, 1);
+    refused(be, s, "not the group's first row");
+  }
+  {
+    Step s;
+    s.add_mtp(*st, t, h0, 1);
+    s.groups[0].tentative = true;
+    refused(be, s, "cannot be tentative");
+  }
+  {
+    Step s;
+    s.add_mtp(*st, t, h0, 1);
+    s.hidden.pop_back();
+    refused(be, s, "hidden inputs for");
+  }
+  {
+    auto small = be.new_state(2);
+    Step mm;
+    mm.add(*small, std::span(t, 2), 0, false);
+    mm.groups[0].keep_hidden = true;
+    be.finish(forward(be, mm), StepOutputs{});
+    Step s;
+    s.add_mtp(*small, std::span(t, 2), std::span(h0, 2), 1);
+    be.finish(forward(be, s), StepOutputs{nullptr, nullptr});
+    Step more;
+    more.add_mtp(*small, std::span(t, 1), std::span(&kMtpHidden, 1), 1);
+    refused(be, more, "exceed the context size");
+  }
+}
+
+}  // namespace
