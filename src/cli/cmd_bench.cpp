@@ -6,12 +6,25 @@
 #include "cli/backend_options.h"
 #include "cli/registry.h"
 #include "core/error.h"
+#include "runtime/spec.h"
 #include "tools/bench.h"
 #include "tools/grammar_bench.h"
 #include "tools/synth.h"
 
 namespace lily::cli {
 namespace {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> v;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    v.push_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return v;
+}
 
 Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory roofline, peak memory)", [](CLI::App& app) {
   auto model = std::make_shared<std::string>();
@@ -44,6 +57,14 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   app.add_option("--streams", *streams, "Also decode with this many concurrent streams in one loop, comma separated (e.g. 1,2,4,8,16,32)");
   app.add_option("--stream-context", opt->stream_context, "Context length of each stream (--streams) and of the verification steps (--verify)");
   app.add_option("--verify", *verify, "Also time tentative verification steps of these row counts against a one-row step (e.g. 2,4,8)");
+  auto spec = std::make_shared<std::string>();
+  auto acceptance = std::make_shared<std::string>();
+  auto spec_depth = std::make_shared<std::string>("auto");
+  app.add_option("--spec", *spec, "Also decode speculatively at --stream-context: mtp | ngram (a plain pass first, the baseline)");
+  app.add_option("--acceptance", *acceptance, "With --spec: each drafted token is replaced by the plain continuation's with "
+                 "this probability (comma separated list; default: the drafter's own drafts)");
+  app.add_option("--spec-depth", *spec_depth, "With --spec: drafted tokens per round, comma separated, each 1..16 or auto")
+      ->capture_default_str();
   app.add_flag("--json", *json, "Print JSON on stdout");
   auto grammar = std::make_shared<std::string>();
   auto tokenizer = std::make_shared<std::string>();
@@ -88,6 +109,21 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
     if (!streams->empty()) o.streams = parse_sizes(*streams, "--streams");
     if (!verify->empty()) o.verify = parse_sizes(*verify, "--verify");
     if (o.stream_context < 1) fail("--stream-context must be positive (got {})", o.stream_context);
+    if (!spec->empty()) {
+      if (parse_spec_mode(*spec, "--spec") == SpecMode::Off) fail("bench: --spec off asks for nothing (mtp or ngram)");
+      o.spec = *spec;
+      o.spec_depth.clear();
+      for (const std::string& t : split_list(*spec_depth)) o.spec_depth.push_back(parse_spec_depth(t, "--spec-depth"));
+      if (o.spec_depth.empty()) fail("--spec-depth: empty list");
+      for (const std::string& t : split_list(*acceptance)) {
+        char* end = nullptr;
+        const double a = std::strtod(t.c_str(), &end);
+        if (t.empty() || *end || !(a >= 0.0 && a <= 1.0)) fail("--acceptance: '{}' is not a probability in [0, 1]", t);
+        o.acceptance.push_back(a);
+      }
+    } else if (!acceptance->empty()) {
+      fail("bench: --acceptance needs --spec mtp|ngram");
+    }
     std::shared_ptr<const ModelWeights> w;
     if (!synth->empty()) {
       SynthOptions so;
@@ -103,6 +139,7 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
       o.label = *model;
       w = ModelWeights::load(*model);
     }
+    if (!o.spec.empty() && parse_spec_mode(o.spec, "--spec") == SpecMode::Mtp) w->require_mtp();
     auto rep = run_bench(w, o);
     if (*json) fmt::print("{}\n", rep.to_json().dump(2));
     else fmt::print("{}", rep.table());

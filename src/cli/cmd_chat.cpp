@@ -13,6 +13,7 @@
 
 #include "cli/backend_options.h"
 #include "cli/registry.h"
+#include "cli/spec_options.h"
 #include "cli/text_generation.h"
 #include "core/error.h"
 #include "runtime/demo_model.h"
@@ -101,6 +102,7 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
     int64_t seed = -1;
     bool no_think = false, hide_think = false;
     std::vector<std::string> cuda_opts;
+    SpecArgs spec;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--model", o->model, "Model directory (default: the built-in random-weight demo model)");
@@ -119,6 +121,7 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
   app.add_option("--template-kwargs", o->kwargs, "JSON object of extra template variables");
   app.add_flag("--no-think", o->no_think, "Ask the template not to think (enable_thinking=false)");
   app.add_flag("--hide-think", o->hide_think, "Do not print the reasoning");
+  add_spec_options(app, o->spec);
   return [o]() -> int {
     nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
     if (!o->kwargs.empty()) {
@@ -152,6 +155,7 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
     go.sampling.min_p = o->min_p;
     if (o->seed >= 0) go.sampling.seed = uint64_t(o->seed);
     validate(go.sampling);
+    go.spec = spec_params(o->spec, engine->weights());
     auto messages = nlohmann::ordered_json::array();
     if (!o->system.empty()) messages.push_back({{"role", "system"}, {"content", o->system}});
     fmt::print(stderr, "lily chat: {} — /reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops an answer\n",
@@ -209,7 +213,11 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
       messages.push_back(reply);
       const auto& r = turn.result;
       double dec = r.decode_seconds > 0 && r.tokens.size() > 1 ? double(r.tokens.size() - 1) / r.decode_seconds : 0;
-      fmt::print(stderr, "[{} tokens, {:.1f} tok/s]\n", r.tokens.size(), dec);
+      if (go.spec.on() && r.spec.rounds > 0)
+        fmt::print(stderr, "[{} tokens, {:.1f} tok/s; spec {}: {:.2f} tokens per round, {:.0f}% accepted]\n", r.tokens.size(),
+                   dec, r.spec.mode, r.spec.tokens_per_round(), 100 * r.spec.acceptance());
+      else
+        fmt::print(stderr, "[{} tokens, {:.1f} tok/s]\n", r.tokens.size(), dec);
     }
     return 0;
   };

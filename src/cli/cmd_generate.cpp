@@ -11,6 +11,7 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "runtime/generate.h"
+#include "cli/spec_options.h"
 #include "cli/text_generation.h"
 
 namespace lily::cli {
@@ -26,6 +27,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
     int top_k = 0;
     int64_t seed = -1;
     bool json = false, ignore_eos = false;
+    SpecArgs spec;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--model", o->model, "Model directory")->required();
@@ -50,6 +52,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
   add_cuda_opt(app, o->cuda_opts);
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the model's end-of-sequence ids");
   app.add_flag("--json", o->json, "Print one JSON object");
+  add_spec_options(app, o->spec);
   return [o]() -> int {
     std::optional<TextModel> tm;
     std::vector<int32_t> ids;
@@ -90,6 +93,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
     if (o->seed >= 0) go.sampling.seed = uint64_t(o->seed);
     validate(go.sampling);
     auto engine = open_engine(o->model, eo, o->cuda_opts);
+    go.spec = spec_params(o->spec, engine->weights());
     if (!o->ignore_eos) {
       for (auto id : engine->config().eos_ids) go.stop_ids.push_back(int32_t(id));
       if (tm)
@@ -142,11 +146,16 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
                           {"prefill_tokens_per_second", pre},
                           {"decode_tokens_per_second", dec_tps}};
       if (tm) j["text"] = text_json;
+      if (go.spec.on()) j["spec"] = res.spec.to_json();
       fmt::print("{}\n", j.dump());
     } else {
       fmt::print("\n");
       fmt::print(stderr, "[{} prompt tokens, {:.1f} tok/s prefill; {} generated, {:.1f} tok/s decode; {}]\n",
                  res.prompt_tokens, pre, res.tokens.size(), dec_tps, res.finish_reason);
+      if (go.spec.on())
+        fmt::print(stderr, "[spec {}: {} rounds, {:.1f}% of {} drafts accepted, {:.2f} tokens per round, depth {:.2f}]\n",
+                   res.spec.mode, res.spec.rounds, 100 * res.spec.acceptance(), res.spec.drafted,
+                   res.spec.tokens_per_round(), res.spec.mean_depth());
     }
     return 0;
   };

@@ -6,6 +6,7 @@
 
 #include "cli/backend_options.h"
 #include "cli/registry.h"
+#include "cli/spec_options.h"
 #include "core/error.h"
 #include "runtime/demo_model.h"
 #include "runtime/engine.h"
@@ -19,6 +20,7 @@ struct ServeArgs {
   int port = 8080, parallel = 1, queue = 16;
   int64_t ctx_size = 32768, cache_mem = 2048, prefill_chunk = 2048, max_tokens = 4096, step_tokens = 0;
   std::vector<std::string> cuda_opts;
+  SpecArgs spec;
 };
 
 Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --model: the random-weight demo model)",
@@ -41,6 +43,7 @@ Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --mo
   app.add_option("--max-tokens", a->max_tokens, "Default completion limit when a request sets none")->capture_default_str();
   app.add_option("--model-id", a->model_id, "Model name reported by /v1/models (default: directory name)");
   app.add_option("--web-dir", a->web_dir, "Directory of the chat page (default: web/ of the source tree)");
+  add_spec_options(app, a->spec);  // the default of requests that set no `spec` / `spec_depth`
   return [a]() -> int {
     namespace fs = std::filesystem;
     // Signals go to one waiting thread, which stops the server cleanly.
@@ -88,6 +91,7 @@ Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --mo
     so.model_id = id;
     so.web_dir = a->web_dir;
     so.default_max_tokens = a->max_tokens;
+    so.spec = spec_params(a->spec, engine->weights());
     so.sched.parallel = a->parallel;
     so.sched.step_tokens = a->step_tokens;
     so.sched.max_queue = a->queue;

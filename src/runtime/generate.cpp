@@ -71,6 +71,7 @@ GenerateResult generate(Session& s, std::span<const int32_t> prompt, const Gener
   out.prefill_seconds = r.prefill_ms / 1e3;
   out.decode_seconds = r.decode_ms / 1e3;
   out.device_sampled = r.device_sampled;
+  out.spec = r.spec;
   return out;
 }
 

@@ -24,6 +24,7 @@ struct GenerateResult {
   int64_t prompt_tokens = 0;      // prompt tokens actually prefilled
   double prefill_seconds = 0, decode_seconds = 0;
   bool device_sampled = false;    // the backend's sampler drew the tokens
+  SpecStats spec;                 // speculative rounds (GenParams::spec)
 };
 
 // Called after each emitted token (not for a stop id) with its logits row (empty when it was drawn on the

@@ -7,70 +7,27 @@
 #include "core/error.h"
 #include "model/qwen_hybrid.h"
 #include "runtime/generate.h"
+#include "runtime/loop_internal.h"
 
 namespace lily {
 
-// What one group of a submitted step means to the loop.
-struct GenerationLoop::Part {
-  Seq* q = nullptr;
-  bool prompt = false;      // a prompt chunk (else a decode row)
-  int64_t first = 0;        // prompt: position of the chunk's first row in the prompt
-  int64_t fed_index = -1;   // decode row: index in Seq::drawn_ids of the id it absorbs
-  int32_t rows = 0, out_rows = 0;
-  bool logits = false, sample = false;
-  bool last = false;        // prompt: the chunk that ends the prompt
-  std::shared_ptr<Snapshot> snap;  // prompt cache entry taken after this chunk (logits filled on completion)
-};
-
-struct GenerationLoop::Flight {
-  uint64_t ticket = 0;
-  Step step;
-  std::vector<Part> parts;
-  std::vector<float> logits;
-  std::vector<int32_t> ids;
-};
-
-struct GenerationLoop::Seq {
-  std::shared_ptr<Job> job;
-  Session* s = nullptr;
-  double t_submit = 0, t_start = 0, t_first = 0;  // arrival, admission, first emitted token
-  bool started = false;
-  size_t pos = 0;            // prompt tokens submitted (cached ones included)
-  bool device = false;       // draws on the backend's sampler
-  bool device_ready = false; // set_sampling done
-  std::unique_ptr<Sampler> sampler;
-  std::vector<int32_t> history;    // what the penalties count
-  std::vector<int32_t> generated;  // emitted ids
-  std::vector<int32_t> drawn_ids;  // every drawn id in order, emitted or discarded past the end
-  std::vector<int32_t> base;       // the session's tokens before this request's prompt
-  int64_t drawn = 0;         // ids drawn (device: by submitted steps; host: emitted)
-  int64_t fed = 0;           // drawn ids absorbed by submitted steps
-  bool last_on_host = false; // the newest drawn id came from the host sampler (fed explicitly)
-  bool alive = true;         // no end condition yet
-  bool full = false;         // the context cannot take another row
-  int inflight = 0;          // submitted steps holding this request, not yet completed
-  GenResult res;
-  std::vector<float> scratch;
-
-  const GenParams& p() const { return job->params; }
-  bool sync() const { return !device || p().constraint != nullptr; }  // its next row waits for its outputs
-};
-
-namespace {
-DeviceSampling device_sampling_for(const GenParams& p) {
+DeviceSampling GenerationLoop::device_sampling_for(const Seq& q) {
+  const GenParams& p = q.p();
   DeviceSampling d = device_sampling(p.sampling);
   d.logit_bias = p.logit_bias;
   d.vocab_limit = p.sample_vocab;
+  // a restart after rejected verification rows continues with a fresh stream, not the seed's first draws
+  if (q.spec) d.seed += uint64_t(q.spec->reseeds) * 0x9E3779B97F4A7C15ull;
   return d;
 }
-}  // namespace
 
 double GenerationLoop::now_ms() {
   using namespace std::chrono;
   return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
 
-GenerationLoop::GenerationLoop(Engine& engine, const LoopOptions& opt) : engine_(engine), opt_(opt) {
+GenerationLoop::GenerationLoop(Engine& engine, const LoopOptions& opt)
+    : engine_(engine), opt_(opt), costs_(opt.costs ? opt.costs : &own_costs_) {
   if (opt_.prefill_chunk <= 0) opt_.prefill_chunk = engine.options().prefill_chunk;
   if (opt_.step_tokens <= 0) opt_.step_tokens = opt_.prefill_chunk;
   LILY_CHECK(opt_.prefill_chunk > 0 && opt_.step_tokens > 0, "step sizes must be positive");
@@ -127,6 +84,9 @@ void GenerationLoop::start(Seq& q) {
   }
   q.base = s.tokens();
   if (q.pos > 0) q.base.resize(q.base.size() - q.pos);
+  q.text = q.base;
+  q.text.insert(q.text.end(), p.prompt.begin(), p.prompt.end());
+  if (p.spec.on()) start_spec(q);
   q.job->on_prefill(int64_t(q.pos), int64_t(p.prompt.size()));
   if (q.pos == p.prompt.size()) {
     // nothing to prefill (the whole prompt was cached, or the session already holds it): the first
@@ -144,7 +104,29 @@ void GenerationLoop::start(Seq& q) {
   }
 }
 
+void GenerationLoop::admit(Seq& q) {
+  if (q.started) return;
+  try {
+    start(q);
+  } catch (const InputError& e) {
+    fail_seq(q, e, true);
+  } catch (const std::exception& e) {
+    fail_seq(q, e, false);
+  }
+}
+
 int32_t GenerationLoop::host_draw(Seq& q, std::span<const float> logits) {
+  const int32_t t = q.sampler->sample(masked(q, logits), q.history);
+  note_draw(q, t);
+  return t;
+}
+
+void GenerationLoop::note_draw(Seq& q, int32_t t) {
+  ++q.drawn;
+  q.drawn_ids.push_back(t);
+}
+
+std::span<const float> GenerationLoop::masked(Seq& q, std::span<const float> logits) {
   const GenParams& p = q.p();
   const int64_t V = int64_t(logits.size());
   std::span<const float> row = logits;
@@ -162,10 +144,7 @@ int32_t GenerationLoop::host_draw(Seq& q, std::span<const float> logits) {
     }
     row = q.scratch;
   }
-  const int32_t t = q.sampler->sample(row, q.history);
-  ++q.drawn;
-  q.drawn_ids.push_back(t);
-  return t;
+  return row;
 }
 
 // The one place where a token comes out and the end conditions are checked.
@@ -174,6 +153,7 @@ void GenerationLoop::emit(Seq& q, int32_t tok, std::span<const float> logits) {
   const GenParams& p = q.p();
   q.generated.push_back(tok);
   q.history.push_back(tok);
+  q.text.push_back(tok);
   q.res.completion_tokens = int64_t(q.generated.size());
   if (q.generated.size() == 1) {
     q.t_first = now_ms();
@@ -212,15 +192,7 @@ bool GenerationLoop::build(Step& st, std::vector<Part>& parts, bool& sync) {
   // decode rows first: one per request (or the row that absorbs an ended request's last token)
   for (auto& up : seqs_) {
     Seq& q = *up;
-    if (!q.started) {
-      try {
-        start(q);
-      } catch (const InputError& e) {
-        fail_seq(q, e, true);
-      } catch (const std::exception& e) {
-        fail_seq(q, e, false);
-      }
-    }
+    admit(q);
     if (q.alive && q.job->cancelled.load()) {
       q.alive = false;
       q.res.finish_reason = "cancelled";
@@ -242,28 +214,38 @@ bool GenerationLoop::build(Step& st, std::vector<Part>& parts, bool& sync) {
     Part part;
     part.q = &q;
     part.rows = 1;
+    const bool verify = next && q.spec && !q.spec->draft.tokens.empty();
     int32_t tok = kFedToken;
-    if (absorb_last || q.last_on_host || !q.device) tok = q.generated.back();
+    if (absorb_last || q.last_on_host || !q.device || verify) tok = q.generated.back();
     part.fed_index = q.fed;
-    if (next && q.drawn < q.p().max_tokens) {
+    if (verify) {  // [last token, d1..dk], tentative, outputs on every row (runtime/loop_spec.cpp)
+      part.draft = std::move(q.spec->draft);
+      q.spec->draft = {};
+      part.rows = part.out_rows = int32_t(part.draft.tokens.size()) + 1;
+      part.logits = q.spec->host_verify;
+      part.sample = !q.spec->host_verify;
+    } else if (next && q.drawn < q.p().max_tokens) {
       part.out_rows = 1;
       part.sample = q.device;
       part.logits = !q.device;
     }
     if (part.sample) {
       if (!q.device_ready) {
-        be.set_sampling(S, device_sampling_for(q.p()), q.history);
+        be.set_sampling(S, device_sampling_for(q), q.history);
         q.device_ready = true;
       }
       if (q.p().constraint) be.set_mask(S, q.p().constraint->allowed());
     }
-    st.add(S, std::span(&tok, 1), part.out_rows, part.logits, part.sample);
+    std::vector<int32_t> toks = {tok};
+    toks.insert(toks.end(), part.draft.tokens.begin(), part.draft.tokens.end());
+    st.add(S, toks, part.out_rows, part.logits, part.sample, verify);
+    st.groups.back().keep_hidden = q.spec && q.spec->drafter->uses_mtp();
     parts.push_back(std::move(part));
     ++q.fed;
     q.last_on_host = false;
-    if (parts.back().sample) ++q.drawn;
+    if (parts.back().sample && !verify) ++q.drawn;  // a verification counts its draws on completion
     if (parts.back().out_rows > 0 && q.sync()) sync = true;
-    --budget;
+    budget -= parts.back().rows;
   }
   // prompt chunks in admission order with the rows left
   for (auto& up : seqs_) {
@@ -297,11 +279,12 @@ bool GenerationLoop::build(Step& st, std::vector<Part>& parts, bool& sync) {
     }
     SequenceState& S = q.s->state();
     if (part.sample) {
-      be.set_sampling(S, device_sampling_for(p), q.history);
+      be.set_sampling(S, device_sampling_for(q), q.history);
       q.device_ready = true;
       if (p.constraint) be.set_mask(S, p.constraint->allowed());
     }
     st.add(S, std::span(p.prompt).subspan(q.pos, size_t(part.rows)), part.out_rows, part.logits, part.sample);
+    st.groups.back().keep_hidden = q.spec && q.spec->drafter->uses_mtp();
     if (part.sample) ++q.drawn;
     if (part.last && p.max_tokens > 0 && q.sync()) sync = true;
     if (p.prompt_logits) sync = true;  // its rows are handed over in order with the request's progress
@@ -330,9 +313,15 @@ void GenerationLoop::complete(Flight& f) {
       lrow += size_t(G.out_rows);
     }
     int32_t id = -1;
+    std::span<const int32_t> ids;
     if (G.sample && G.out_rows > 0) {
-      id = f.ids[irow + size_t(G.out_rows) - 1];
+      ids = std::span<const int32_t>(f.ids).subspan(irow, size_t(G.out_rows));
+      id = ids.back();
       irow += size_t(G.out_rows);
+    }
+    if (G.tentative) {  // a verification round
+      complete_verify(q, part, G, std::span(f.step.tokens).subspan(size_t(G.first), size_t(G.rows)), rows, ids);
+      continue;
     }
     // the tokens the step absorbed (a fed row's id was drawn by an earlier step, completed before this
     // one), and the logits after them
@@ -409,15 +398,28 @@ std::vector<GenerationLoop::Finished> GenerationLoop::reap() {
 }
 
 std::vector<GenerationLoop::Finished> GenerationLoop::step() {
+  draft_phase();  // MTP catch-up rows and the drafts of this step's verification rounds
   auto f = std::make_unique<Flight>();
   bool sync = false;
-  const bool any = build(f->step, f->parts, sync);
+  bool any = build(f->step, f->parts, sync);
+  int timed_k = -1;  // the step's verification depth when its time measures one (RoundCosts)
+  double t0 = 0;
   if (any) {
     const int64_t V = engine_.config().vocab;
     f->logits.resize(size_t(f->step.logit_rows()) * size_t(V));
     f->ids.resize(size_t(f->step.sample_rows()));
     for (Part& part : f->parts) ++part.q->inflight;
-    f->ticket = forward(engine_.backend(), f->step);
+    timed_k = verify_depth_of(f->parts);
+    t0 = now_ms();
+    try {
+      f->ticket = forward(engine_.backend(), f->step);
+    } catch (const std::exception& e) {
+      fail_step(*f, e);
+      any = false;
+    }
+  }
+  if (any) {
+    note_kept(*f);
     // prompt-cache entries at boundaries and prompt ends: the state right after this step
     for (size_t g = 0; g < f->parts.size(); ++g) {
       Part& part = f->parts[g];
@@ -439,7 +441,17 @@ std::vector<GenerationLoop::Finished> GenerationLoop::step() {
     flights_.pop_front();
     complete(*g);
   }
+  if (any && timed_k >= 0 && flights_.empty()) costs_->add_verify(timed_k, now_ms() - t0);
   return reap();
+}
+
+// A step the backend refused: its requests end with the error (none of its rows was absorbed).
+void GenerationLoop::fail_step(Flight& f, const std::exception& e) {
+  const bool input = dynamic_cast<const InputError*>(&e) != nullptr;
+  for (Part& part : f.parts) {
+    --part.q->inflight;
+    if (part.q->alive) fail_seq(*part.q, e, input);
+  }
 }
 
 std::vector<GenerationLoop::Finished> GenerationLoop::cancel_all() {

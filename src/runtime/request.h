@@ -12,6 +12,7 @@
 
 #include "runtime/constraint.h"
 #include "runtime/sampler.h"
+#include "runtime/spec.h"
 
 namespace lily {
 
@@ -34,6 +35,9 @@ struct GenParams {
   bool allow_device = true;       // false: always the host sampler
   // Structured output / forced tool call: only ids it allows are drawn; each emitted token advances it.
   std::shared_ptr<TokenConstraint> constraint;
+  // Speculative decoding (runtime/spec.h): drafts verified in tentative steps; same tokens (greedy) or
+  // the same distribution (sampled) as without.
+  SpecParams spec;
 };
 
 struct GenResult {
@@ -46,6 +50,7 @@ struct GenResult {
   double queue_ms = 0, prefill_ms = 0, decode_ms = 0, ttft_ms = 0;
   bool device_sampled = false;   // tokens were drawn by the backend's sampler
   int32_t stop_token = -1;       // the stop id that ended the request (not passed to on_token); -1: none
+  SpecStats spec;                // speculative rounds (empty mode: speculation off)
 };
 
 // One request. Callbacks run on the thread that steps the model and must not block for long.

@@ -105,6 +105,24 @@ std::vector<std::pair<int32_t, double>> Sampler::distribution(std::span<const fl
   return out;
 }
 
+double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+int32_t Sampler::draw(std::span<const std::pair<int32_t, double>> dist) {
+  LILY_ASSERT(!dist.empty());
+  double total = 0;
+  for (const auto& [id, pr] : dist) total += pr;
+  const double r = uniform() * total;
+  double acc = 0;
+  int32_t last = dist.front().first;  // the last id with positive probability (rounding at the end)
+  for (const auto& [id, pr] : dist) {
+    if (pr <= 0) continue;
+    acc += pr;
+    last = id;
+    if (r < acc) return id;
+  }
+  return last;
+}
+
 float token_logprob(std::span<const float> logits, int32_t token) {
   const float mx = *std::max_element(logits.begin(), logits.end());
   double s = 0;

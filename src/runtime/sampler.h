@@ -32,6 +32,10 @@ class Sampler {
   // probabilities renormalised over the kept set; greedy: the one id with probability 1.
   std::vector<std::pair<int32_t, double>> distribution(std::span<const float> logits, std::span<const int32_t> history = {});
   const SamplingParams& params() const { return p_; }
+  // The generator's next uniform in [0, 1), and a draw from `dist` (probabilities summing to ~1), for
+  // speculative verification (runtime/verify.h): same seed, same draws.
+  double uniform();
+  int32_t draw(std::span<const std::pair<int32_t, double>> dist);
 
  private:
   SamplingParams p_;

@@ -82,6 +82,7 @@ void Scheduler::run() {
       stats_.generated_tokens += uint64_t(r.completion_tokens);
       stats_.prefill_seconds += r.prefill_ms / 1e3;
       stats_.decode_seconds += r.decode_ms / 1e3;
+      stats_.spec.merge(r.spec);
       const double s = (r.prefill_ms + r.decode_ms) / 1e3;
       if (s > 0) avg_request_s_ = 0.8 * avg_request_s_ + 0.2 * s;
     }

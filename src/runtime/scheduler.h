@@ -37,6 +37,7 @@ struct SchedulerStats {
   double prefill_seconds = 0, decode_seconds = 0;
   int active = 0, queued = 0;
   PromptCache::Stats cache;
+  SpecStats spec;  // speculative rounds of finished requests
 };
 
 class Scheduler {

@@ -31,6 +31,7 @@ struct ServerOptions {
   size_t max_body_bytes = size_t(8) << 20;  // larger bodies get 413
   int keepalive_ms = 2000;         // SSE comment after this much silence
   int64_t default_max_tokens = 4096;
+  SpecParams spec;                 // speculative decoding of requests that set none (`spec`, `spec_depth`)
   RequestLimits limits;
   SchedulerOptions sched;
 };

@@ -78,6 +78,18 @@ std::string metrics(const Core& core) {
   metric("lily_prompt_cache_evictions_total", "counter", "Prompt cache entries evicted", s.cache.evictions);
   metric("lily_prompt_cache_entries", "gauge", "Prompt cache entries", s.cache.entries);
   metric("lily_prompt_cache_bytes", "gauge", "Prompt cache memory", s.cache.bytes);
+  metric("lily_spec_rounds_total", "counter", "Speculative verification rounds holding drafts", s.spec.rounds);
+  metric("lily_spec_drafted_tokens_total", "counter", "Tokens drafted in speculative rounds", s.spec.drafted);
+  metric("lily_spec_accepted_tokens_total", "counter", "Drafted tokens the verification accepted", s.spec.accepted);
+  metric("lily_spec_tokens_per_round", "gauge", "Tokens emitted per speculative round", s.spec.tokens_per_round());
+  metric("lily_spec_mean_depth", "gauge", "Drafted tokens per speculative round (the chosen depth)", s.spec.mean_depth());
+  o += "# HELP lily_spec_acceptance Acceptance at each draft position, given the earlier ones were accepted\n"
+       "# TYPE lily_spec_acceptance gauge\n";
+  const auto acc = s.spec.acceptance_per_position();
+  for (size_t i = 0; i < acc.size(); ++i) o += fmt::format("lily_spec_acceptance{{position=\"{}\"}} {}\n", i + 1, acc[i]);
+  o += "# HELP lily_spec_rounds_by_depth_total Speculative rounds by drafted tokens\n# TYPE lily_spec_rounds_by_depth_total counter\n";
+  for (size_t k = 1; k < s.spec.depth_rounds.size(); ++k)
+    if (s.spec.depth_rounds[k] > 0) o += fmt::format("lily_spec_rounds_by_depth_total{{depth=\"{}\"}} {}\n", k, s.spec.depth_rounds[k]);
   auto counts = core.http_counts();
   o += "# HELP lily_http_requests_total HTTP requests by endpoint\n# TYPE lily_http_requests_total counter\n";
   for (auto& [k, v] : counts.by_endpoint) o += fmt::format("lily_http_requests_total{{endpoint=\"{}\"}} {}\n", k, v);

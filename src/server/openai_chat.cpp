@@ -162,6 +162,7 @@ void chat_completions(Core& core, Structured* structured, const HttpRequest& req
   gp.sampling = c.sampling;
   gp.logit_bias = c.logit_bias;
   gp.use_cache = c.cache_prompt;
+  gp.spec = request_spec(c, core);
   gp.sample_vocab = core.sample_vocab();
   gp.stop_ids = core.stop_ids();
   gp.token_logits = cr.logprobs;

@@ -72,6 +72,19 @@ OpenAiSampling parse_openai_sampling(const json& b, const RequestLimits& limits)
     bad(field(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens", "the token limit must be at least 1");
   c.stream = boolean(b, "stream").value_or(false);
   c.cache_prompt = boolean(b, "cache_prompt").value_or(true);
+  if (auto* sp = field(b, "spec")) {
+    if (!sp->is_string()) bad("spec", "'spec' must be one of \"mtp\", \"ngram\", \"off\"");
+    try {
+      c.spec = parse_spec_mode(sp->get<std::string>(), "'spec'");
+    } catch (const InputError& e) {
+      bad("spec", e.what());
+    }
+  }
+  if (auto* sd = field(b, "spec_depth")) {
+    if (sd->is_string() && sd->get<std::string>() == "auto") c.spec_depth = 0;
+    else if (sd->is_number_integer() && sd->get<int64_t>() >= 1 && sd->get<int64_t>() <= kMaxSpecDepth) c.spec_depth = int(sd->get<int64_t>());
+    else bad("spec_depth", fmt::format("'spec_depth' must be an integer in 1..{} or \"auto\"", kMaxSpecDepth));
+  }
   if (auto* so = field(b, "stream_options")) {
     if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
     c.include_usage = boolean(*so, "include_usage").value_or(false);
@@ -89,6 +102,14 @@ void check_model(const json& b, const std::string& served) {
                    "invalid_request_error", "model", "model_not_found"};
 }
 
+SpecParams request_spec(const OpenAiSampling& c, const Core& core) {
+  SpecParams p = core.opt.spec;
+  if (c.spec) p.mode = *c.spec;
+  if (c.spec_depth) p.depth = *c.spec_depth;
+  if (p.mode == SpecMode::Mtp && !core.engine.weights().mtp) bad("spec", core.engine.weights().mtp_absent, "mtp_unavailable");
+  return p;
+}
+
 json usage_json(const GenResult& r, int reasoning_tokens) {
   return {{"prompt_tokens", r.prompt_tokens},
           {"completion_tokens", r.completion_tokens},
@@ -100,7 +121,7 @@ json usage_json(const GenResult& r, int reasoning_tokens) {
 json timings_json(const GenResult& r) {
   int64_t n = r.prompt_tokens - r.cached_tokens;
   auto rate = [](double n, double ms) { return ms > 0 ? n * 1e3 / ms : 0.0; };
-  return {{"cache_n", r.cached_tokens},
+  json t = {{"cache_n", r.cached_tokens},
           {"prompt_n", n},
           {"prompt_ms", r.prefill_ms},
           {"prompt_per_second", rate(double(n), r.prefill_ms)},
@@ -109,6 +130,12 @@ json timings_json(const GenResult& r) {
           {"predicted_per_second", rate(double(r.completion_tokens), r.decode_ms)},
           {"ttft_ms", r.ttft_ms},
           {"queue_ms", r.queue_ms}};
+  if (!r.spec.mode.empty()) {  // llama.cpp's draft counts, and ours per position
+    t["draft_n"] = r.spec.drafted;
+    t["draft_n_accepted"] = r.spec.accepted;
+    t["spec"] = r.spec.to_json();
+  }
+  return t;
 }
 
 json bytes_json(const std::string& b) {

@@ -12,6 +12,8 @@
 
 namespace lily::server {
 
+class Core;
+
 struct OpenAiSampling {
   SamplingParams sampling;
   std::vector<std::string> stops;
@@ -19,11 +21,17 @@ struct OpenAiSampling {
   std::optional<int64_t> max_tokens;  // max_completion_tokens, else max_tokens
   bool stream = false, include_usage = false;
   bool cache_prompt = true;  // llama.cpp's field: false skips the prompt cache for this request
+  std::optional<SpecMode> spec;    // `spec`: "mtp" | "ngram" | "off"
+  std::optional<int> spec_depth;   // `spec_depth`: 1..16 or "auto" (0)
 };
 
 // temperature, top_p, top_k, min_p, penalties, seed, n, stop, logit_bias, max(_completion)_tokens,
-// stream, stream_options, cache_prompt. FieldError naming the field.
+// stream, stream_options, cache_prompt, spec, spec_depth. FieldError naming the field.
 OpenAiSampling parse_openai_sampling(const json& body, const RequestLimits& limits);
+
+// The request's speculation: the server's default with the request's fields over it; FieldError("spec")
+// naming the missing tensors for "mtp" on a model without the MTP block.
+SpecParams request_spec(const OpenAiSampling& c, const Core& core);
 
 // 404 (ApiError) when the body names a model other than `served`; FieldError when `model` is not a string.
 void check_model(const json& body, const std::string& served);

@@ -63,6 +63,7 @@ void completions(Core& core, const HttpRequest& req, HttpResponse& res) {
   gp.sampling = c.sampling;
   gp.logit_bias = c.logit_bias;
   gp.use_cache = c.cache_prompt;
+  gp.spec = request_spec(c, core);
   gp.sample_vocab = core.sample_vocab();
   gp.stop_ids = core.stop_ids();
   gp.prompt_logits = echo && lp >= 0;

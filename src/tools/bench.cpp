@@ -24,13 +24,6 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Bytes of recurrent + conv state one token's step writes back (fp32 state, fp32 conv window).
 double recurrent_state_bytes(const ModelConfig& c) {
   double per_layer = double(c.lin_v_heads * c.lin_k_dim * c.lin_v_dim) * 4 + double((c.conv_kernel - 1) * c.conv_channels()) * 4;
@@ -38,6 +31,13 @@ double recurrent_state_bytes(const ModelConfig& c) {
 }
 
 }  // namespace
+
+double bench_median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 std::vector<int64_t> parse_sizes(const std::string& s, const std::string& what) {
   std::vector<int64_t> v;
@@ -82,7 +82,8 @@ BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions&
   int64_t max_ctx = 16;
   for (auto p : opt.prefill) max_ctx = std::max(max_ctx, p + 1);
   for (auto c : opt.decode_context) max_ctx = std::max(max_ctx, c + int64_t(opt.decode_tokens + 2) * (opt.repeats + 1) + 2);
-  if (!opt.streams.empty() || !opt.verify.empty()) max_ctx = std::max(max_ctx, opt.stream_context + opt.decode_tokens + 64);
+  if (!opt.streams.empty() || !opt.verify.empty() || !opt.spec.empty())
+    max_ctx = std::max(max_ctx, opt.stream_context + opt.decode_tokens + 64);
   EngineOptions eo;
   eo.backend = opt.backend;
   eo.ctx_size = max_ctx;
@@ -136,7 +137,7 @@ BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions&
       if (opt.progress)
         fmt::print(stderr, "bench: prefill {:>6}: {} {:.1f} tok/s\n", P, r ? "run    " : "warm-up", double(P) / dt);
     }
-    row.tok_s = median(row.runs);
+    row.tok_s = bench_median(row.runs);
     const int64_t chunk = engine->options().prefill_chunk;
     const double chunks = double((P + chunk - 1) / chunk);
     row.bytes_per_token = double(rep.weight_bytes) * chunks / double(P) + double(state_bytes) / double(P) + rec * chunks / double(P);
@@ -169,13 +170,14 @@ BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions&
       if (opt.progress)
         fmt::print(stderr, "bench: decode @{:>6}: {} {:.1f} tok/s\n", C, r ? "run    " : "warm-up", opt.decode_tokens / dt);
     }
-    row.tok_s = median(row.runs);
+    row.tok_s = bench_median(row.runs);
     row.bytes_per_token = double(rep.active_bytes) + double(state_bytes) + rec;
     row.roofline_tok_s = rep.bandwidth / row.bytes_per_token;
     rep.decode.push_back(row);
   }
   bench_streams(*engine, opt, rep);
   bench_verify(*engine, opt, rep);
+  bench_spec(*engine, opt, rep);
   rep.peak_memory = be.peak_memory();
   {
     // Resident pages now (/proc/self/statm, second field), not the high-water mark, which would count the
@@ -220,7 +222,8 @@ nlohmann::json BenchReport::to_json() const {
              for (auto& r : verify)
                a.push_back({{"rows", r.rows}, {"step_ms", r.step_ms}, {"one_row_ms", r.one_row_ms}, {"ratio", r.ratio()}});
              return a;
-           }()}};
+           }()},
+          {"spec", spec ? spec_json(*spec) : nlohmann::json()}};
 }
 
 std::string BenchReport::table() const {
@@ -241,6 +244,7 @@ std::string BenchReport::table() const {
   for (auto& r : verify)
     s += fmt::format("{:<10} {:>8} {:>12.3f} ms per step, {:.3f} ms one row: {:.2f}x\n", "verify", r.rows, r.step_ms,
                      r.one_row_ms, r.ratio());
+  if (spec) s += spec_table(*spec);
   return s;
 }
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,15 @@ struct BenchOptions {
   std::vector<int64_t> verify;
   // Builds the backend instead of `backend` (e.g. CUDA with --cuda-opt options); empty: EngineOptions::backend.
   std::function<std::unique_ptr<Backend>(std::shared_ptr<const ModelWeights>)> make_backend;
+  // Speculative decoding (bench_spec.cpp) at stream_context: "mtp" or "ngram" ("": off). A first pass
+  // decodes decode_tokens + 1 tokens plainly (greedy; the baseline and the known continuation); then for
+  // each acceptance a and each depth (0: auto) the same tokens with speculation, each drafted token
+  // replaced by the continuation's with probability a and by another token otherwise (the drafter's own
+  // drafts when `acceptance` is empty). Also the round costs of k = 1..6 and the depth auto picks at
+  // acceptance 0.5, 0.7, 0.86, 0.95 from them.
+  std::string spec;
+  std::vector<double> acceptance;
+  std::vector<int> spec_depth = {0};
 };
 
 struct BenchRow {
@@ -66,6 +76,25 @@ struct VerifyRow {
   double ratio() const { return one_row_ms > 0 ? step_ms / one_row_ms : 0; }
 };
 
+struct SpecRow {
+  double acceptance = -1;  // asked for (-1: the drafter's own)
+  int depth = 0;           // 0: auto
+  double tok_s = 0, speedup = 0;           // medians; speedup over the plain pass of the same run
+  double tokens_per_round = 0, accepted = 0, mean_depth = 0;  // measured
+};
+struct SpecCostRow {
+  int k = 0;
+  double verify_ms = 0, draft_ms = 0, round_ms = 0;  // verification step, one MTP chain step, T(k)
+};
+struct SpecReport {
+  std::string mode;
+  int64_t context = 0;
+  double plain_tok_s = 0;
+  std::vector<SpecRow> rows;
+  std::vector<SpecCostRow> costs;                 // k = 0..6 (0: a plain decode step)
+  std::vector<std::pair<double, int>> auto_picks;  // (acceptance, depth auto picks from the costs)
+};
+
 struct BenchReport {
   std::string label, backend;
   int threads = 0;
@@ -77,9 +106,13 @@ struct BenchReport {
   std::vector<BenchRow> prefill, decode;
   std::vector<StreamRow> streams;
   std::vector<VerifyRow> verify;
+  std::optional<SpecReport> spec;
   nlohmann::json to_json() const;
   std::string table() const;     // human-readable
 };
+
+// Median (0 for none).
+double bench_median(std::vector<double> v);
 
 // Threaded host memcpy bandwidth, bytes/s (read + write), best of `iters` copies of `bytes`.
 double host_copy_bandwidth(size_t bytes = size_t(256) << 20, int iters = 5);
@@ -88,6 +121,9 @@ BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions&
 // The streams and verification figures of `opt` on an engine (bench_streams.cpp; run_bench calls them).
 void bench_streams(Engine& engine, const BenchOptions& opt, BenchReport& rep);
 void bench_verify(Engine& engine, const BenchOptions& opt, BenchReport& rep);
+void bench_spec(Engine& engine, const BenchOptions& opt, BenchReport& rep);
+nlohmann::json spec_json(const SpecReport& r);
+std::string spec_table(const SpecReport& r);
 
 // "256,1k,4K,32768" -> {256, 1024, 4096, 32768}; throws InputError naming `what`.
 std::vector<int64_t> parse_sizes(const std::string& s, const std::string& what);

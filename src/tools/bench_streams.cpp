@@ -16,12 +16,6 @@ namespace lily {
 
 namespace {
 
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 class CountingJob final : public Job {
  public:
   using Job::Job;
@@ -91,12 +85,12 @@ void bench_streams(Engine& engine, const BenchOptions& opt, BenchReport& rep) {
       if (r > 0) {
         agg.push_back(a);
         per.push_back(p);
-        ttft.push_back(median_of(firsts));
+        ttft.push_back(bench_median(firsts));
       }
       if (opt.progress)
         fmt::print(stderr, "bench: streams {:>3}: {} {:.1f} tok/s aggregate, {:.1f} per stream\n", N, r ? "run    " : "warm-up", a, p);
     }
-    rep.streams.push_back({N, median_of(agg), median_of(per), median_of(ttft)});
+    rep.streams.push_back({N, bench_median(agg), bench_median(per), bench_median(ttft)});
   }
 }
 
@@ -139,7 +133,7 @@ void bench_verify(Engine& engine, const BenchOptions& opt, BenchReport& rep) {
       else st.restore(*at.state);
       if (r >= 2) ms.push_back(dt);
     }
-    return median_of(ms);
+    return bench_median(ms);
   };
   const double one = time_step(1, false);
   for (int64_t k : opt.verify) {

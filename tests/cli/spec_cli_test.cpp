@@ -1,0 +1,89 @@
+// `--spec` / `--spec-depth` on the command line (cli/spec_options.h): `lily generate` with speculation
+// prints the plain tokens and its statistics; bad values and `--spec mtp` on a model without the MTP
+// block end with `error: ...` naming the cause and exit code 2; `lily bench --spec` prints JSON.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string golden(const std::string& name) { return std::string(LILY_TEST_DATA) + "/golden/" + name; }
+
+// `lily ARGS`: exit status; output gets stdout (and stderr when `err`).
+int lily(const std::string& args, std::string& out, bool err = true) {
+  const std::string cmd = std::string(std::getenv("LILY_BIN")) + " " + args + (err ? " 2>&1" : " 2>/dev/null");
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char buf[512];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = ::pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+#define REQUIRE_BIN()                                                                          \
+  do {                                                                                         \
+    const char* b = std::getenv("LILY_BIN");                                                   \
+    if (!b || !fs::exists(b)) GTEST_SKIP() << "LILY_BIN not set (ctest sets it)";               \
+  } while (0)
+
+const char* kIds = "--tokens 5,17,101,33,250,7,9,81,5,17,101,33";
+
+TEST(SpecCli, GenerateWithSpeculationGivesThePlainTokens) {
+  REQUIRE_BIN();
+  const std::string m = golden("qwen3_next-a-mtp");
+  std::string plain, spec, ngram;
+  ASSERT_EQ(lily("generate --json --max-tokens 12 --model " + m + " " + kIds, plain, false), 0) << plain;
+  ASSERT_EQ(lily("generate --json --max-tokens 12 --spec mtp --spec-depth 3 --model " + m + " " + kIds, spec, false), 0) << spec;
+  ASSERT_EQ(lily("generate --json --max-tokens 12 --spec ngram --model " + m + " " + kIds, ngram, false), 0) << ngram;
+  auto a = nlohmann::json::parse(plain), b = nlohmann::json::parse(spec), c = nlohmann::json::parse(ngram);
+  EXPECT_EQ(a["tokens"], b["tokens"]);
+  EXPECT_EQ(a["tokens"], c["tokens"]);
+  EXPECT_FALSE(a.contains("spec"));
+  EXPECT_EQ(b["spec"]["mode"], "mtp");
+  EXPECT_GT(b["spec"]["rounds"].get<int>(), 0);
+  EXPECT_EQ(c["spec"]["mode"], "ngram");
+}
+
+TEST(SpecCli, BadValuesExit2NamingTheCause) {
+  REQUIRE_BIN();
+  const std::string m = golden("qwen3_5_moe_text-a-mtp"), plain = golden("qwen3_next-a");
+  struct Case {
+    std::string args, says;
+  };
+  for (const Case& c : {Case{"generate --spec mtp --model " + plain + " " + kIds, "mtp.fc.weight"},
+                        Case{"generate --spec-depth 0 --spec ngram --model " + m + " " + kIds, "--spec-depth"},
+                        Case{"generate --spec-depth 17 --spec mtp --model " + m + " " + kIds, "1..16"},
+                        Case{"generate --spec eagle --model " + m + " " + kIds, "--spec"},
+                        Case{"bench --synth tiny --spec mtp --spec-depth 0", "--spec-depth"},
+                        Case{"bench --synth tiny --spec mtp --acceptance 2", "--acceptance"},
+                        Case{"bench --synth tiny --acceptance 0.5", "--spec"},
+                        Case{"bench --spec mtp --model " + plain, "mtp.fc.weight"}}) {
+    std::string out;
+    EXPECT_EQ(lily(c.args, out), 2) << c.args << "\n" << out;
+    EXPECT_NE(out.find("error: "), std::string::npos) << out;
+    EXPECT_NE(out.find(c.says), std::string::npos) << c.args << "\n" << out;
+  }
+}
+
+TEST(SpecCli, BenchPrintsJson) {
+  REQUIRE_BIN();
+  std::string out;
+  ASSERT_EQ(lily("bench --synth tiny --format affine4 --prefill 8 --decode-context 8 --repeats 1 --decode-tokens 6 "
+                 "--stream-context 24 --spec mtp --acceptance 0.86 --spec-depth 3 --json",
+                 out, false),
+            0)
+      << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["spec"]["rows"][0]["acceptance"], 0.86);
+  EXPECT_EQ(j["spec"]["round_costs"].size(), 7u);
+  EXPECT_EQ(j["spec"]["auto_picks"].size(), 4u);
+}
+
+}  // namespace

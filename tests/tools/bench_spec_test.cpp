@@ -1,0 +1,72 @@
+// `lily bench --spec`: the speculative bench on a tiny synth model (its MTP head random like the rest):
+// the oracle's acceptance is what was asked for, output equals the plain pass (checked inside), the
+// round-cost table and auto's picks are reported, JSON too; bad values are refused.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "tools/bench.h"
+#include "tools/synth.h"
+
+namespace lily {
+namespace {
+
+TEST(BenchSpec, KnownAcceptanceOnATinySynthModel) {
+  SynthOptions o;
+  o.preset = "tiny";
+  o.format = SynthFormat::Affine4;
+  auto w = synth_model(o);
+  BenchOptions b;
+  b.prefill = {8};
+  b.decode_context = {8};
+  b.repeats = 1;
+  b.decode_tokens = 14;
+  b.progress = false;
+  b.stream_context = 40;
+  b.spec = "mtp";
+  b.acceptance = {1.0, 0.5, 0.0};
+  b.spec_depth = {3, 0};
+  auto rep = run_bench(w, b);
+  ASSERT_TRUE(rep.spec.has_value());
+  const SpecReport& s = *rep.spec;
+  EXPECT_GT(s.plain_tok_s, 0);
+  ASSERT_EQ(s.rows.size(), 6u);
+  for (const SpecRow& r : s.rows) {
+    EXPECT_GT(r.tok_s, 0);
+    EXPECT_GT(r.speedup, 0);
+    if (r.acceptance == 1.0) {
+      EXPECT_EQ(r.accepted, 1.0);
+    }
+    if (r.acceptance == 0.0) {
+      EXPECT_EQ(r.accepted, 0.0);
+      EXPECT_EQ(r.tokens_per_round, 1.0);
+    }
+    if (r.acceptance == 1.0 && r.depth == 3) {
+      EXPECT_GT(r.tokens_per_round, 3.0) << "3 drafts + 1 per round, the last cut";
+    }
+  }
+  ASSERT_EQ(s.costs.size(), 7u);
+  for (const SpecCostRow& c : s.costs) EXPECT_GT(c.round_ms, 0) << "k " << c.k;
+  EXPECT_GT(s.costs[3].draft_ms, 0);
+  ASSERT_EQ(s.auto_picks.size(), 4u);
+  for (auto [a, k] : s.auto_picks) EXPECT_TRUE(k >= 0 && k <= 6);
+  auto j = rep.to_json();
+  EXPECT_EQ(j["spec"]["rows"][0]["depth"], 3);
+  EXPECT_EQ(j["spec"]["rows"][1]["depth"], "auto");
+  EXPECT_TRUE(j["spec"]["round_costs"][6]["round_ms"].is_number());
+  EXPECT_NE(rep.table().find("auto picks"), std::string::npos);
+  // prompt lookup too (its drafts replaced the same way)
+  b.spec = "ngram";
+  b.acceptance = {1.0};
+  b.spec_depth = {2};
+  auto ng = run_bench(w, b);
+  ASSERT_TRUE(ng.spec && ng.spec->rows.size() == 1u);
+  b.spec = "mtp";
+  b.acceptance = {1.5};
+  EXPECT_THROW(run_bench(w, b), InputError);
+  b.acceptance = {0.5};
+  b.spec_depth = {17};
+  EXPECT_THROW(run_bench(w, b), InputError);
+}
+
+}  // namespace
+}  // namespace lily
