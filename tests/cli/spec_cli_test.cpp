@@ -11,37 +11,26 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../support/lily_cli.h"
+
 namespace {
 
+using namespace lily;
 namespace fs = std::filesystem;
 
 std::string golden(const std::string& name) { return std::string(LILY_TEST_DATA) + "/golden/" + name; }
 
-// `lily ARGS`: exit status; output gets stdout (and stderr when `err`).
-int lily(const std::string& args, std::string& out, bool err = true) {
-  const std::string cmd = std::string(std::getenv("LILY_BIN")) + " " + args + (err ? " 2>&1" : " 2>/dev/null");
-  FILE* p = ::popen(cmd.c_str(), "r");
-  char buf[512];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = ::pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-#define REQUIRE_BIN()                                                                          \
-  do {                                                                                         \
-    const char* b = std::getenv("LILY_BIN");                                                   \
-    if (!b || !fs::exists(b)) GTEST_SKIP() << "LILY_BIN not set (ctest sets it)";               \
-  } while (0)
+using lily::test_support::run_lily;
 
 const char* kIds = "--tokens 5,17,101,33,250,7,9,81,5,17,101,33";
 
 TEST(SpecCli, GenerateWithSpeculationGivesThePlainTokens) {
-  REQUIRE_BIN();
+  LILY_REQUIRE_BIN_OR_SKIP();
   const std::string m = golden("qwen3_next-a-mtp");
   std::string plain, spec, ngram;
-  ASSERT_EQ(lily("generate --json --max-tokens 12 --model " + m + " " + kIds, plain, false), 0) << plain;
-  ASSERT_EQ(lily("generate --json --max-tokens 12 --spec mtp --spec-depth 3 --model " + m + " " + kIds, spec, false), 0) << spec;
-  ASSERT_EQ(lily("generate --json --max-tokens 12 --spec ngram --model " + m + " " + kIds, ngram, false), 0) << ngram;
+  ASSERT_EQ(run_lily("generate --json --max-tokens 12 --model " + m + " " + kIds, plain, false), 0) << plain;
+  ASSERT_EQ(run_lily("generate --json --max-tokens 12 --spec mtp --spec-depth 3 --model " + m + " " + kIds, spec, false), 0) << spec;
+  ASSERT_EQ(run_lily("generate --json --max-tokens 12 --spec ngram --model " + m + " " + kIds, ngram, false), 0) << ngram;
   auto a = nlohmann::json::parse(plain), b = nlohmann::json::parse(spec), c = nlohmann::json::parse(ngram);
   EXPECT_EQ(a["tokens"], b["tokens"]);
   EXPECT_EQ(a["tokens"], c["tokens"]);
@@ -52,7 +41,7 @@ TEST(SpecCli, GenerateWithSpeculationGivesThePlainTokens) {
 }
 
 TEST(SpecCli, BadValuesExit2NamingTheCause) {
-  REQUIRE_BIN();
+  LILY_REQUIRE_BIN_OR_SKIP();
   const std::string m = golden("qwen3_5_moe_text-a-mtp"), plain = golden("qwen3_next-a");
   struct Case {
     std::string args, says;
@@ -66,16 +55,16 @@ TEST(SpecCli, BadValuesExit2NamingTheCause) {
                         Case{"bench --synth tiny --acceptance 0.5", "--spec"},
                         Case{"bench --spec mtp --model " + plain, "mtp.fc.weight"}}) {
     std::string out;
-    EXPECT_EQ(lily(c.args, out), 2) << c.args << "\n" << out;
+    EXPECT_EQ(run_lily(c.args, out), 2) << c.args << "\n" << out;
     EXPECT_NE(out.find("error: "), std::string::npos) << out;
     EXPECT_NE(out.find(c.says), std::string::npos) << c.args << "\n" << out;
   }
 }
 
 TEST(SpecCli, BenchPrintsJson) {
-  REQUIRE_BIN();
+  LILY_REQUIRE_BIN_OR_SKIP();
   std::string out;
-  ASSERT_EQ(lily("bench --synth tiny --format affine4 --prefill 8 --decode-context 8 --repeats 1 --decode-tokens 6 "
+  ASSERT_EQ(run_lily("bench --synth tiny --format affine4 --prefill 8 --decode-context 8 --repeats 1 --decode-tokens 6 "
                  "--stream-context 24 --spec mtp --acceptance 0.86 --spec-depth 3 --json",
                  out, false),
             0)

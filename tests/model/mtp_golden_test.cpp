@@ -13,6 +13,7 @@
 #include "backend/cpu/mtp_reference.h"
 #include "core/mapped_file.h"
 #include "runtime/engine.h"
+#include "../support/lily_cli.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -131,31 +132,17 @@ TEST_P(MtpGoldenModel, StepsInPiecesEqualOneStep) {
   }
 }
 
-// `lily ARGS`: exit status and stdout (stderr too when `err`).
-int lily(const std::string& args, std::string& out, bool err = true) {
-  const std::string cmd = std::string(std::getenv("LILY_BIN")) + " " + args + (err ? " 2>&1" : " 2>/dev/null");
-  FILE* p = ::popen(cmd.c_str(), "r");
-  char buf[512];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = ::pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-#define REQUIRE_BIN()                                                                          \
-  do {                                                                                         \
-    const char* b = std::getenv("LILY_BIN");                                                   \
-    if (!b || !fs::exists(b)) GTEST_SKIP() << "LILY_BIN not set (ctest sets it)";               \
-  } while (0)
+using lily::test_support::run_lily;
 
 TEST_P(MtpGoldenModel, CliWritesMtpLogits) {
-  REQUIRE_BIN();
+  LILY_REQUIRE_BIN_OR_SKIP();
   if (dir().empty()) GTEST_SKIP() << GetParam() << " not present";
   auto g = read_mtp_golden(dir());
   std::string ids;
   for (auto t : g.prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
   const auto out = fs::temp_directory_path() / ("lily_mtp_cli_" + std::to_string(::getpid()) + ".f32");
   std::string log;
-  ASSERT_EQ(lily("logits --mtp --prefill-chunk 64 --model " + dir() + " --tokens " + ids + " --out " + out.string(), log), 0)
+  ASSERT_EQ(run_lily("logits --mtp --prefill-chunk 64 --model " + dir() + " --tokens " + ids + " --out " + out.string(), log), 0)
       << log;
   auto got = test::read_f32(out.string());
   fs::remove(out);
@@ -163,10 +150,10 @@ TEST_P(MtpGoldenModel, CliWritesMtpLogits) {
 }
 
 TEST_P(MtpGoldenModel, InfoShowsTheBlock) {
-  REQUIRE_BIN();
+  LILY_REQUIRE_BIN_OR_SKIP();
   if (dir().empty()) GTEST_SKIP() << GetParam() << " not present";
   std::string out;
-  ASSERT_EQ(lily("info --json --model " + dir(), out, false), 0) << out;
+  ASSERT_EQ(run_lily("info --json --model " + dir(), out, false), 0) << out;
   auto j = nlohmann::json::parse(out)["mtp"];
   EXPECT_TRUE(j["present"].get<bool>());
   EXPECT_EQ(j["prefix"], "mtp.");
@@ -176,10 +163,10 @@ TEST_P(MtpGoldenModel, InfoShowsTheBlock) {
   const int64_t attn = 4 * 128 * 128 + 2 * 2 * 64 * 128 + 128 * 4 * 64;
   EXPECT_EQ(j["weight_bytes"], 2 * (128 * 256 + attn + 8 * 128 + 128 + 8 * 3 * 64 * 128 + 3 * 96 * 128));
   std::string text;
-  ASSERT_EQ(lily("info --model " + dir(), text, false), 0);
+  ASSERT_EQ(run_lily("info --model " + dir(), text, false), 0);
   EXPECT_NE(text.find("mtp            1 layer (dense attention, MoE 8 experts)"), std::string::npos) << text;
   std::string plain;
-  ASSERT_EQ(lily("info --json --model " + test::golden_dir("qwen3_next-a"), plain, false), 0);
+  ASSERT_EQ(run_lily("info --json --model " + test::golden_dir("qwen3_next-a"), plain, false), 0);
   EXPECT_FALSE(nlohmann::json::parse(plain)["mtp"]["present"].get<bool>());
 }
 

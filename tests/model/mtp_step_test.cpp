@@ -22,13 +22,7 @@ namespace {
 
 const char* const kMtpGoldens[] = {"qwen3_5_moe_text-a-mtp", "qwen3_next-a-mtp"};
 
-std::vector<int32_t> random_ids(size_t n, int64_t V, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::uniform_int_distribution<int32_t> d(0, int32_t(V - 1));
-  std::vector<int32_t> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using test::random_ids;
 
 // max |a - b| / RMS(b)
 double rel_maxdiff(const std::vector<float>& a, const std::vector<float>& b) {

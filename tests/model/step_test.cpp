@@ -26,13 +26,7 @@ std::shared_ptr<const ModelWeights> load(const std::string& name) {
   return dir.empty() ? nullptr : ModelWeights::load(dir);
 }
 
-std::vector<int32_t> random_ids(size_t n, int64_t V, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::uniform_int_distribution<int32_t> d(0, int32_t(V - 1));
-  std::vector<int32_t> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using test::random_ids;
 
 // fn(backend, weights) for each golden model present (bf16), then for two synth models in affine 4- and 8-bit
 // on the int8-activation path (the CPU's default for affine weights: its row kernels and tiles must give a

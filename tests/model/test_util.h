@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,15 @@ inline std::vector<float> read_f32(const std::string& path) {
   std::vector<float> v(size_t(f.tellg()) / 4);
   f.seekg(0);
   f.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4));
+  return v;
+}
+
+// n ids uniform in [0, V), seeded.
+inline std::vector<int32_t> random_ids(size_t n, int64_t V, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int32_t> d(0, int32_t(V - 1));
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(g);
   return v;
 }
 
