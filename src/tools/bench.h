@@ -23,6 +23,7 @@
 
 #include "model/weights.h"
 #include "runtime/engine.h"
+#include "runtime/request.h"
 
 namespace lily {
 
@@ -109,6 +110,19 @@ struct BenchReport {
   std::optional<SpecReport> spec;
   nlohmann::json to_json() const;
   std::string table() const;     // human-readable
+};
+
+// A request the bench runs: the tokens it emitted and its result.
+class BenchJob final : public Job {
+ public:
+  using Job::Job;
+  bool on_token(int32_t t, std::span<const float>) override {
+    ids.push_back(t);
+    return true;
+  }
+  void on_finish(const GenResult& r) override { res = r; }
+  std::vector<int32_t> ids;
+  GenResult res;
 };
 
 // Median (0 for none).

@@ -58,18 +58,6 @@ class OracleDrafter final : public Drafter {
   std::mt19937_64 rng_;
 };
 
-class TokenJob final : public Job {
- public:
-  using Job::Job;
-  bool on_token(int32_t t, std::span<const float>) override {
-    ids.push_back(t);
-    return true;
-  }
-  void on_finish(const GenResult& r) override { res = r; }
-  std::vector<int32_t> ids;
-  GenResult res;
-};
-
 // One request of `n` tokens after `prompt` on `s` in its own loop; its tokens (the stop id has none).
 GenResult run_one(Engine& e, Session& s, const std::vector<int32_t>& prompt, int64_t n, SpecParams sp, RoundCosts* costs,
                   std::vector<int32_t>* out) {
@@ -81,7 +69,7 @@ GenResult run_one(Engine& e, Session& s, const std::vector<int32_t>& prompt, int
   LoopOptions lo;
   lo.costs = costs;
   GenerationLoop loop(e, lo);
-  auto job = std::make_shared<TokenJob>(p);
+  auto job = std::make_shared<BenchJob>(p);
   e.backend().synchronize();
   loop.add(job, s, GenerationLoop::now_ms());
   while (!loop.empty()) loop.step();

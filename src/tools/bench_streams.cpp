@@ -16,14 +16,6 @@ namespace lily {
 
 namespace {
 
-class CountingJob final : public Job {
- public:
-  using Job::Job;
-  bool on_token(int32_t, std::span<const float>) override { return true; }
-  void on_finish(const GenResult& r) override { res = r; }
-  GenResult res;
-};
-
 // One session filled with `n` random tokens (prefill in the engine's chunks).
 std::unique_ptr<Session> filled(Engine& e, int64_t cap, int64_t n, std::mt19937_64& rng) {
   auto s = std::make_unique<Session>(e, cap);
@@ -60,13 +52,13 @@ void bench_streams(Engine& engine, const BenchOptions& opt, BenchReport& rep) {
       LoopOptions lo;
       lo.step_tokens = std::max<int64_t>(N, engine.options().prefill_chunk);
       GenerationLoop loop(engine, lo);
-      std::vector<std::shared_ptr<CountingJob>> jobs;
+      std::vector<std::shared_ptr<BenchJob>> jobs;
       for (int64_t i = 0; i < N; ++i) {
         GenParams p;
         p.prompt = {d(rng)};
         p.max_tokens = opt.decode_tokens + 1;
         p.use_cache = false;
-        jobs.push_back(std::make_shared<CountingJob>(p));
+        jobs.push_back(std::make_shared<BenchJob>(p));
         loop.add(jobs.back(), *sessions[size_t(i)], GenerationLoop::now_ms());
       }
       be.synchronize();

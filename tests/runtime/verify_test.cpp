@@ -202,7 +202,7 @@ TEST(Verify, LoopKeepsTheJointDistribution) {
   }
   for (Engine* e : {host.get(), dev.get()}) {
     SCOPED_TRACE(e->backend().name());
-    const int64_t n = 2000;
+    const int64_t n = 1200;
     std::map<int64_t, int64_t> counts;
     int64_t drafted = 0, accepted = 0;  // over all draws
     for (int64_t i = 0; i < n; ++i) {
