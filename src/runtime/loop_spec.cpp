@@ -31,6 +31,7 @@ void GenerationLoop::start_spec(Seq& q) {
   // target's distribution on the host.
   q.spec->host_verify = !q.device || p.constraint != nullptr || (sampled && p.spec.typical > 0.0f);
   q.spec->sample_drafts = q.spec->host_verify && sampled;
+  if (q.spec->host_verify) q.device = false;  // every draw on the host: one sampler state, one history
   q.s->state().reserve_tentative(kmax + 1);
   q.res.spec.mode = d->name();
 }

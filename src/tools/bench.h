@@ -94,6 +94,7 @@ struct SpecReport {
   std::vector<SpecRow> rows;
   std::vector<SpecCostRow> costs;                 // k = 0..6 (0: a plain decode step)
   std::vector<std::pair<double, int>> auto_picks;  // (acceptance, depth auto picks from the costs)
+  int diverged = 0;  // runs whose tokens differ from the first plain pass (a near-tie flipped; 0 on the CPU)
 };
 
 struct BenchReport {

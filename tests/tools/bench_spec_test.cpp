@@ -48,6 +48,7 @@ TEST(BenchSpec, KnownAcceptanceOnATinySynthModel) {
   for (const SpecCostRow& c : s.costs) EXPECT_GT(c.round_ms, 0) << "k " << c.k;
   EXPECT_GT(s.costs[3].draft_ms, 0);
   ASSERT_EQ(s.auto_picks.size(), 4u);
+  EXPECT_EQ(s.diverged, 0) << "the CPU's speculative output is the plain output";
   for (auto [a, k] : s.auto_picks) EXPECT_TRUE(k >= 0 && k <= 6);
   auto j = rep.to_json();
   EXPECT_EQ(j["spec"]["rows"][0]["depth"], 3);
