@@ -57,6 +57,26 @@ class Drafter {
   virtual void verified(int /*drafted*/, int /*accepted*/) {}
 };
 
+// A drafter that hands every call to another (decorators: the bench's oracle, tests' recorders) and
+// overrides what it changes.
+class DrafterWrapper : public Drafter {
+ public:
+  explicit DrafterWrapper(std::shared_ptr<Drafter> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  bool uses_mtp() const override { return inner_->uses_mtp(); }
+  void kept(int64_t pos0, int64_t rows) override { inner_->kept(pos0, rows); }
+  bool mtp_rows(std::span<const int32_t> tokens, const SequenceState& st, MtpRows& rows) override {
+    return inner_->mtp_rows(tokens, st, rows);
+  }
+  void mtp_logits(std::span<const float> logits) override { inner_->mtp_logits(logits); }
+  void begin(const DraftRequest& r) override { inner_->begin(r); }
+  Draft draft(SequenceState& st) override { return inner_->draft(st); }
+  void verified(int drafted, int accepted) override { inner_->verified(drafted, accepted); }
+
+ protected:
+  std::shared_ptr<Drafter> inner_;
+};
+
 // The drafter of p.mode (p.drafter when given). MTP needs the model's MTP block: throws InputError
 // naming the missing tensors. `seed`: for drafts drawn from q.
 std::shared_ptr<Drafter> make_drafter(const SpecParams& p, const ModelWeights& w, uint64_t seed);

@@ -20,16 +20,11 @@ namespace lily {
 
 namespace {
 
-class OracleDrafter final : public Drafter {
+class OracleDrafter final : public DrafterWrapper {
  public:
   OracleDrafter(std::shared_ptr<Drafter> inner, const std::vector<int32_t>& truth, size_t prompt_len, double a,
                 int64_t vocab, uint64_t seed)
-      : inner_(std::move(inner)), truth_(truth), prompt_len_(prompt_len), a_(a), vocab_(vocab), rng_(seed) {}
-  std::string name() const override { return inner_->name(); }
-  bool uses_mtp() const override { return inner_->uses_mtp(); }
-  void kept(int64_t pos0, int64_t rows) override { inner_->kept(pos0, rows); }
-  bool mtp_rows(std::span<const int32_t> t, const SequenceState& st, MtpRows& rows) override { return inner_->mtp_rows(t, st, rows); }
-  void mtp_logits(std::span<const float> l) override { inner_->mtp_logits(l); }
+      : DrafterWrapper(std::move(inner)), truth_(truth), prompt_len_(prompt_len), a_(a), vocab_(vocab), rng_(seed) {}
   void begin(const DraftRequest& r) override {
     at_ = r.tokens.size() - prompt_len_;  // continuation tokens emitted so far
     inner_->begin(r);
@@ -47,10 +42,8 @@ class OracleDrafter final : public Drafter {
     d.q.clear();
     return d;
   }
-  void verified(int drafted, int accepted) override { inner_->verified(drafted, accepted); }
 
  private:
-  std::shared_ptr<Drafter> inner_;
   const std::vector<int32_t>& truth_;
   size_t prompt_len_, at_ = 0;
   double a_;

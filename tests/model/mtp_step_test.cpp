@@ -122,42 +122,7 @@ TEST(MtpStep, SequencesInOneMtpStepMatchEachAlone) {
   const int S = 3;
   std::vector<std::vector<int32_t>> ids;
   for (int i = 0; i < S; ++i) ids.push_back(random_ids(size_t(5 + 9 * i), V, uint32_t(40 + i)));
-  auto run = [&](bool together) {
-    std::vector<std::unique_ptr<SequenceState>> sts;
-    for (int i = 0; i < S; ++i) {
-      sts.push_back(be.new_state(64));
-      Step m;
-      m.add(*sts.back(), ids[size_t(i)], 1);
-      m.groups[0].keep_hidden = true;
-      std::vector<float> l(static_cast<size_t>(V));
-      be.finish(forward(be, m), StepOutputs{l.data(), nullptr});
-    }
-    std::vector<float> all;
-    for (int depth = 0; depth < 3; ++depth) {
-      std::vector<Step> steps(together ? 1 : S);
-      for (int i = 0; i < S; ++i) {
-        Step& s = steps[together ? 0 : size_t(i)];
-        const auto& x = ids[size_t(i)];
-        if (depth == 0) {
-          std::vector<int32_t> toks(x.begin() + 1, x.end()), hid;
-          toks.push_back(int32_t(i));
-          for (size_t r = 0; r < x.size(); ++r) hid.push_back(int32_t(r));
-          s.add_mtp(*sts[size_t(i)], toks, hid, 2);
-        } else {
-          const int32_t t = int32_t(depth + i);
-          s.add_mtp(*sts[size_t(i)], std::span(&t, 1), std::span(&kMtpHidden, 1), 1);
-        }
-      }
-      for (Step& s : steps) {
-        std::vector<float> l(size_t(s.logit_rows() * V));
-        be.finish(forward(be, s), StepOutputs{l.data(), nullptr});
-        all.insert(all.end(), l.begin(), l.end());
-      }
-    }
-    return all;
-  };
-  const auto a = run(false), b = run(true);
-  // together, the rows come in step order: reorder the alone rows (per depth, per sequence) the same way
+  const auto a = test_support::mtp_rows_batched(be, ids, false), b = test_support::mtp_rows_batched(be, ids, true);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
 }
@@ -179,33 +144,8 @@ TEST(MtpStep, MtpCacheThroughTruncateSnapshotAndCommit) {
   EXPECT_EQ(b->mtp_tokens(), 29);
   EXPECT_EQ(b->hidden_rows(), 0) << "a restored sequence keeps no hidden rows";
   EXPECT_EQ(b->snapshot()->contents(), snap->contents());
-  // tentative main step keeping its rows, commit(2): rows 0, 1 readable, row 2 not
-  const int32_t t4[4] = {1, 2, 3, 4};
-  Step ten;
-  ten.add(*a, t4, 4, true, false, true);
-  ten.groups[0].keep_hidden = true;
-  std::vector<float> l(size_t(4 * V));
-  be.finish(forward(be, ten), StepOutputs{l.data(), nullptr});
-  EXPECT_EQ(a->hidden_rows(), 4);
-  a->commit(2);
-  EXPECT_EQ(a->hidden_rows(), 2);
-  const int32_t x2[2] = {2, 3}, h_ok[2] = {0, 1}, h_bad[2] = {1, 2};
-  {
-    Step s;
-    s.add_mtp(*a, x2, h_bad, 1);
-    EXPECT_THROW(forward(be, s), InternalError);
-  }
-  // the same pairs on a copy that stepped the two rows plainly give the same logits
-  Step plain;
-  plain.add(*b, std::span(t4, 2), 0, false);
-  plain.groups[0].keep_hidden = true;
-  be.finish(forward(be, plain), StepOutputs{});
-  std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));
-  for (auto [st, out] : {std::pair{a.get(), &la}, std::pair{b.get(), &lb}}) {
-    Step s;
-    s.add_mtp(*st, x2, h_ok, 1);
-    be.finish(forward(be, s), StepOutputs{out->data(), nullptr});
-  }
+  // a tentative main step keeping its rows, commit(2): the pairs of the two rows equal a plain copy's
+  const auto [la, lb] = test_support::mtp_after_commit(be, *a, *b);
   EXPECT_EQ(la, lb);
   EXPECT_EQ(a->mtp_tokens(), 31);
   a->truncate_mtp(29);

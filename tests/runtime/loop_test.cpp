@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../model/test_util.h"
+#include "../support/recording_job.h"
 #include "../support/sampling_backend.h"
 #include "core/mapped_file.h"
 #include "runtime/generate.h"
@@ -151,18 +152,6 @@ TEST(Loop, ContinuesASessionAndItsLogits) {
   }
 }
 
-class RecordingJob : public Job {
- public:
-  using Job::Job;
-  bool on_token(int32_t t, std::span<const float>) override {
-    ids.push_back(t);
-    return true;
-  }
-  void on_finish(const GenResult& r) override { res = r; }
-  std::vector<int32_t> ids;
-  GenResult res;
-};
-
 // Several requests in one loop (continuous batching): each gets the tokens it gets alone, greedy and
 // seeded sampling, on both paths; the steps held several requests' rows.
 TEST(Loop, RequestsSteppedTogetherGetTheirSoloTokens) {
@@ -188,24 +177,12 @@ TEST(Loop, RequestsSteppedTogetherGetTheirSoloTokens) {
     }
     LoopOptions lo;
     lo.step_tokens = 12;  // prompts are chunked into the decode steps
-    GenerationLoop loop(*e, lo);
-    std::vector<std::unique_ptr<Session>> sessions;
-    std::vector<std::shared_ptr<RecordingJob>> jobs;
+    const auto run = test_support::run_together(*e, ps, lo);
     for (int i = 0; i < S; ++i) {
-      sessions.push_back(std::make_unique<Session>(*e));
-      jobs.push_back(std::make_shared<RecordingJob>(ps[size_t(i)]));
-      loop.add(jobs.back(), *sessions.back(), GenerationLoop::now_ms());
+      EXPECT_EQ(run.jobs[size_t(i)]->ids, solo[size_t(i)]) << e->backend().name() << " request " << i;
+      EXPECT_EQ(run.jobs[size_t(i)]->wait().finish_reason, "length");
     }
-    int steps = 0;
-    while (!loop.empty()) {
-      loop.step();
-      ++steps;
-    }
-    for (int i = 0; i < S; ++i) {
-      EXPECT_EQ(jobs[size_t(i)]->ids, solo[size_t(i)]) << e->backend().name() << " request " << i;
-      EXPECT_EQ(jobs[size_t(i)]->res.finish_reason, "length");
-    }
-    EXPECT_LT(steps, 30) << "requests shared steps";
+    EXPECT_LT(run.steps, 30) << "requests shared steps";
   }
 }
 
@@ -216,7 +193,7 @@ TEST(Loop, CancelEndsWithinAStep) {
     GenParams p;
     p.prompt = f.prompt;
     p.max_tokens = 50;
-    struct CancellingJob : RecordingJob {
+    struct CancellingJob : test_support::RecordingJob {
       using RecordingJob::RecordingJob;
       bool on_token(int32_t t, std::span<const float> l) override {
         RecordingJob::on_token(t, l);
@@ -233,7 +210,7 @@ TEST(Loop, CancelEndsWithinAStep) {
       loop.step();
       ++steps;
     }
-    EXPECT_EQ(job->res.finish_reason, "cancelled");
+    EXPECT_EQ(job->wait().finish_reason, "cancelled");
     EXPECT_LE(job->ids.size(), 5u);
     EXPECT_LE(steps, 8);
   }

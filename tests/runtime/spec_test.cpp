@@ -119,27 +119,21 @@ TEST(Spec, GreedyEqualsPlainOnEveryGoldenModel) {
 }
 
 // Records each round's context and draft of the drafter it wraps.
-class RecordingDrafter final : public Drafter {
+class RecordingDrafter final : public DrafterWrapper {
  public:
-  explicit RecordingDrafter(std::shared_ptr<Drafter> d) : d_(std::move(d)) {}
-  std::string name() const override { return d_->name(); }
-  bool uses_mtp() const override { return d_->uses_mtp(); }
-  void kept(int64_t pos0, int64_t rows) override { d_->kept(pos0, rows); }
-  bool mtp_rows(std::span<const int32_t> t, const SequenceState& st, MtpRows& rows) override { return d_->mtp_rows(t, st, rows); }
-  void mtp_logits(std::span<const float> l) override { d_->mtp_logits(l); }
+  using DrafterWrapper::DrafterWrapper;
   void begin(const DraftRequest& r) override {
     ctx_.assign(r.tokens.begin(), r.tokens.end());
-    d_->begin(r);
+    inner_->begin(r);
   }
   Draft draft(SequenceState& st) override {
-    Draft d = d_->draft(st);
+    Draft d = inner_->draft(st);
     rounds.push_back({ctx_, d.tokens});
     return d;
   }
   std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> rounds;  // (context, draft)
 
  private:
-  std::shared_ptr<Drafter> d_;
   std::vector<int32_t> ctx_;
 };
 
@@ -281,15 +275,7 @@ TEST(Spec, StreamsSteppedTogetherGetTheirSoloTokens) {
     for (auto& p : ps) solo.push_back(run(*e, p.prompt, p).r.tokens);
     LoopOptions lo;
     lo.step_tokens = 10;
-    GenerationLoop loop(*e, lo);
-    std::vector<std::unique_ptr<Session>> sessions;
-    std::vector<std::shared_ptr<test_support::RecordingJob>> jobs;
-    for (int i = 0; i < S; ++i) {
-      sessions.push_back(std::make_unique<Session>(*e));
-      jobs.push_back(std::make_shared<test_support::RecordingJob>(ps[size_t(i)]));
-      loop.add(jobs.back(), *sessions.back(), 0);
-    }
-    while (!loop.empty()) loop.step();
+    const auto jobs = test_support::run_together(*e, ps, lo).jobs;
     for (int i = 0; i < S; ++i) {
       if (i == 4) continue;  // sampled: same distribution, not the same draws (below)
       EXPECT_EQ(jobs[size_t(i)]->ids, solo[size_t(i)]) << e->backend().name() << " stream " << i;

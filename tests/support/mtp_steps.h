@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "model/qwen_hybrid.h"
 
 namespace lily::test_support {
@@ -43,18 +46,27 @@ inline std::vector<float> mtp_rows_via_steps(Backend& be, SequenceState& st, con
   return out;
 }
 
-// The greedy MTP draft of `depth` tokens after ids (its last token not yet in the main state, as in a
-// decode round) through the seam: main prefill keeping hidden rows, the catch-up pairs and the first draft
-// row in one MTP step, then chain rows reading kMtpHidden. The MTP cache is truncated back afterwards.
-inline std::vector<int32_t> draft_via_steps(Backend& be, SequenceState& st, const std::vector<int32_t>& ids, int depth) {
-  const int64_t V = be.weights().cfg.vocab;
-  const int64_t P = int64_t(ids.size()) - 1;  // prefilled
+// Prefills all of ids but the last (kept hidden rows) and returns the catch-up MTP rows of the pairs
+// (ids[t + 1], h_t): their tokens and hidden inputs.
+inline std::pair<std::vector<int32_t>, std::vector<int32_t>> prefill_keeping(Backend& be, SequenceState& st,
+                                                                             const std::vector<int32_t>& ids) {
+  const int64_t P = int64_t(ids.size()) - 1;
   Step main;
   main.add(st, std::span(ids).first(size_t(P)), 0, false);
   main.groups[0].keep_hidden = true;
   be.finish(forward(be, main), StepOutputs{});
   std::vector<int32_t> toks(ids.begin() + 1, ids.end()), hid;
   for (int64_t i = 0; i < P; ++i) hid.push_back(int32_t(i));
+  return {toks, hid};
+}
+
+// The greedy MTP draft of `depth` tokens after ids (its last token not yet in the main state, as in a
+// decode round) through the seam: main prefill keeping hidden rows, the catch-up pairs and the first draft
+// row in one MTP step, then chain rows reading kMtpHidden. The MTP cache is truncated back afterwards.
+inline std::vector<int32_t> draft_via_steps(Backend& be, SequenceState& st, const std::vector<int32_t>& ids, int depth) {
+  const int64_t V = be.weights().cfg.vocab;
+  const int64_t P = int64_t(ids.size()) - 1;  // prefilled
+  const auto [toks, hid] = prefill_keeping(be, st, ids);
   std::vector<int32_t> draft;
   std::vector<float> l(static_cast<size_t>(V));
   for (int d = 0; d < depth; ++d) {
@@ -74,12 +86,7 @@ inline std::vector<int32_t> draft_via_steps(Backend& be, SequenceState& st, cons
 inline std::vector<float> chain_logits(Backend& be, SequenceState& st, const std::vector<int32_t>& ids,
                                        const std::vector<int32_t>& chain) {
   const int64_t V = be.weights().cfg.vocab, P = int64_t(ids.size()) - 1;
-  Step main;
-  main.add(st, std::span(ids).first(size_t(P)), 0, false);
-  main.groups[0].keep_hidden = true;
-  be.finish(forward(be, main), StepOutputs{});
-  std::vector<int32_t> toks(ids.begin() + 1, ids.end()), hid;
-  for (int64_t i = 0; i < P; ++i) hid.push_back(int32_t(i));
+  const auto [toks, hid] = prefill_keeping(be, st, ids);
   std::vector<float> out(size_t(int64_t(chain.size() + 1) * V));
   for (size_t d = 0; d <= chain.size(); ++d) {
     Step s;
@@ -89,6 +96,80 @@ inline std::vector<float> chain_logits(Backend& be, SequenceState& st, const std
   }
   st.truncate_mtp(P);
   return out;
+}
+
+// Sequences with prompts `ids` (each prefilled with kept hidden rows), then three MTP steps: the catch-up
+// rows of every pair plus one more row each, then two chain rows through h'; all sequences in one step per
+// depth (together) or each in its own steps. The logits rows in order of (depth, sequence).
+inline std::vector<float> mtp_rows_batched(Backend& be, const std::vector<std::vector<int32_t>>& ids, bool together) {
+  const int64_t V = be.weights().cfg.vocab;
+  const size_t S = ids.size();
+  std::vector<std::unique_ptr<SequenceState>> sts;
+  for (size_t i = 0; i < S; ++i) {
+    sts.push_back(be.new_state(64));
+    Step m;
+    m.add(*sts.back(), ids[i], 1);
+    m.groups[0].keep_hidden = true;
+    std::vector<float> l(static_cast<size_t>(V));
+    be.finish(forward(be, m), StepOutputs{l.data(), nullptr});
+  }
+  std::vector<float> all;
+  for (int depth = 0; depth < 3; ++depth) {
+    std::vector<Step> steps(together ? 1 : S);
+    for (size_t i = 0; i < S; ++i) {
+      Step& s = steps[together ? 0 : i];
+      const auto& x = ids[i];
+      if (depth == 0) {
+        std::vector<int32_t> toks(x.begin() + 1, x.end()), hid;
+        toks.push_back(int32_t(i));
+        for (size_t r = 0; r < x.size(); ++r) hid.push_back(int32_t(r));
+        s.add_mtp(*sts[i], toks, hid, 2);
+      } else {
+        const int32_t t = int32_t(depth + int(i));
+        s.add_mtp(*sts[i], std::span(&t, 1), std::span(&kMtpHidden, 1), 1);
+      }
+    }
+    for (Step& s : steps) {
+      std::vector<float> l(size_t(s.logit_rows() * V));
+      be.finish(forward(be, s), StepOutputs{l.data(), nullptr});
+      all.insert(all.end(), l.begin(), l.end());
+    }
+  }
+  return all;
+}
+
+// A tentative main step of 4 rows keeping its hidden rows on `a`, then commit(2), against the same first 2
+// rows stepped plainly (keeping theirs) on `b`, a sequence in the same state: the logits of the MTP pair of
+// those two rows on each ({a's, b's}). Checks the kept-row counts and that a pair reading past the 2 rows
+// kept after the commit is refused.
+inline std::pair<std::vector<float>, std::vector<float>> mtp_after_commit(Backend& be, SequenceState& a, SequenceState& b) {
+  const int64_t V = be.weights().cfg.vocab;
+  const int32_t t4[4] = {1, 2, 3, 4};
+  Step ten;
+  ten.add(a, t4, 4, true, false, true);
+  ten.groups[0].keep_hidden = true;
+  std::vector<float> l(size_t(4 * V));
+  be.finish(forward(be, ten), StepOutputs{l.data(), nullptr});
+  EXPECT_EQ(a.hidden_rows(), 4);
+  a.commit(2);
+  EXPECT_EQ(a.hidden_rows(), 2);
+  const int32_t x2[2] = {2, 3}, h_ok[2] = {0, 1}, h_bad[2] = {1, 2};
+  {
+    Step s;
+    s.add_mtp(a, x2, h_bad, 1);
+    EXPECT_THROW(forward(be, s), InternalError);
+  }
+  Step plain;
+  plain.add(b, std::span(t4, 2), 0, false);
+  plain.groups[0].keep_hidden = true;
+  be.finish(forward(be, plain), StepOutputs{});
+  std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));
+  for (auto [st, out] : {std::pair{&a, &la}, std::pair{&b, &lb}}) {
+    Step s;
+    s.add_mtp(*st, x2, h_ok, 1);
+    be.finish(forward(be, s), StepOutputs{out->data(), nullptr});
+  }
+  return {la, lb};
 }
 
 }  // namespace lily::test_support

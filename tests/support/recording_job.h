@@ -1,12 +1,16 @@
-// Test support: a scheduler Job that records the tokens it is handed and lets the test wait for the end.
+// Test support: a scheduler Job that records the tokens it is handed and lets the test wait for the end;
+// requests stepped together in one generation loop.
 #pragma once
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <vector>
 
+#include "runtime/loop.h"
 #include "runtime/scheduler.h"
+#include "runtime/session.h"
 
 namespace lily::test_support {
 
@@ -39,5 +43,26 @@ class RecordingJob : public Job {
   bool done = false;
   GenResult result;
 };
+
+// The requests in one generation loop, each on its own session of `e`, stepped until all finished.
+struct LoopRun {
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<std::shared_ptr<RecordingJob>> jobs;
+  int steps = 0;
+};
+inline LoopRun run_together(Engine& e, const std::vector<GenParams>& ps, const LoopOptions& lo = {}) {
+  LoopRun r;
+  GenerationLoop loop(e, lo);
+  for (const GenParams& p : ps) {
+    r.sessions.push_back(std::make_unique<Session>(e));
+    r.jobs.push_back(std::make_shared<RecordingJob>(p));
+    loop.add(r.jobs.back(), *r.sessions.back(), GenerationLoop::now_ms());
+  }
+  while (!loop.empty()) {
+    loop.step();
+    ++r.steps;
+  }
+  return r;
+}
 
 }  // namespace lily::test_support
