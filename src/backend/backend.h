@@ -100,7 +100,9 @@ struct StepGroup {
   int32_t first = 0, rows = 0;  // rows [first, first + rows) of Step::tokens
   int32_t out_rows = 0;         // the group's last out_rows rows produce outputs
   bool logits = true;           // outputs include logits rows (copied to the host)
-  bool sample = false;          // outputs include ids drawn on the device with the sequence's sampler
+  // Outputs include ids drawn on the device with the sequence's sampler. MTP steps: the argmax of each
+  // output row instead (lowest id on ties; no sampler, no fed id), for greedy drafts.
+  bool sample = false;
   // Keep a checkpoint after every row; the rows stay pending until seq->commit(n). Needs
   // rows <= seq->max_tentative(). Main steps only.
   bool tentative = false;

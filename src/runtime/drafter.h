@@ -3,7 +3,8 @@
 //   begin(request)                      a round starts: draft up to k tokens after the sequence
 //   mtp_rows() / mtp_logits()           MTP drafters: the rows of this sequence in the loop's next MTP
 //                                       step (every MTP drafter's rows share one step) and the logits of
-//                                       its last row, until mtp_rows() gives none
+//                                       its last row (or mtp_id(): their argmax, drawn by the backend),
+//                                       until mtp_rows() gives none
 //   draft(state)                        the round's draft (its chain rows dropped from the MTP cache)
 //   verified(drafted, accepted)         the verification's outcome
 // MTP drafters see kept(pos0, rows) after each main step of their sequence (which keeps its hidden rows)
@@ -41,6 +42,9 @@ struct DraftRequest {
 struct MtpRows {
   std::vector<int32_t> tokens, hidden;
   bool logits = false;  // the last row's logits come back through mtp_logits()
+  // With logits: their argmax suffices (a greedy draft); a backend that draws on the device then hands it
+  // to mtp_id() instead, and the logits stay on the device.
+  bool argmax = false;
 };
 
 class Drafter {
@@ -52,6 +56,7 @@ class Drafter {
   // `tokens`: the sequence's known tokens (as in DraftRequest); `st`: its state (mtp_tokens()).
   virtual bool mtp_rows(std::span<const int32_t> /*tokens*/, const SequenceState& /*st*/, MtpRows& /*rows*/) { return false; }
   virtual void mtp_logits(std::span<const float> /*logits*/) {}
+  virtual void mtp_id(int32_t /*id*/) {}
   virtual void begin(const DraftRequest& r) = 0;
   virtual Draft draft(SequenceState& st) = 0;
   virtual void verified(int /*drafted*/, int /*accepted*/) {}
@@ -69,6 +74,7 @@ class DrafterWrapper : public Drafter {
     return inner_->mtp_rows(tokens, st, rows);
   }
   void mtp_logits(std::span<const float> logits) override { inner_->mtp_logits(logits); }
+  void mtp_id(int32_t id) override { inner_->mtp_id(id); }
   void begin(const DraftRequest& r) override { inner_->begin(r); }
   Draft draft(SequenceState& st) override { return inner_->draft(st); }
   void verified(int drafted, int accepted) override { inner_->verified(drafted, accepted); }

@@ -38,6 +38,7 @@ class MtpDrafter final : public Drafter {
       rows.tokens = {draft_.tokens.back()};
       rows.hidden = {kMtpHidden};
       rows.logits = true;
+      rows.argmax = !sampler_;
       return true;
     }
     const int64_t t0 = std::max(next_pair_, kept0_), t1 = std::min(kept0_ + kept_n_, int64_t(tokens.size()) - 1);
@@ -49,6 +50,7 @@ class MtpDrafter final : public Drafter {
     real_ = st.mtp_tokens() + (t1 - t0);
     // the round's first draft row: the pair of the last verified token
     rows.logits = round_ && first_ && t1 == int64_t(tokens.size()) - 1;
+    rows.argmax = rows.logits && !sampler_;
     if (rows.logits) {
       first_ = false;
       awaiting_ = true;
@@ -58,17 +60,18 @@ class MtpDrafter final : public Drafter {
 
   void mtp_logits(std::span<const float> logits) override {
     LILY_ASSERT(awaiting_ && int64_t(logits.size()) == vocab_);
-    awaiting_ = false;
-    int32_t d;
     if (sampler_) {
       auto q = sampler_->distribution(logits);
-      d = sampler_->draw(q);
+      const int32_t d = sampler_->draw(q);
       draft_.q.push_back(std::move(q));
+      take(d);
     } else {
-      d = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());  // lowest id on ties
+      take(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));  // lowest id on ties
     }
-    draft_.tokens.push_back(d);
-    chain_ = int(draft_.tokens.size()) < k_;
+  }
+  void mtp_id(int32_t id) override {
+    LILY_ASSERT(awaiting_ && !sampler_ && id >= 0 && id < vocab_);
+    take(id);
   }
 
   void begin(const DraftRequest& r) override {
@@ -101,6 +104,12 @@ class MtpDrafter final : public Drafter {
   }
 
  private:
+  void take(int32_t d) {
+    awaiting_ = false;
+    draft_.tokens.push_back(d);
+    chain_ = int(draft_.tokens.size()) < k_;
+  }
+
   int64_t vocab_;
   int lookup_max_, fallback_;
   uint64_t seed_;

@@ -78,7 +78,7 @@ void GenerationLoop::draft_phase() {
   for (int it = 0; any_mtp && it < kMaxSpecDepth + 2; ++it) {
     auto f = std::make_unique<Flight>();
     Step& st = f->step;
-    std::vector<Seq*> outs;  // groups with a logits row, in group order
+    std::vector<Seq*> outs, id_outs;  // groups with a logits row / a device-drawn argmax, in group order
     for (auto& up : seqs_) {
       Seq& q = *up;
       if (!q.spec || !q.alive || !q.started || !q.spec->drafter->uses_mtp()) continue;
@@ -88,12 +88,13 @@ void GenerationLoop::draft_phase() {
         fail_seq(q, InternalError("drafter '" + q.spec->drafter->name() + "' asked for malformed MTP rows"), false);
         continue;
       }
-      st.add_mtp(q.s->state(), rows.tokens, rows.hidden, rows.logits ? 1 : 0, rows.logits);
-      if (rows.logits) outs.push_back(&q);
+      const bool ids = rows.logits && rows.argmax && be.can_sample();  // only the argmax comes back
+      st.add_mtp(q.s->state(), rows.tokens, rows.hidden, rows.logits ? 1 : 0, rows.logits && !ids, ids);
+      if (rows.logits) (ids ? id_outs : outs).push_back(&q);
     }
     if (st.groups.empty()) break;
     try {
-      if (outs.empty()) {  // catch-up only: nobody waits for it, it finishes in order with the others
+      if (outs.empty() && id_outs.empty()) {  // catch-up only: nobody waits for it, it finishes in order with the others
         f->ticket = forward(be, st);
         flights_.push_back(std::move(f));
         continue;
@@ -104,11 +105,13 @@ void GenerationLoop::draft_phase() {
         complete(*g);
       }
       std::vector<float> logits(outs.size() * size_t(V));
+      std::vector<int32_t> ids(id_outs.size());
       const double t0 = now_ms();
-      be.finish(forward(be, st), StepOutputs{logits.data(), nullptr});
+      be.finish(forward(be, st), StepOutputs{logits.empty() ? nullptr : logits.data(), ids.empty() ? nullptr : ids.data()});
       costs_->add_draft(now_ms() - t0);
       for (size_t i = 0; i < outs.size(); ++i)
         outs[i]->spec->drafter->mtp_logits(std::span<const float>(logits).subspan(i * size_t(V), size_t(V)));
+      for (size_t i = 0; i < id_outs.size(); ++i) id_outs[i]->spec->drafter->mtp_id(ids[i]);
     } catch (const std::exception& e) {
       const bool input = dynamic_cast<const InputError*>(&e) != nullptr;
       for (const StepGroup& g : st.groups)

@@ -1,8 +1,10 @@
 // Test support: the CPU backend with an emulated device sampler (Backend::can_sample): groups that ask for
 // drawn ids are drawn here by the host Sampler with the sequence's DeviceSampling, fed rows (kFedToken)
-// read the sequence's last drawn id. Lets the runtime's device-sampled, pipelined path run in CPU-only
-// tests; its tokens must equal the host path's (same Sampler, same seed).
+// read the sequence's last drawn id, MTP groups that ask for ids get each row's argmax. Lets the runtime's
+// device-sampled, pipelined path run in CPU-only tests; its tokens must equal the host path's (same
+// Sampler, same seed).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <map>
@@ -42,6 +44,7 @@ class SamplingCpuBackend final : public Backend {
     for (StepGroup& g : step_.groups) {
       int32_t& t = step_.tokens[size_t(g.first)];
       if (t == kFedToken) t = seqs_.at(g.seq).last;
+      if (step.mtp && g.sample) mtp_draws += g.out_rows;
       wants_logits_.push_back(g.logits);
       if (g.sample) g.logits = true;  // the emulated sampler draws from the logits rows
       g.sample = false;
@@ -72,6 +75,13 @@ class SamplingCpuBackend final : public Backend {
       r += size_t(g.out_rows);
       if (wants_logits_[i]) o.logits.insert(o.logits.end(), rows.begin(), rows.end());
       if (!g.sample) continue;
+      if (step_.mtp) {  // MTP steps: the argmax of each row (lowest id on ties)
+        for (int32_t k = 0; k < g.out_rows; ++k) {
+          const auto row = rows.subspan(size_t(k) * V, V);
+          o.ids.push_back(int32_t(std::max_element(row.begin(), row.end()) - row.begin()));
+        }
+        continue;
+      }
       Seq& s = seqs_.at(g.seq);
       for (int32_t k = 0; k < g.out_rows; ++k) {
         std::vector<float> l(rows.begin() + k * std::ptrdiff_t(V), rows.begin() + (k + 1) * std::ptrdiff_t(V));
@@ -102,6 +112,7 @@ class SamplingCpuBackend final : public Backend {
   }
 
   int64_t draws = 0;  // ids drawn by the emulated device sampler
+  int64_t mtp_draws = 0;  // argmax rows of MTP steps
   int64_t steps = 0;
 
  private:
