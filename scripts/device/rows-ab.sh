@@ -2,7 +2,7 @@
 # One call on the GPU machine: the many-row step paths (issue 14). The CUDA tests of LILY_TEST_FILTER,
 # then for each --cuda-opt set in CONFIGS (';'-separated, each a space-separated list of name=value, "-"
 # for the defaults) `lily bench` with STREAMS concurrent 4K streams and VERIFY tentative steps on the
-# 35B-A3B affine4 synth; with SERVE_CLIENTS also step-check.sh's server run under SERVE_OPTS. Needs the
+# 35B-A3B synth in FORMAT (affine4, or exl3); with SERVE_CLIENTS also step-check.sh's server run under SERVE_OPTS. Needs the
 # bundle of scripts/device/bundle.sh (carry .devbin). Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,7 +18,7 @@ if [ -n "${LILY_TEST_FILTER:-}" ]; then
   echo "tests rc=$?"
   grep -E "Failure|Expected|Which is|\[  FAILED|^\[  PASSED|tests? from .* ran" "$OUT/tests.log" | head -40
 fi
-M="--synth qwen3.5-35b-a3b --format affine4"
+M="--synth qwen3.5-35b-a3b --format ${FORMAT:-affine4}"  # FORMAT=exl3 (K4 MCG synth) for EXL3
 i=0
 IFS=';' read -ra CFG <<< "${CONFIGS:--}"
 for c in "${CFG[@]}"; do

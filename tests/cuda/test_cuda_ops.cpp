@@ -31,13 +31,16 @@ std::vector<double> ref_linear(const std::vector<float>& W, int out, int in, con
   return y;
 }
 
-// Rows of many-row products as per-row GEMVs instead of GEMMs, for the duration of a scope.
+// Rows of many-row products as per-row GEMVs instead of GEMMs (the multi-row products of rows.h off unless
+// asked for), for the duration of a scope.
 struct GemvRowsScope {
   lily::cuda::KernelSwitches saved = lily::cuda::kernel_switches();
-  GemvRowsScope(int dense, int moe) {
+  GemvRowsScope(int dense, int moe, int rows_dense = 0, int rows_moe = 0) {
     auto k = saved;
     k.gemv_rows = dense;
     k.moe_gemv_rows = moe;
+    k.rows_dense = rows_dense;
+    k.rows_moe = rows_moe;
     lily::cuda::set_kernel_switches(k);
   }
   ~GemvRowsScope() { lily::cuda::set_kernel_switches(saved); }
@@ -252,9 +255,11 @@ std::vector<double> ref_moe(const MoeHost& m, const std::vector<float>& u, int T
 
 // stacked: the shared expert rides in the routed stacks as expert E and its gate as router row E
 // (MoeDev::shared_in_stack, gate_in_router); needs Is == I.
-void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, std::mt19937& rng, bool stacked = false) {
+// I, Is: expert and shared-expert widths (multiples of 64 reach the multi-row products of rows.h).
+void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, std::mt19937& rng, bool stacked = false,
+                  int I = 40, int Is = 24) {
   MoeHost m;
-  m.E = E; m.k = k; m.I = 40; m.Is = stacked ? 40 : 24; m.H = 64; m.norm_topk = norm_topk;
+  m.E = E; m.k = k; m.I = I; m.Is = stacked ? I : Is; m.H = 64; m.norm_topk = norm_topk;
   m.moe = moe;
   using DB = std::unique_ptr<Dev<uint16_t>>;
   DB dr, dgu, ddn, dsgu, dsdn, dsg;
@@ -349,6 +354,22 @@ void moe_cases() {
 TEST(CudaOps, MoeMatchesReference) {
   LILY_REQUIRE_GPU();
   moe_cases();
+}
+
+// Steps of 2..32 rows grouped per expert into the multi-row products (rows.h): experts chosen by none
+// (skewed routing), by one row, by every row (the shared expert in the stacks), by more rows than a tile.
+TEST(CudaOps, MoeGroupedRowsMatchReference) {
+  LILY_REQUIRE_GPU();
+  GemvRowsScope scope(16, 32, 32, 32);
+  std::mt19937 rng(4);
+  for (int T : {2, 3, 5, 8, 16, 17, 32}) {
+    run_moe_case(T, true, false, true, 8, 2, rng, false, 64, 128);
+    run_moe_case(T, true, true, true, 8, 2, rng, false, 64, 64);
+    run_moe_case(T, false, false, true, 40, 5, rng, false, 128, 64);
+    run_moe_case(T, true, false, false, 8, 2, rng, false, 64, 128);  // dense MLP
+    run_moe_case(T, true, false, true, 8, 2, rng, true, 64);         // shared expert as expert E
+    run_moe_case(T, false, true, true, 40, 5, rng, true, 64);
+  }
 }
 
 // The same products with every row count up to 64 on the GEMV paths (--cuda-opt gemv_rows / moe_gemv_rows).

@@ -69,12 +69,15 @@ TEST(CudaStep, SequencesTogetherMatchEachAlone) {
     for (int S : {1, 2, 3, 7, 16}) together_vs_alone(m, S, 0);
 }
 
-// Many-row steps with every product on the GEMV paths (--cuda-opt gemv_rows=32 moe_gemv_rows=32).
+// Many-row steps with every product on the per-row GEMV paths (--cuda-opt gemv_rows=32 moe_gemv_rows=32
+// rows_dense=0 rows_moe=0); the defaults take the multi-row products.
 TEST(CudaStep, SequencesTogetherOnManyRowGemvs) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   CudaOptions opt;
   opt.kernels.gemv_rows = 32;
   opt.kernels.moe_gemv_rows = 32;
+  opt.kernels.rows_dense = 0;
+  opt.kernels.rows_moe = 0;
   for (const Model& m : models())
     for (int S : {3, 16}) together_vs_alone(m, S, 0, opt);
 }

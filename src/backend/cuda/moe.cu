@@ -2,8 +2,11 @@
 // shared expert with its sigmoid gate, weighted combine into the residual. No host synchronisation:
 // decode (T <= KernelSwitches::moe_gemv_rows) runs one GEMV slot per (token, choice); prompts sort the (token, choice)
 // slots by expert on the device (histogram, prefix scan, scatter, tile map) and run the tiled GEMM over
-// a tile list whose live length is read on the device.
+// a tile list whose live length is read on the device. Steps of 2..rows_moe rows (KernelSwitches) take the same
+// sort with tiles of kRowsTile rows into the multi-row products (gemv_rows.cu): each chosen expert is read
+// once per tile, SwiGLU fused into the gate‖up product.
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/rows.h"
 
 namespace lily::cuda {
 namespace {
@@ -21,8 +24,9 @@ struct MoeScratch {
   size_t bytes;
 };
 
-int max_tiles_for(const MoeDev& m, int T) {
-  return int(cdiv(int64_t(T) * m.slots_per_token(), kGemmBM)) + m.E + (m.shared_in_stack ? 1 : 0);
+// Tiles of at most tile_rows slots: one per expert plus the full ones.
+int max_tiles_for(const MoeDev& m, int T, int tile_rows) {
+  return int(cdiv(int64_t(T) * m.slots_per_token(), tile_rows)) + m.E + (m.shared_in_stack ? 1 : 0);
 }
 
 MoeScratch layout(const MoeDev& m, int T, void* base) {
@@ -36,7 +40,7 @@ MoeScratch layout(const MoeDev& m, int T, void* base) {
   s.idx = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * n));
   s.slot_pos = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * n));
   s.sorted_tok = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * n));
-  s.tiles = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * 3 * size_t(max_tiles_for(m, T))));
+  s.tiles = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * 3 * size_t(max_tiles_for(m, T, kRowsTile))));
   s.n_tiles = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
   s.counts = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * size_t(m.E + 2)));
   s.gu = reinterpret_cast<float*>(take(sizeof(float) * n * 2 * m.I));
@@ -57,8 +61,8 @@ __global__ void topk_kernel(const float* __restrict__ logits, int64_t ld, TopkAr
 }
 
 // One block of 1024 threads (E <= 1024): expert histogram, prefix scan over experts (thread e owns expert e),
-// tile map, scatter of slots into expert order.
-__global__ void __launch_bounds__(1024) route_kernel(const int32_t* __restrict__ idx, int n, int E, int k,
+// tile map (tiles of at most tile_rows slots), scatter of slots into expert order.
+__global__ void __launch_bounds__(1024) route_kernel(const int32_t* __restrict__ idx, int n, int E, int k, int tile_rows,
                                                      int32_t* __restrict__ counts, int32_t* __restrict__ slot_pos,
                                                      int32_t* __restrict__ sorted_tok, int32_t* __restrict__ tiles,
                                                      int32_t* __restrict__ n_tiles) {
@@ -73,7 +77,7 @@ __global__ void __launch_bounds__(1024) route_kernel(const int32_t* __restrict__
   for (int s = tid; s < n; s += blockDim.x) atomicAdd(&cnt[idx[s]], 1);
   __syncthreads();
   const int c = tid < E ? cnt[tid] : 0;
-  const int nt = (c + kGemmBM - 1) / kGemmBM;
+  const int nt = (c + tile_rows - 1) / tile_rows;
   int cs = c, ts = nt;  // inclusive warp scans
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -95,8 +99,8 @@ __global__ void __launch_bounds__(1024) route_kernel(const int32_t* __restrict__
     for (int i = 0; i < nt; ++i) {
       const int t = t0 + i;
       tiles[3 * t] = tid;
-      tiles[3 * t + 1] = o + i * kGemmBM;
-      tiles[3 * t + 2] = min(kGemmBM, c - i * kGemmBM);
+      tiles[3 * t + 1] = o + i * tile_rows;
+      tiles[3 * t + 2] = min(tile_rows, c - i * tile_rows);
     }
   }
   if (tid == 0) {
@@ -162,7 +166,9 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
     s = side;
   }
   if (has_shared) {
-    if (T <= moe_gemv_rows()) {
+    if (!fused && rows_linear(m.sh_gate_up, 0, H, u, H, T, sc.sh_h, m.Is, false, m.Is, s)) {
+      // 2..rows_dense rows: the shared expert read once, SwiGLU fused
+    } else if (T <= moe_gemv_rows()) {
       gemv_slots(m.sh_gate_up, nullptr, 0, H, u, H, 1, T, sc.sh_h, m.Is, false, m.Is, s, nw, eps);
     } else {
       linear(m.sh_gate_up, 2 * m.Is, H, u, H, T, sc.sh_gu, 2 * m.Is, false, s);
@@ -195,7 +201,11 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   const int kk = m.slots_per_token();
   const int n = T * kk;
   const int32_t* pos = nullptr;
-  if (T <= moe_gemv_rows()) {
+  // grouped: slots sorted per expert into tiles of kRowsTile rows for the multi-row products (EXL3: the
+  // prompt path's 64-row tiles, whose GEMM also decodes each expert once per tile)
+  const bool grouped = !fused && rows_moe_on(T);
+  const bool rows = grouped && rows_covers(m.gate_up, H) && rows_covers(m.down, m.I);
+  if (T <= moe_gemv_rows() && !grouped) {
     const bool ring_gu = T == 1 && gemv_ring(m.gate_up, sc.idx, 0, H, u, n, sc.h, m.I, false, m.I, s, nw, eps);
     if (!ring_gu) gemv_slots(m.gate_up, sc.idx, 0, H, u, H, kk, n, sc.h, m.I, false, m.I, s, nw, eps);
     // one token, no side-stream shared expert: the down products of every slot and the weighted sum into
@@ -207,14 +217,22 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   } else {
     const int En = m.E + (m.shared_in_stack ? 1 : 0);  // experts in the stacks
     if (En > 1024) fail_internal("moe: at most 1024 experts in the stacks on CUDA");
-    route_kernel<<<1, 1024, sizeof(int) * 3 * En, s>>>(sc.idx, n, En, kk, sc.counts, sc.slot_pos, sc.sorted_tok,
+    const int tr = rows ? kRowsTile : kGemmBM;
+    route_kernel<<<1, 1024, sizeof(int) * 3 * En, s>>>(sc.idx, n, En, kk, tr, sc.counts, sc.slot_pos, sc.sorted_tok,
                                                        sc.tiles, sc.n_tiles);
     LILY_CU_LAUNCH();
-    const int mt = max_tiles_for(m, T);
-    gemm_tiles(m.gate_up, 2 * m.I, H, u, H, sc.sorted_tok, sc.gu, 2 * m.I, false, sc.tiles, sc.n_tiles, mt, n, s);
-    swiglu_kernel<<<cdiv(int64_t(n) * m.I, 256), 256, 0, s>>>(sc.gu, m.I, n, sc.h);
-    LILY_CU_LAUNCH();
-    gemm_tiles(m.down, H, m.I, sc.h, m.I, nullptr, sc.yb, H, false, sc.tiles, sc.n_tiles, mt, n, s);
+    const int mt = max_tiles_for(m, T, tr);
+    if (rows) {
+      if (!rows_product(m.gate_up, 2 * m.I, H, u, H, sc.sorted_tok, sc.h, m.I, false, m.I, sc.tiles, sc.n_tiles, mt, n,
+                        s) ||
+          !rows_product(m.down, H, m.I, sc.h, m.I, nullptr, sc.yb, H, false, 0, sc.tiles, sc.n_tiles, mt, n, s))
+        fail_internal("moe: the multi-row expert product declined an input it covers");
+    } else {
+      gemm_tiles(m.gate_up, 2 * m.I, H, u, H, sc.sorted_tok, sc.gu, 2 * m.I, false, sc.tiles, sc.n_tiles, mt, n, s);
+      swiglu_kernel<<<cdiv(int64_t(n) * m.I, 256), 256, 0, s>>>(sc.gu, m.I, n, sc.h);
+      LILY_CU_LAUNCH();
+      gemm_tiles(m.down, H, m.I, sc.h, m.I, nullptr, sc.yb, H, false, sc.tiles, sc.n_tiles, mt, n, s);
+    }
     pos = sc.slot_pos;
   }
   const float* sg = !(has_shared && has(m.sh_gate)) ? nullptr : m.gate_in_router ? sc.logits + m.E : sc.sg;

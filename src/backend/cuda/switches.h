@@ -13,6 +13,9 @@ struct KernelSwitches {
   bool ring_early_ids = true;   // the MoE down+combine ring product reads its expert ids before its PDL wait
   int gemv_rows = 16;           // dense products of up to this many rows run as one GEMV per row, more as GEMMs
   int moe_gemv_rows = 32;       // MoE steps of up to this many rows run one GEMV per (row, expert) slot
+  // Multi-row products (gemv_rows.cu), ahead of the two above; 0 or 1: off.
+  int rows_dense = 32;          // dense products of 2..rows_dense rows read each weight once for all rows
+  int rows_moe = 32;            // MoE steps of 2..rows_moe rows grouped per expert (each expert read once)
 };
 
 // Process-wide: the last values set apply to every launch that follows.

@@ -1,0 +1,373 @@
+// Multi-row products (rows.h): decode steps of 2..32 rows read each weight once.
+//
+// Block: 8 warps; warp w owns 32 weight rows (two m16 tiles; SwiGLU: 16 gate rows and the matching 16 up
+// rows) and the k chunks c ≡ w % ks (mod ks) of 64 elements; the ks warps of a row group are summed through
+// shared memory in a fixed order. The block's activation rows (8·NF, zero-padded) are the MMA's N side.
+//
+// Fragment order: in a 64-wide chunk, lane (g = lane / 4, c = lane % 4) reads elements [16c, 16c + 16) of
+// weight rows g and g + 8 (4-bit: one uint2, 8-bit: one uint4, bf16: two uint4) and the same 16 elements
+// of activation row g of each n8 fragment (four float4). The chunk's four k16 steps take these 16 elements
+// as the MMA's k positions {2c, 2c+1, 2c+8, 2c+9} in an order both operands share: 8-bit and bf16 in
+// element order, 4-bit as the pairs (i, i+4) of each 8-code word, which one shift and mask extract.
+// Affine codes enter the MMA as exact bf16 integers; per chunk s·(Σ q·x) + b·(Σ x) is folded in fp32.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/kernels.cuh"
+#include "backend/cuda/ptx.cuh"
+#include "backend/cuda/rows.h"
+
+namespace lily::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kMT = 2;  // m16 tiles per warp
+
+__device__ __forceinline__ uint2 ld_stream2(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_stream4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+
+// (v0, v1) -> bf16 pair hi (v0 in the low half) and the remainders lo = bf16(v - hi).
+__device__ __forceinline__ void split_pair(float v0, float v1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+  const float2 hf = __bfloat1622float2(h);
+  hi = bf2_bits(h);
+  lo = bf2_bits(__floats2bfloat162_rn(v0 - hf.x, v1 - hf.y));
+}
+
+// Nibbles at bit sh and sh + 16 of w as the exact bf16 pair (q_lo, q_hi): 128 + q by the exponent trick,
+// then 128 subtracted (exact).
+__device__ __forceinline__ uint32_t nib_pair(uint32_t w, int sh) {
+  uint32_t v = ((w >> sh) & 0x000F000Fu) | 0x43004300u;
+  __nv_bfloat162 b = *reinterpret_cast<__nv_bfloat162*>(&v);
+  return bf2_bits(__hsub2(b, __floats2bfloat162_rn(128.f, 128.f)));
+}
+// Bytes i and i + 1 of w as the exact bf16 pair: 2^23 + q by the exponent trick, 2^23 subtracted.
+__device__ __forceinline__ uint32_t byte_pair(uint32_t w, int i) {
+  const float a = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u + unsigned(i))) - 8388608.f;
+  const float b = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u + unsigned(i + 1))) - 8388608.f;
+  return bf2_bits(__floats2bfloat162_rn(a, b));
+}
+
+// One chunk's weights of a lane: rows (mt, h) = m16 tile mt, row g + 8h.
+template <int MODE>
+struct WChunk {
+  static constexpr int WORDS = MODE == 4 ? 2 : MODE == 8 ? 4 : 8;
+  uint32_t w[kMT][2][WORDS];
+  float s[kMT][2], b[kMT][2];
+};
+
+// MODE 0 bf16, 4 / 8 affine bits. NF n8 fragments (8·NF activation rows). SWI: m16 tile 0 gate rows, 1 the
+// matching up rows; output silu(gate)·up.
+template <int MODE, int NF, bool SWI>
+__global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
+    rows_kernel(const Mat W, int in, int nrows, const float* __restrict__ x, int64_t ldx,
+                const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy, bool accumulate, int swiglu_I,
+                const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks) {
+  extern __shared__ float red[];  // [kWarps][kMT·NF·4][32] when ks > 1
+  constexpr int NACC = kMT * NF * 4;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const int mg = warp / ks, kq = warp % ks;
+  allow_dependent_launch();
+  // weights are never written by kernels: a dense product requests its first chunk before the wait
+  if (tiles) grid_dependency_wait();
+  int e = 0, row0 = 0, count = T;
+  if (tiles) {
+    const int t = blockIdx.y;
+    if (t >= *n_tiles) return;
+    e = tiles[3 * t]; row0 = tiles[3 * t + 1]; count = min(tiles[3 * t + 2], 8 * NF);
+  }
+  constexpr int RW = SWI ? 16 : 32;  // output rows per warp
+  const int rb = (int(blockIdx.x) * (kWarps / ks) + mg) * RW;
+  int64_t wr[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (SWI) wr[mt][h] = min(rb + g + 8 * h, nrows - 1) + mt * swiglu_I;
+      else wr[mt][h] = min(rb + 16 * mt + g + 8 * h, nrows - 1);  // rows past the end repeat, never written
+    }
+  const int nch = in / 64, gpr = MODE == 0 ? 0 : in / W.gs;
+  auto load = [&](WChunk<MODE>& Wc, int ch) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (MODE == 4) {
+          const uint2 v = ld_stream2(W.q + int64_t(e) * W.qstride + wr[mt][h] * W.row_words + ch * 8 + 2 * c);
+          Wc.w[mt][h][0] = v.x; Wc.w[mt][h][1] = v.y;
+        } else if constexpr (MODE == 8) {
+          const uint4 v = ld_stream4(W.q + int64_t(e) * W.qstride + wr[mt][h] * W.row_words + ch * 16 + 4 * c);
+          Wc.w[mt][h][0] = v.x; Wc.w[mt][h][1] = v.y; Wc.w[mt][h][2] = v.z; Wc.w[mt][h][3] = v.w;
+        } else {
+          const uint16_t* p = W.w + int64_t(e) * W.estride + wr[mt][h] * W.ld + ch * 64 + 16 * c;
+          const uint4 v0 = ld_stream4(p), v1 = ld_stream4(p + 8);
+          Wc.w[mt][h][0] = v0.x; Wc.w[mt][h][1] = v0.y; Wc.w[mt][h][2] = v0.z; Wc.w[mt][h][3] = v0.w;
+          Wc.w[mt][h][4] = v1.x; Wc.w[mt][h][5] = v1.y; Wc.w[mt][h][6] = v1.z; Wc.w[mt][h][7] = v1.w;
+        }
+        if constexpr (MODE != 0) {
+          const int64_t gi = int64_t(e) * W.sstride + wr[mt][h] * gpr + (ch * 64) / W.gs;
+          Wc.s[mt][h] = bf(__ldg(W.s + gi));
+          Wc.b[mt][h] = bf(__ldg(W.b + gi));
+        }
+      }
+  };
+  WChunk<MODE> A, B;
+  const int c0 = kq;
+  if (c0 < nch) load(A, c0);
+  if (!tiles) grid_dependency_wait();
+  // activation rows of this lane's B fragments (row g of fragment f); null: padding
+  const float* xr[NF];
+#pragma unroll
+  for (int f = 0; f < NF; ++f) {
+    const int n = 8 * f + g;
+    xr[f] = n < count ? x + int64_t(gather ? gather[row0 + n] : row0 + n) * ldx + 16 * c : nullptr;
+  }
+  float acc[kMT][NF][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int f = 0; f < NF; ++f)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][f][i] = 0.f;
+
+  // one chunk: 4 k16 steps × (hi, lo) MMAs per (tile, fragment); affine: into tmp, folded with s and b
+  auto consume = [&](const WChunk<MODE>& Wc, int ch) {
+    float tmp[kMT][NF][4];
+    float sx[NF];
+#pragma unroll
+    for (int f = 0; f < NF; ++f) {
+      sx[f] = 0.f;
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) tmp[mt][f][i] = 0.f;
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float4 X[NF][2];
+#pragma unroll
+      for (int f = 0; f < NF; ++f) {
+        const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+        X[f][0] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half)) : z;
+        X[f][1] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half + 4)) : z;
+        if constexpr (MODE != 0)
+          sx[f] += ((X[f][0].x + X[f][0].y) + (X[f][0].z + X[f][0].w)) + ((X[f][1].x + X[f][1].y) + (X[f][1].z + X[f][1].w));
+      }
+#pragma unroll
+      for (int sub = 0; sub < 2; ++sub) {
+        const int s = 2 * half + sub;  // k16 step
+        uint32_t bh[NF][2], bl[NF][2];
+#pragma unroll
+        for (int f = 0; f < NF; ++f) {
+          const float* X0 = reinterpret_cast<const float*>(&X[f][0]);
+          const float* X1 = reinterpret_cast<const float*>(&X[f][1]);
+          if constexpr (MODE == 4) {  // pairs (i, i + 4): elements (2·sub, 2·sub + 4), (2·sub + 1, 2·sub + 5)
+            split_pair(X0[2 * sub], X1[2 * sub], bh[f][0], bl[f][0]);
+            split_pair(X0[2 * sub + 1], X1[2 * sub + 1], bh[f][1], bl[f][1]);
+          } else {  // element order: step s reads elements 4s .. 4s + 3
+            const float* Xs = sub ? X1 : X0;
+            split_pair(Xs[0], Xs[1], bh[f][0], bl[f][0]);
+            split_pair(Xs[2], Xs[3], bh[f][1], bl[f][1]);
+          }
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          uint32_t a[4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if constexpr (MODE == 4) {
+              const uint32_t w = Wc.w[mt][h][half];
+              a[h] = nib_pair(w, 8 * sub);
+              a[2 + h] = nib_pair(w, 8 * sub + 4);
+            } else if constexpr (MODE == 8) {
+              const uint32_t w = Wc.w[mt][h][s];
+              a[h] = byte_pair(w, 0);
+              a[2 + h] = byte_pair(w, 2);
+            } else {
+              a[h] = Wc.w[mt][h][2 * s];
+              a[2 + h] = Wc.w[mt][h][2 * s + 1];
+            }
+          }
+#pragma unroll
+          for (int f = 0; f < NF; ++f) {
+            if constexpr (MODE == 0) {
+              mma_bf16(acc[mt][f], a, bh[f][0], bh[f][1]);
+              mma_bf16(acc[mt][f], a, bl[f][0], bl[f][1]);
+            } else {
+              mma_bf16(tmp[mt][f], a, bh[f][0], bh[f][1]);
+              mma_bf16(tmp[mt][f], a, bl[f][0], bl[f][1]);
+            }
+          }
+        }
+      }
+    }
+    if constexpr (MODE != 0) {
+      // Σx of activation rows 2c and 2c + 1 of each fragment (the C columns of this lane)
+#pragma unroll
+      for (int f = 0; f < NF; ++f) {
+        float v = sx[f];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);  // lanes 4n .. 4n + 3: Σx of row n
+        const float s0 = __shfl_sync(0xffffffffu, v, 8 * c), s1 = __shfl_sync(0xffffffffu, v, 8 * c + 4);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          acc[mt][f][0] += Wc.s[mt][0] * tmp[mt][f][0] + Wc.b[mt][0] * s0;
+          acc[mt][f][1] += Wc.s[mt][0] * tmp[mt][f][1] + Wc.b[mt][0] * s1;
+          acc[mt][f][2] += Wc.s[mt][1] * tmp[mt][f][2] + Wc.b[mt][1] * s0;
+          acc[mt][f][3] += Wc.s[mt][1] * tmp[mt][f][3] + Wc.b[mt][1] * s1;
+        }
+      }
+    }
+  };
+  // two register buffers: the next chunk's weights are in flight while one is consumed
+  for (int ch = c0; ch < nch; ch += 2 * ks) {
+    if (ch + ks < nch) load(B, ch + ks);
+    consume(A, ch);
+    if (ch + ks < nch) {
+      if (ch + 2 * ks < nch) load(A, ch + 2 * ks);
+      consume(B, ch + ks);
+    }
+  }
+  if (ks > 1) {
+    float* mine = red + int64_t(warp) * NACC * 32 + lane;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int f = 0; f < NF; ++f)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) mine[((mt * NF + f) * 4 + i) * 32] = acc[mt][f][i];
+    __syncthreads();
+    if (kq != 0) return;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int f = 0; f < NF; ++f)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float t = acc[mt][f][i];
+          for (int q = 1; q < ks; ++q) t += red[(int64_t(warp + q) * NACC + (mt * NF + f) * 4 + i) * 32 + lane];
+          acc[mt][f][i] = t;
+        }
+  }
+  // C fragment: acc[mt][f][i] is weight row g + 8·(i / 2) of tile mt, activation row 8f + 2c + i % 2
+#pragma unroll
+  for (int f = 0; f < NF; ++f)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = 8 * f + 2 * c + (i & 1);
+      if (n >= count) continue;
+      float* yr = y + int64_t(row0 + n) * ldy;
+      if constexpr (SWI) {
+        const int o = rb + g + 8 * (i >> 1);
+        if (o < nrows) {
+          const float v = silu(acc[0][f][i]) * acc[1][f][i];
+          yr[o] = accumulate ? yr[o] + v : v;
+        }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          const int o = rb + 16 * mt + g + 8 * (i >> 1);
+          if (o < nrows) yr[o] = accumulate ? yr[o] + acc[mt][f][i] : acc[mt][f][i];
+        }
+      }
+    }
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    return v > 0 ? v : 132;
+  }();
+  return n;
+}
+
+template <int MODE, int NF, bool SWI>
+void launch(dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
+            const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
+            const int32_t* n_tiles, int T) {
+  const size_t smem = ks > 1 ? sizeof(float) * size_t(kWarps) * kMT * NF * 4 * 32 : 0;
+  PdlLaunch L(grid, dim3(32 * kWarps), smem, s);
+  LILY_CU(cudaLaunchKernelEx(&L.cfg, rows_kernel<MODE, NF, SWI>, W, in, nrows, x, ldx, gather, y, ldy, accumulate,
+                             swiglu_I, tiles, n_tiles, T, ks));
+}
+
+template <int MODE, bool SWI>
+void launch_nf(int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
+               const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
+               const int32_t* n_tiles, int T) {
+  if (nf == 1) launch<MODE, 1, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
+  else if (nf == 2) launch<MODE, 2, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
+  else launch<MODE, 4, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
+}
+
+template <int MODE>
+void launch_mode(bool swi, int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x,
+                 int64_t ldx, const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I,
+                 const int32_t* tiles, const int32_t* n_tiles, int T) {
+  if (swi) launch_nf<MODE, true>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
+  else launch_nf<MODE, false>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
+}
+
+}  // namespace
+
+bool rows_covers(const Mat& W, int in) {
+  if (W.exl3 || in <= 0 || in % 64 != 0) return false;
+  if (W.affine)
+    return (W.bits == 4 || W.bits == 8) && W.gs % 64 == 0 && W.row_words % 4 == 0 && W.qstride % 4 == 0 &&
+           aligned16(W.q);
+  return W.ld % 8 == 0 && W.estride % 8 == 0 && aligned16(W.w);
+}
+
+bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
+                  int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles, const int32_t* n_tiles,
+                  int max_tiles, int T, cudaStream_t s) {
+  if (!rows_covers(W, in) || ldx % 4 != 0 || !aligned16(x)) return false;
+  if (!tiles && (T < 1 || T > kRowsMax)) return false;
+  const int nrows = swiglu_I > 0 ? swiglu_I : out;
+  if (nrows <= 0 || (tiles && max_tiles <= 0)) return true;
+  const int nf = tiles ? 1 : T <= 8 ? 1 : T <= 16 ? 2 : 4;
+  // k split: the fewest warps per row group that give ~4 blocks per resident block slot (a short tail), from the matrix
+  // shape and the number of groups (the live expert tiles are at most the step's slots)
+  const int rw = swiglu_I > 0 ? 16 : 32, nch = in / 64;
+  const int64_t groups = tiles ? std::min<int64_t>(max_tiles, T) : 1;
+  int ks = 1;
+  auto blocks = [&](int k) { return int64_t(cdiv(nrows, int64_t(kWarps / k) * rw)) * groups; };
+  while (ks < kWarps && blocks(ks) < 8 * sm_count() && nch / (2 * ks) >= 2) ks *= 2;
+  const dim3 grid(unsigned(cdiv(nrows, int64_t(kWarps / ks) * rw)), unsigned(tiles ? max_tiles : 1));
+  const int mode = W.affine ? W.bits : 0;
+  const bool swi = swiglu_I > 0;
+  switch (mode) {
+    case 0: launch_mode<0>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T); break;
+    case 4: launch_mode<4>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T); break;
+    default: launch_mode<8>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T); break;
+  }
+  LILY_CU_LAUNCH();
+  return true;
+}
+
+bool rows_linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
+                 bool accumulate, int swiglu_I, cudaStream_t s) {
+  if (T < 2 || T > std::min(kernel_switches().rows_dense, kRowsMax)) return false;
+  if ((swiglu_I > 0 ? swiglu_I : out) < 16) return false;  // a few outputs: the per-row GEMV has more blocks
+  return rows_product(W, out, in, x, ldx, nullptr, y, ldy, accumulate, swiglu_I, nullptr, nullptr, 0, T, s);
+}
+
+bool rows_moe_on(int T) { return T >= 2 && T <= kernel_switches().rows_moe; }
+
+int norm_fuse_rows() { return kernel_switches().rows_dense >= 2 ? 1 : kGemvMaxRows; }
+
+}  // namespace lily::cuda

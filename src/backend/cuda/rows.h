@@ -1,0 +1,43 @@
+// Multi-row products for decode steps of 2..32 rows (gemv_rows.cu): every block streams a tile of weight
+// rows once and multiplies it by all the rows that use it, on the tensor cores (mma.sync m16n8k16, the
+// rows as the N side, fp32 accumulation). Dense products take the step's rows as one group; the MoE takes
+// per-expert row lists from the device tile map (route_kernel in moe.cu), so each expert chosen by the
+// step is read once per kRowsTile of its rows and experts chosen by none cost nothing.
+//
+// Numerics: activations split into bf16 hi + lo (two MMAs); affine codes enter the MMA as exact integers
+// and each 64-wide k chunk folds as s·Σq·x + b·Σx in fp32, as the GEMV does. A row's result depends on its
+// own input only: the same bits whichever rows share the step (the k-split is chosen from the matrix shape
+// and, for the MoE, the step's slot count).
+#pragma once
+#include "backend/cuda/ops.h"
+
+namespace lily::cuda {
+
+constexpr int kRowsTile = 8;  // rows per expert tile of the grouped MoE product
+constexpr int kRowsMax = 32;  // rows of one dense multi-row product
+
+// Whether the multi-row product takes W with input width `in` (bf16 with 16-byte aligned rows, affine
+// 4/8-bit with a group size that is a multiple of 64; in a multiple of 64). EXL3 is not taken.
+bool rows_covers(const Mat& W, int in);
+
+// y[r, 0:out] (= or +=) x[gather[r], 0:in] · W_eᵀ, the gemm_tiles contract (ops.h) with tiles of at most
+// kRowsTile rows; tiles == null: dense, rows [0, T) for T <= kRowsMax. swiglu_I > 0: W holds gate rows
+// [0, I) and up rows [I, 2I), y[r, j] = silu(gate_j · x) · (up_j · x) for j < I (out ignored).
+// x rows 16-byte aligned (ldx % 4 == 0). Returns false, launching nothing, when the product is not covered.
+bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
+                  int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles, const int32_t* n_tiles,
+                  int max_tiles, int T, cudaStream_t s);
+
+// Dense product of T rows through rows_product when KernelSwitches::rows_dense takes T (2 <= T <= rows_dense)
+// and the format is covered; false otherwise (nothing launched).
+bool rows_linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
+                 bool accumulate, int swiglu_I, cudaStream_t s);
+
+// Whether MoE steps of T rows group their slots per expert (KernelSwitches::rows_moe).
+bool rows_moe_on(int T);
+
+// Steps of up to this many rows fuse the input RMSNorm into their products (the GEMVs): kGemvMaxRows, or 1
+// when the multi-row products take 2-row steps (they read normalised rows).
+int norm_fuse_rows();
+
+}  // namespace lily::cuda
