@@ -39,7 +39,7 @@ using quant::Exl3Weight;
 
 namespace {
 
-const int kRows[] = {1, 2, 3, 17, 63, 64, 65, 129};
+const int kRows[] = {1, 2, 3, 5, 8, 16, 17, 32, 63, 64, 65, 129};
 
 // A random EXL3 linear on the host (every trellis bit pattern is a valid code stream).
 struct HostExl3 {
@@ -194,6 +194,31 @@ TEST(CudaExl3, LinearMatchesReference) {
         EXPECT_LT(e, 2e-5) << "K " << K << " cb " << cb << " T " << T;
       }
     }
+}
+
+// Dense products of 2..32 rows with long inputs: the k chunks split over thread-block clusters (exl3_rows;
+// 3 column blocks, 16 chunks), against the reference and, bit for bit, the same rows alone.
+TEST(CudaExl3, ClusterSplitRows) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  for (auto [K, cb] : {std::pair{4, 1}, std::pair{3, 2}, std::pair{2, 0}}) {
+    const int in = 2048, out = 300;
+    HostExl3 h(K, Exl3Codebook(cb), in, out, rng, true);
+    DevExl3 d({&h}, 1);
+    auto x = randn(size_t(32) * in, rng);
+    std::vector<float> first;
+    for (int T : {2, 5, 16, 32}) {
+      std::vector<float> xt(x.begin(), x.begin() + std::ptrdiff_t(size_t(T) * in));
+      Dev<float> dx(xt), dy(size_t(T) * out);
+      dy.poison();
+      cuda::linear(d.m, out, in, dx.p, in, T, dy.p, out, false, nullptr);
+      auto y = dy.down();
+      EXPECT_LT(rel_err(y, h.ref(xt, T)), 2e-5) << "K " << K << " cb " << cb << " T " << T;
+      std::vector<float> two(y.begin(), y.begin() + 2 * out);
+      if (first.empty()) first = two;
+      EXPECT_EQ(two, first) << "K " << K << " cb " << cb << " T " << T << ": rows 0-1 depend on the other rows";
+    }
+  }
 }
 
 // Bias, a logical column map (out_rows), accumulate, strided x / y and a fused RMSNorm.

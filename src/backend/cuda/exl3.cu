@@ -9,14 +9,19 @@
 //   - GEMM (prompts, MoE tile map): one block per (tile of <= 64 rows, 128-column block). Per 128-wide k
 //     chunk the rows are staged as fp16 hi + lo pairs after suh and the Hadamard (so the product keeps
 //     fp32-like accuracy), the chunk's trellis words are staged in shared memory, each warp decodes its
-//     tile column straight into B fragments and runs mma.sync m16n8k16 with fp32 accumulation.
+//     tile column straight into B fragments and runs mma.sync m16n8k16 with fp32 accumulation. Dense
+//     products of few rows (exl3_rows) split the k chunks over a thread-block cluster of ks blocks along x
+//     (sm_90); rank 0 sums the partial tiles from the others' shared memory in rank order and finishes.
 // Weights are never dequantised to global memory.
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <mutex>
+#include <utility>
 #include <type_traits>
 
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/rows.h"
 
 namespace lily::cuda {
 namespace {
@@ -274,11 +279,12 @@ constexpr size_t gemm_smem() {
 }
 
 // 256 threads = 8 warps; warp w owns tile column w of the 128-column block (16 outputs, 2 n8 fragments)
-// for all 64 rows (4 m16 fragments).
+// for all 64 rows (4 m16 fragments). ks > 1 (launched as clusters of ks along x): block x = column block · ks
+// + cluster rank, which takes the k chunks ≡ rank (mod ks).
 template <int K, int CB>
 __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restrict__ parts, int nparts, int out, int in,
     const float* __restrict__ x, int64_t ldx, const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy,
-    bool accumulate, const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T) {
+    bool accumulate, const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks) {
   extern __shared__ __align__(16) unsigned char sm[];
   __half* Ahi = reinterpret_cast<__half*>(sm);                               // [64][kAStride]
   __half* Alo = Ahi + kGmRows * kAStride;                                    // [64][kAStride]
@@ -293,7 +299,8 @@ __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restri
   } else {
     row0 = tile * kGmRows; nrows = min(kGmRows, T - row0);
   }
-  int nb = blockIdx.x;
+  int nb = blockIdx.x / ks;
+  const int kr = blockIdx.x % ks;
   const Exl3Part* pt = locate(parts + int64_t(e) * nparts, nb);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
   if (tid < kGmRows) rows_idx[tid] = tid < nrows ? (gather ? gather[row0 + tid] : row0 + tid) : -1;
@@ -301,7 +308,7 @@ __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restri
   const int in_p = pt->in_p, tn = pt->out_p / 16;
   const int mtiles = (nrows + 15) / 16;
   float acc[4][2][4] = {};
-  for (int kb = 0; kb < in_p / 128; ++kb) {
+  for (int kb = kr; kb < in_p / 128; kb += ks) {
     __syncthreads();
     constexpr int row_u4 = 16 * K;  // uint4 per row of 8 tiles
     for (int v = tid; v < 8 * row_u4; v += 256) {
@@ -363,6 +370,20 @@ __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restri
       Cs[(r + 8) * kCStride + col] = acc[mt][n8][2];
       Cs[(r + 8) * kCStride + col + 1] = acc[mt][n8][3];
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (ks > 1) {  // rank 0 adds the other ranks' partial tiles in rank order (deterministic)
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    if (kr == 0)
+      for (int q = 1; q < ks; ++q) {
+        const float* o = cl.map_shared_rank(Cs, q);
+        for (int i = tid; i < nrows * kCStride; i += blockDim.x) Cs[i] += o[i];
+      }
+    cl.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
+    if (kr != 0) return;
+  }
+#endif
   __syncthreads();
   const bool remap = pt->out_rows != nullptr;
   for (int r = warp; r < nrows; r += 8) {
@@ -491,9 +512,47 @@ void exl3_gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx,
   dispatch(W.K, W.cb, [&](auto kc, auto cc) {
     constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
     exl3_gemm_kernel<k, c><<<grid, 256, gemm_smem<k>(), s>>>(W.parts, W.nparts, out, in, x, ldx, gather, y, ldy,
-                                                             accumulate, tiles, n_tiles, T);
+                                                             accumulate, tiles, n_tiles, T, 1);
   });
   LILY_CU_LAUNCH();
+}
+
+bool exl3_rows(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
+               cudaStream_t s) {
+  if (!W.exl3 || T < 1 || T > kGemmBM || in > W.in_p || W.col_blocks <= 0) return false;
+  static const std::pair<int, int> dev = [] {
+    int d = 0, cc = 0, sms = 0;
+    cudaGetDevice(&d);
+    cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, d);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d);
+    return std::pair<int, int>(cc, sms > 0 ? sms : 132);
+  }();
+  init_exl3_kernels();
+  // clusters of up to 8 blocks along x share a column block's k chunks (at least two chunks each) until
+  // the grid has ~2 blocks per SM
+  const int chunks = W.in_p / 128;
+  int ks = 1;
+  if (dev.first >= 9)
+    while (ks < 8 && int64_t(W.col_blocks) * ks < 2 * dev.second && chunks / (2 * ks) >= 2) ks *= 2;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1] = {};
+  cfg.gridDim = dim3(unsigned(W.col_blocks * ks), 1);
+  cfg.blockDim = dim3(256);
+  cfg.stream = s;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(ks);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = ks > 1 ? 1 : 0;
+  dispatch(W.K, W.cb, [&](auto kc, auto cc) {
+    constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
+    cfg.dynamicSmemBytes = gemm_smem<k>();
+    LILY_CU(cudaLaunchKernelEx(&cfg, exl3_gemm_kernel<k, c>, W.parts, W.nparts, out, in, x, ldx,
+                               static_cast<const int32_t*>(nullptr), y, ldy, accumulate,
+                               static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr), T, ks));
+  });
+  return true;
 }
 
 }  // namespace lily::cuda

@@ -363,6 +363,7 @@ bool rows_linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int
                  bool accumulate, int swiglu_I, cudaStream_t s) {
   if (T < 2 || T > std::min(kernel_switches().rows_dense, kRowsMax)) return false;
   if ((swiglu_I > 0 ? swiglu_I : out) < 16) return false;  // a few outputs: the per-row GEMV has more blocks
+  if (W.exl3) return swiglu_I == 0 && exl3_rows(W, out, in, x, ldx, T, y, ldy, accumulate, s);
   return rows_product(W, out, in, x, ldx, nullptr, y, ldy, accumulate, swiglu_I, nullptr, nullptr, 0, T, s);
 }
 

@@ -17,7 +17,7 @@ constexpr int kRowsTile = 8;  // rows per expert tile of the grouped MoE product
 constexpr int kRowsMax = 32;  // rows of one dense multi-row product
 
 // Whether the multi-row product takes W with input width `in` (bf16 with 16-byte aligned rows, affine
-// 4/8-bit with a group size that is a multiple of 64; in a multiple of 64). EXL3 is not taken.
+// 4/8-bit with a group size that is a multiple of 64; in a multiple of 64). EXL3 has exl3_rows.
 bool rows_covers(const Mat& W, int in);
 
 // y[r, 0:out] (= or +=) x[gather[r], 0:in] · W_eᵀ, the gemm_tiles contract (ops.h) with tiles of at most
@@ -28,10 +28,16 @@ bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, co
                   int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles, const int32_t* n_tiles,
                   int max_tiles, int T, cudaStream_t s);
 
-// Dense product of T rows through rows_product when KernelSwitches::rows_dense takes T (2 <= T <= rows_dense)
-// and the format is covered; false otherwise (nothing launched).
+// Dense product of T rows through rows_product (EXL3: exl3_rows, no SwiGLU) when KernelSwitches::rows_dense
+// takes T (2 <= T <= rows_dense) and the format is covered; false otherwise (nothing launched).
 bool rows_linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
                  bool accumulate, int swiglu_I, cudaStream_t s);
+
+// EXL3 dense product of T <= 64 rows (exl3.cu): the tile GEMM (each weight decoded once for all rows) with
+// its k chunks split over thread-block clusters when the column blocks alone do not fill the GPU. False
+// (nothing launched) for other formats.
+bool exl3_rows(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
+               cudaStream_t s);
 
 // Whether MoE steps of T rows group their slots per expert (KernelSwitches::rows_moe).
 bool rows_moe_on(int T);
