@@ -256,8 +256,9 @@ std::vector<double> ref_moe(const MoeHost& m, const std::vector<float>& u, int T
 // stacked: the shared expert rides in the routed stacks as expert E and its gate as router row E
 // (MoeDev::shared_in_stack, gate_in_router); needs Is == I.
 // I, Is: expert and shared-expert widths (multiples of 64 reach the multi-row products of rows.h).
+// fused (T <= 2): moe() normalises x itself (u == null, a norm weight), u = RMSNorm(x0) · nw.
 void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, std::mt19937& rng, bool stacked = false,
-                  int I = 40, int Is = 24) {
+                  int I = 40, int Is = 24, bool fused = false) {
   MoeHost m;
   m.E = E; m.k = k; m.I = I; m.Is = stacked ? I : Is; m.H = 64; m.norm_topk = norm_topk;
   m.moe = moe;
@@ -286,6 +287,15 @@ void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, st
   mk(m.sgate, size_t(m.H), 0.125f, dsg);
   auto u = randn(size_t(T) * m.H, rng);
   auto x0 = randn(size_t(T) * m.H, rng);
+  auto nw = randn(size_t(m.H), rng);
+  if (fused)
+    for (int t = 0; t < T; ++t) {
+      double ss = 0;
+      for (int i = 0; i < m.H; ++i) ss += double(x0[size_t(t) * m.H + i]) * x0[size_t(t) * m.H + i];
+      const double inv = 1 / std::sqrt(ss / m.H + 1e-6);
+      for (int i = 0; i < m.H; ++i) u[size_t(t) * m.H + i] = float(x0[size_t(t) * m.H + i] * inv * nw[size_t(i)]);
+    }
+  Dev<float> dnw(nw);
   lily::cuda::MoeDev md;
   md.moe = moe; md.E = E; md.k = k; md.I = m.I; md.Is = m.Is; md.H = m.H; md.norm_topk = norm_topk;
   using lily::cuda::Mat;
@@ -326,7 +336,7 @@ void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, st
     Dev<float> du(u), dx(x0);
     Dev<char> scratch(lily::cuda::moe_scratch_bytes(md, T));
     scratch.poison();
-    lily::cuda::moe(md, du.p, T, dx.p, scratch.p, nullptr);
+    lily::cuda::moe(md, fused ? nullptr : du.p, T, dx.p, scratch.p, nullptr, nullptr, nullptr, nullptr, dnw.p, 1e-6f);
     EXPECT_LT(rel_err(dx.down(), ref), 2e-5) << "T=" << T << " norm_topk=" << norm_topk << " skewed=" << skewed
                                               << " moe=" << moe << " stacked=" << stacked << " fold=" << fold;
   }
@@ -369,6 +379,11 @@ TEST(CudaOps, MoeGroupedRowsMatchReference) {
     run_moe_case(T, true, false, false, 8, 2, rng, false, 64, 128);  // dense MLP
     run_moe_case(T, true, false, true, 8, 2, rng, true, 64);         // shared expert as expert E
     run_moe_case(T, false, true, true, 40, 5, rng, true, 64);
+  }
+  for (int T : {1, 2}) {  // the RMSNorm fused into the products
+    run_moe_case(T, true, false, true, 8, 2, rng, false, 64, 128, true);
+    run_moe_case(T, true, true, true, 8, 2, rng, true, 64, 64, true);
+    run_moe_case(T, true, false, false, 8, 2, rng, false, 64, 128, true);
   }
 }
 

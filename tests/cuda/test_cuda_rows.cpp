@@ -1,7 +1,7 @@
 // The multi-row products (backend/cuda/rows.h) against a double-precision reference at awkward sizes, in
-// every format they take: dense products of 1..32 rows (plain, accumulate, SwiGLU, through linear()), a
-// row's bits independent of the other rows of the step, and expert tile maps with experts chosen by no row,
-// by one, by all and by more rows than a tile holds.
+// every format they take: dense products of 1..32 rows (plain, accumulate, SwiGLU, fused RMSNorm, through
+// linear()), a row's bits independent of the other rows of the step, and expert tile maps with experts
+// chosen by no row, by one, by all and by more rows than a tile holds.
 #include <gtest/gtest.h>
 
 #ifndef LILY_HAVE_CUDA
@@ -106,23 +106,33 @@ struct RowsSwitches {
 TEST(CudaRows, DenseProductsMatchReference) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(11);
-  const std::pair<int, int> shapes[] = {{65, 256}, {130, 2048}, {16, 64}, {300, 192}};
+  // (16, 8192): clusters of 8 blocks; (130, 2048): of 2; the others split over warps only
+  const std::pair<int, int> shapes[] = {{65, 256}, {130, 2048}, {16, 64}, {300, 192}, {16, 8192}};
   for (auto [out, in] : shapes)
     for (const Weights& W : all_formats(1, out, in, rng))
       for (int T : kTs)
-        for (int variant = 0; variant < 3; ++variant) {  // plain, accumulate, SwiGLU
+        for (int variant = 0; variant < 4; ++variant) {  // plain, accumulate, SwiGLU, fused RMSNorm (T <= 8)
+          if (variant == 3 && T > 8) continue;
           const int I = variant == 2 ? out / 2 : 0;
           const int ny = I > 0 ? I : out;
           auto x = randn(size_t(T) * in, rng);
           auto y0 = randn(size_t(T) * ny, rng);
-          Dev<float> dx(x), dy(y0);
+          auto nw = randn(size_t(in), rng);
+          Dev<float> dx(x), dy(y0), dnw(nw);
           if (variant != 1) dy.poison();
           ASSERT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, nullptr, dy.p, ny, variant == 1, I, nullptr, nullptr, 0, T,
-                                       nullptr))
+                                       nullptr, variant == 3 ? dnw.p : nullptr, 1e-6f))
               << W.name;
           std::vector<double> ref;
           for (int t = 0; t < T; ++t) {
-            auto r = ref_row(W, 0, x.data() + size_t(t) * in, out, I);
+            std::vector<float> xt(x.begin() + std::ptrdiff_t(size_t(t) * in), x.begin() + std::ptrdiff_t(size_t(t + 1) * in));
+            if (variant == 3) {
+              double ss = 0;
+              for (float v : xt) ss += double(v) * v;
+              const double inv = 1 / std::sqrt(ss / in + 1e-6);
+              for (int i = 0; i < in; ++i) xt[size_t(i)] = float(xt[size_t(i)] * inv * nw[size_t(i)]);
+            }
+            auto r = ref_row(W, 0, xt.data(), out, I);
             for (int o = 0; o < ny; ++o) ref.push_back(r[size_t(o)] + (variant == 1 ? y0[size_t(t) * ny + o] : 0.0));
           }
           EXPECT_LT(rel_err(dy.down(), ref), 1e-5)
@@ -175,11 +185,11 @@ TEST(CudaRows, RowBitsIndependentOfTheOtherRows) {
 }
 
 // Expert tile maps: expert 0 chosen by no row, 1 by one, 2 by every token (three tiles), 3 by exactly one
-// full tile, 4 by three; dead tiles past *n_tiles; rows gathered from token rows.
+// full tile, 4 by three; dead tiles past *n_tiles (clusters among them); rows gathered from token rows.
 TEST(CudaRows, ExpertTilesMatchReference) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(14);
-  const int E = 5, out = 96, in = 256, NX = 17;
+  const int E = 5, out = 96, in = 1024, NX = 17;  // in 1024: clusters of 2 blocks per tile
   const int per_expert[E] = {0, 1, NX, cu::kRowsTile, 3};
   std::vector<int32_t> gather, expert_of, tiles;
   for (int e = 0; e < E; ++e) {
@@ -195,18 +205,28 @@ TEST(CudaRows, ExpertTilesMatchReference) {
   tiles.resize(size_t(3) * max_tiles, 0);
   Dev<int32_t> dg(gather), dt(tiles), dn(std::vector<int32_t>{live});
   for (const Weights& W : all_formats(E, out, in, rng))
-    for (int I : {0, out / 2}) {
+    for (int variant = 0; variant < 3; ++variant) {  // plain, SwiGLU, SwiGLU with the fused RMSNorm
+      const int I = variant > 0 ? out / 2 : 0;
       const int ny = I > 0 ? I : out;
       auto x = randn(size_t(NX) * in, rng);
-      Dev<float> dx(x), dy(size_t(n) * ny);
+      auto nw = randn(size_t(in), rng);
+      Dev<float> dx(x), dy(size_t(n) * ny), dnw(nw);
       dy.poison();
-      ASSERT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, dg.p, dy.p, ny, false, I, dt.p, dn.p, max_tiles, n, nullptr));
+      ASSERT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, dg.p, dy.p, ny, false, I, dt.p, dn.p, max_tiles, n, nullptr,
+                                   variant == 2 ? dnw.p : nullptr, 1e-6f));
+      if (variant == 2)
+        for (int t = 0; t < NX; ++t) {
+          double ss = 0;
+          for (int i = 0; i < in; ++i) ss += double(x[size_t(t) * in + i]) * x[size_t(t) * in + i];
+          const double inv = 1 / std::sqrt(ss / in + 1e-6);
+          for (int i = 0; i < in; ++i) x[size_t(t) * in + i] = float(x[size_t(t) * in + i] * inv * nw[size_t(i)]);
+        }
       std::vector<double> ref;
       for (int p = 0; p < n; ++p) {
         auto r = ref_row(W, expert_of[size_t(p)], x.data() + size_t(gather[size_t(p)]) * in, out, I);
         ref.insert(ref.end(), r.begin(), r.end());
       }
-      EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << W.name << " swiglu " << I;
+      EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << W.name << " variant " << variant;
     }
 }
 

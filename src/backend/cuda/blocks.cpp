@@ -3,7 +3,6 @@
 // the step descriptor and the slot table on the device: short groups batched in one launch per layer
 // (decode attention, the DeltaNet step), long groups through the prompt kernels one launch each.
 #include "backend/cuda/cuda_impl.h"
-#include "backend/cuda/rows.h"
 #include "core/error.h"
 
 namespace lily::cuda {
@@ -23,7 +22,7 @@ void CudaBackend::gdn_mixer(int layer) {
   const GdnDev& g = D.gdn;
   const int PW = g.proj_width();
   const float eps = float(w_->cfg.rms_eps);
-  const bool fuse = T_ <= norm_fuse_rows();  // the GEMVs normalise x themselves
+  const bool fuse = T_ <= kGemvMaxRows;  // the GEMVs normalise x themselves
   if (!fuse) rmsnorm(x_, H, D.in_norm, T_, H, eps, u_, H, stream_);
   int c0 = 0;
   GdnBa ba;
@@ -58,7 +57,7 @@ void CudaBackend::attn_mixer(int layer) {
   const AttnDev& a = D.attn;
   const int PW = a.proj_width();
   const float eps = float(w_->cfg.rms_eps);
-  const bool fuse = T_ <= norm_fuse_rows();
+  const bool fuse = T_ <= kGemvMaxRows;
   if (!fuse) rmsnorm(x_, H, D.in_norm, T_, H, eps, u_, H, stream_);
   int c0 = 0;
   for (auto& [m, rows] : D.attn_in) {
@@ -90,7 +89,7 @@ void CudaBackend::ffn(int layer) {
   const DevLayer& D = layers_[size_t(layer)];
   const int H = int(w_->cfg.hidden);
   const float eps = float(w_->cfg.rms_eps);
-  const bool fuse = T_ <= norm_fuse_rows();
+  const bool fuse = T_ <= kGemvMaxRows;
   if (!fuse) rmsnorm(x_, H, D.post_norm, T_, H, eps, u_, H, stream_);
   moe(D.moe, fuse ? nullptr : u_, T_, x_, work_, stream_, side_, fork_, join_, D.post_norm, eps);
 }
@@ -105,7 +104,7 @@ void CudaBackend::head() {
     gather_rows(x_, H, d_out_rows(), O_, H, u_, H, stream_);
     xr = u_;
   }
-  if (O_ <= norm_fuse_rows()) {
+  if (O_ <= kGemvMaxRows) {
     linear(lm_head_, V, H, xr, H, O_, logits_, V, false, stream_, final_norm_, eps);
   } else {
     rmsnorm(xr, H, final_norm_, O_, H, eps, u_, H, stream_);  // in place when gathered (row by row)

@@ -10,6 +10,7 @@
 // as the MMA's k positions {2c, 2c+1, 2c+8, 2c+9} in an order both operands share: 8-bit and bf16 in
 // element order, 4-bit as the pairs (i, i+4) of each 8-code word, which one shift and mask extract.
 // Affine codes enter the MMA as exact bf16 integers; per chunk s·(Σ q·x) + b·(Σ x) is folded in fp32.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -46,17 +47,23 @@ __device__ __forceinline__ void split_pair(float v0, float v1, uint32_t& hi, uin
   lo = bf2_bits(__floats2bfloat162_rn(v0 - hf.x, v1 - hf.y));
 }
 
-// Nibbles at bit sh and sh + 16 of w as the exact bf16 pair (q_lo, q_hi): 128 + q by the exponent trick,
-// then 128 subtracted (exact).
+// Codes enter the MMA centred, q - 2^(bits-1), exact in bf16; the fold then adds (b + 2^(bits-1)·s)·Σx, which
+// keeps s·Σq·x and b·Σx from cancelling (MLX biases sit near -2^(bits-1)·s).
+template <int MODE>
+constexpr float kCodeOffset = MODE == 4 ? 8.f : 128.f;
+
+// Nibbles at bit sh and sh + 16 of w as the exact bf16 pair (q_lo - 8, q_hi - 8): 128 + q by the exponent
+// trick, then 136 subtracted (exact).
 __device__ __forceinline__ uint32_t nib_pair(uint32_t w, int sh) {
   uint32_t v = ((w >> sh) & 0x000F000Fu) | 0x43004300u;
   __nv_bfloat162 b = *reinterpret_cast<__nv_bfloat162*>(&v);
-  return bf2_bits(__hsub2(b, __floats2bfloat162_rn(128.f, 128.f)));
+  return bf2_bits(__hsub2(b, __floats2bfloat162_rn(136.f, 136.f)));
 }
-// Bytes i and i + 1 of w as the exact bf16 pair: 2^23 + q by the exponent trick, 2^23 subtracted.
+// Bytes i and i + 1 of w as the exact bf16 pair (q - 128): 2^23 + q by the exponent trick, 2^23 + 128
+// subtracted.
 __device__ __forceinline__ uint32_t byte_pair(uint32_t w, int i) {
-  const float a = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u + unsigned(i))) - 8388608.f;
-  const float b = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u + unsigned(i + 1))) - 8388608.f;
+  const float a = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u + unsigned(i))) - 8388736.f;
+  const float b = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u + unsigned(i + 1))) - 8388736.f;
   return bf2_bits(__floats2bfloat162_rn(a, b));
 }
 
@@ -74,11 +81,13 @@ template <int MODE, int NF, bool SWI>
 __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     rows_kernel(const Mat W, int in, int nrows, const float* __restrict__ x, int64_t ldx,
                 const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy, bool accumulate, int swiglu_I,
-                const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks) {
-  extern __shared__ float red[];  // [kWarps][kMT·NF·4][32] when ks > 1
+                const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks, int cl,
+                const float* __restrict__ norm_w, float eps) {
+  extern __shared__ float red[];  // [kWarps][kMT·NF·4][32] when ks · cl > 1
   constexpr int NACC = kMT * NF * 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int mg = warp / ks, kq = warp % ks;
+  const int rank = int(blockIdx.x) % cl, kslices = ks * cl;  // cluster rank: the block's share of the k chunks
   allow_dependent_launch();
   // weights are never written by kernels: a dense product requests its first chunk before the wait
   if (tiles) grid_dependency_wait();
@@ -89,7 +98,7 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     e = tiles[3 * t]; row0 = tiles[3 * t + 1]; count = min(tiles[3 * t + 2], 8 * NF);
   }
   constexpr int RW = SWI ? 16 : 32;  // output rows per warp
-  const int rb = (int(blockIdx.x) * (kWarps / ks) + mg) * RW;
+  const int rb = (int(blockIdx.x) / cl * (kWarps / ks) + mg) * RW;
   int64_t wr[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
@@ -119,12 +128,12 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
         if constexpr (MODE != 0) {
           const int64_t gi = int64_t(e) * W.sstride + wr[mt][h] * gpr + (ch * 64) / W.gs;
           Wc.s[mt][h] = bf(__ldg(W.s + gi));
-          Wc.b[mt][h] = bf(__ldg(W.b + gi));
+          Wc.b[mt][h] = bf(__ldg(W.b + gi)) + kCodeOffset<MODE> * Wc.s[mt][h];  // the centred codes' bias
         }
       }
   };
   WChunk<MODE> A, B;
-  const int c0 = kq;
+  const int c0 = rank * ks + kq;
   if (c0 < nch) load(A, c0);
   if (!tiles) grid_dependency_wait();
   // activation rows of this lane's B fragments (row g of fragment f); null: padding
@@ -133,6 +142,24 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
   for (int f = 0; f < NF; ++f) {
     const int n = 8 * f + g;
     xr[f] = n < count ? x + int64_t(gather ? gather[row0 + n] : row0 + n) * ldx + 16 * c : nullptr;
+  }
+  // fused RMSNorm (at most 8 rows, NF == 1): warp n sums the squares of row n once for the block
+  __shared__ float inv_s[kWarps];
+  float inv[NF];
+  if (norm_w) {
+    if (warp < count) {
+      const float4* r = reinterpret_cast<const float4*>(x + int64_t(gather ? gather[row0 + warp] : row0 + warp) * ldx);
+      float ss = 0.f;
+      for (int i = lane; i < in / 4; i += 32) {
+        const float4 v = __ldg(r + i);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) inv_s[warp] = rsqrtf(ss / float(in) + eps);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int f = 0; f < NF; ++f) inv[f] = 8 * f + g < count && 8 * f + g < kWarps ? inv_s[8 * f + g] : 0.f;
   }
   float acc[kMT][NF][4];
 #pragma unroll
@@ -162,6 +189,13 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
         const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
         X[f][0] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half)) : z;
         X[f][1] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half + 4)) : z;
+        if (norm_w) {  // (x · inv) · w, the GEMV's order
+          const float* wp = norm_w + ch * 64 + 16 * c + 8 * half;
+          const float4 w0 = __ldg(reinterpret_cast<const float4*>(wp)), w1 = __ldg(reinterpret_cast<const float4*>(wp + 4));
+          const float iv = inv[f];
+          X[f][0] = make_float4(X[f][0].x * iv * w0.x, X[f][0].y * iv * w0.y, X[f][0].z * iv * w0.z, X[f][0].w * iv * w0.w);
+          X[f][1] = make_float4(X[f][1].x * iv * w1.x, X[f][1].y * iv * w1.y, X[f][1].z * iv * w1.z, X[f][1].w * iv * w1.w);
+        }
         if constexpr (MODE != 0)
           sx[f] += ((X[f][0].x + X[f][0].y) + (X[f][0].z + X[f][0].w)) + ((X[f][1].x + X[f][1].y) + (X[f][1].z + X[f][1].w));
       }
@@ -232,15 +266,17 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     }
   };
   // two register buffers: the next chunk's weights are in flight while one is consumed
-  for (int ch = c0; ch < nch; ch += 2 * ks) {
-    if (ch + ks < nch) load(B, ch + ks);
+  for (int ch = c0; ch < nch; ch += 2 * kslices) {
+    if (ch + kslices < nch) load(B, ch + kslices);
     consume(A, ch);
-    if (ch + ks < nch) {
-      if (ch + 2 * ks < nch) load(A, ch + 2 * ks);
-      consume(B, ch + ks);
+    if (ch + kslices < nch) {
+      if (ch + 2 * kslices < nch) load(A, ch + 2 * kslices);
+      consume(B, ch + kslices);
     }
   }
-  if (ks > 1) {
+  // partial sums: the ks warps of a row group through shared memory, then (clusters) the blocks of the
+  // cluster through rank 0's reads of the others' shared memory; fixed orders, so the same bits every run
+  if (kslices > 1) {
     float* mine = red + int64_t(warp) * NACC * 32 + lane;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
@@ -249,17 +285,38 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
 #pragma unroll
         for (int i = 0; i < 4; ++i) mine[((mt * NF + f) * 4 + i) * 32] = acc[mt][f][i];
     __syncthreads();
-    if (kq != 0) return;
+    if (kq == 0 && ks > 1) {
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-      for (int f = 0; f < NF; ++f)
+        for (int f = 0; f < NF; ++f)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float t = acc[mt][f][i];
-          for (int q = 1; q < ks; ++q) t += red[(int64_t(warp + q) * NACC + (mt * NF + f) * 4 + i) * 32 + lane];
-          acc[mt][f][i] = t;
+          for (int i = 0; i < 4; ++i) {
+            float t = acc[mt][f][i];
+            for (int q = 1; q < ks; ++q) t += red[(int64_t(warp + q) * NACC + (mt * NF + f) * 4 + i) * 32 + lane];
+            acc[mt][f][i] = t;
+            if (cl > 1) mine[((mt * NF + f) * 4 + i) * 32] = t;  // the block's sum, for rank 0
+          }
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (cl > 1) {
+      namespace cg = cooperative_groups;
+      cg::cluster_group cluster = cg::this_cluster();
+      cluster.sync();
+      if (rank == 0 && kq == 0)
+        for (int q = 1; q < cl; ++q) {
+          const float* o = cluster.map_shared_rank(mine, q);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int f = 0; f < NF; ++f)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[mt][f][i] += o[((mt * NF + f) * 4 + i) * 32];
         }
+      cluster.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
+    }
+#endif
+    if (kq != 0 || rank != 0) return;
   }
   // C fragment: acc[mt][f][i] is weight row g + 8·(i / 2) of tile mt, activation row 8f + 2c + i % 2
 #pragma unroll
@@ -295,31 +352,46 @@ int sm_count() {
   return n;
 }
 
+// Thread-block clusters (sm_90 and up).
+bool clusters_ok() {
+  static const bool ok = [] {
+    int dev = 0, cc = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev);
+    return cc >= 9;
+  }();
+  return ok;
+}
+
+struct Split {
+  int ks = 1, cl = 1;  // warps per row group, blocks per cluster sharing the k chunks
+};
+
 template <int MODE, int NF, bool SWI>
-void launch(dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
+void launch(dim3 grid, Split sp, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
             const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
-            const int32_t* n_tiles, int T) {
-  const size_t smem = ks > 1 ? sizeof(float) * size_t(kWarps) * kMT * NF * 4 * 32 : 0;
-  PdlLaunch L(grid, dim3(32 * kWarps), smem, s);
+            const int32_t* n_tiles, int T, const float* norm_w, float eps) {
+  const size_t smem = sp.ks * sp.cl > 1 ? sizeof(float) * size_t(kWarps) * kMT * NF * 4 * 32 : 0;
+  PdlLaunch L(grid, dim3(32 * kWarps), smem, s, sp.cl > 1 ? unsigned(sp.cl) : 0u);
   LILY_CU(cudaLaunchKernelEx(&L.cfg, rows_kernel<MODE, NF, SWI>, W, in, nrows, x, ldx, gather, y, ldy, accumulate,
-                             swiglu_I, tiles, n_tiles, T, ks));
+                             swiglu_I, tiles, n_tiles, T, sp.ks, sp.cl, norm_w, eps));
 }
 
 template <int MODE, bool SWI>
-void launch_nf(int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
+void launch_nf(int nf, dim3 grid, Split ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
                const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
-               const int32_t* n_tiles, int T) {
-  if (nf == 1) launch<MODE, 1, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
-  else if (nf == 2) launch<MODE, 2, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
-  else launch<MODE, 4, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
+               const int32_t* n_tiles, int T, const float* norm_w, float eps) {
+  if (nf == 1) launch<MODE, 1, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+  else if (nf == 2) launch<MODE, 2, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+  else launch<MODE, 4, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
 }
 
 template <int MODE>
-void launch_mode(bool swi, int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x,
+void launch_mode(bool swi, int nf, dim3 grid, Split ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x,
                  int64_t ldx, const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I,
-                 const int32_t* tiles, const int32_t* n_tiles, int T) {
-  if (swi) launch_nf<MODE, true>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
-  else launch_nf<MODE, false>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
+                 const int32_t* tiles, const int32_t* n_tiles, int T, const float* norm_w, float eps) {
+  if (swi) launch_nf<MODE, true>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+  else launch_nf<MODE, false>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
 }
 
 }  // namespace
@@ -334,41 +406,50 @@ bool rows_covers(const Mat& W, int in) {
 
 bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
                   int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles, const int32_t* n_tiles,
-                  int max_tiles, int T, cudaStream_t s) {
+                  int max_tiles, int T, cudaStream_t s, const float* norm_w, float eps) {
   if (!rows_covers(W, in) || ldx % 4 != 0 || !aligned16(x)) return false;
   if (!tiles && (T < 1 || T > kRowsMax)) return false;
+  if (norm_w && ((!tiles && T > 8) || !aligned16(norm_w))) return false;
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
   if (nrows <= 0 || (tiles && max_tiles <= 0)) return true;
   const int nf = tiles ? 1 : T <= 8 ? 1 : T <= 16 ? 2 : 4;
-  // k split: the fewest warps per row group that give ~4 blocks per resident block slot (a short tail), from the matrix
-  // shape and the number of groups (the live expert tiles are at most the step's slots)
+  // k split: warps of a block first (summed through shared memory), then (sm_90) clusters of up to 8 blocks,
+  // until the grid has ~4 (dense) or ~8 (expert tiles, whose live count is at most the step's slots) blocks
+  // per SM; every warp keeps at least one chunk. The blocks of a cluster share their tile, so a dead tile
+  // leaves them all at once.
   const int rw = swiglu_I > 0 ? 16 : 32, nch = in / 64;
   const int64_t groups = tiles ? std::min<int64_t>(max_tiles, T) : 1;
-  int ks = 1;
-  auto blocks = [&](int k) { return int64_t(cdiv(nrows, int64_t(kWarps / k) * rw)) * groups; };
-  while (ks < kWarps && blocks(ks) < 8 * sm_count() && nch / (2 * ks) >= 2) ks *= 2;
-  const dim3 grid(unsigned(cdiv(nrows, int64_t(kWarps / ks) * rw)), unsigned(tiles ? max_tiles : 1));
+  const int64_t target = int64_t(tiles ? 8 : 4) * sm_count();
+  Split sp;
+  auto row_blocks = [&](const Split& p) { return int64_t(cdiv(nrows, int64_t(kWarps / p.ks) * rw)); };
+  auto blocks = [&](const Split& p) { return row_blocks(p) * p.cl * groups; };
+  while (sp.ks < kWarps && blocks(sp) < target && nch / (2 * sp.ks) >= 1) sp.ks *= 2;
+  if (clusters_ok())
+    while (sp.cl < 8 && blocks(sp) < target && nch / (2 * sp.ks * sp.cl) >= 1) sp.cl *= 2;
+  const dim3 grid(unsigned(row_blocks(sp) * sp.cl), unsigned(tiles ? max_tiles : 1));
   const int mode = W.affine ? W.bits : 0;
   const bool swi = swiglu_I > 0;
   switch (mode) {
-    case 0: launch_mode<0>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T); break;
-    case 4: launch_mode<4>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T); break;
-    default: launch_mode<8>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T); break;
+    case 0: launch_mode<0>(swi, nf, grid, sp, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
+    case 4: launch_mode<4>(swi, nf, grid, sp, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
+    default: launch_mode<8>(swi, nf, grid, sp, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
   }
   LILY_CU_LAUNCH();
   return true;
 }
 
 bool rows_linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
-                 bool accumulate, int swiglu_I, cudaStream_t s) {
-  if (T < 2 || T > std::min(kernel_switches().rows_dense, kRowsMax)) return false;
+                 bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps) {
+  const KernelSwitches& k = kernel_switches();
+  if (T < std::max(2, k.rows_min) || T > std::min(k.rows_dense, kRowsMax)) return false;
   if ((swiglu_I > 0 ? swiglu_I : out) < 16) return false;  // a few outputs: the per-row GEMV has more blocks
-  if (W.exl3) return swiglu_I == 0 && exl3_rows(W, out, in, x, ldx, T, y, ldy, accumulate, s);
-  return rows_product(W, out, in, x, ldx, nullptr, y, ldy, accumulate, swiglu_I, nullptr, nullptr, 0, T, s);
+  if (W.exl3) return swiglu_I == 0 && !norm_w && exl3_rows(W, out, in, x, ldx, T, y, ldy, accumulate, s);
+  return rows_product(W, out, in, x, ldx, nullptr, y, ldy, accumulate, swiglu_I, nullptr, nullptr, 0, T, s, norm_w, eps);
 }
 
-bool rows_moe_on(int T) { return T >= 2 && T <= kernel_switches().rows_moe; }
-
-int norm_fuse_rows() { return kernel_switches().rows_dense >= 2 ? 1 : kGemvMaxRows; }
+bool rows_moe_on(int T) {
+  const KernelSwitches& k = kernel_switches();
+  return T >= std::max(2, k.rows_min) && T <= k.rows_moe;
+}
 
 }  // namespace lily::cuda

@@ -150,7 +150,7 @@ void linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, f
             cudaStream_t s, const float* norm_w, float eps) {
   if (T <= 0 || out <= 0) return;
   if (norm_w && T > kGemvMaxRows) fail_internal("linear: a fused RMSNorm needs the GEMV path (T <= 2)");
-  if (!norm_w && rows_linear(W, out, in, x, ldx, T, y, ldy, accumulate, 0, s)) return;  // 2..rows_dense rows
+  if (rows_linear(W, out, in, x, ldx, T, y, ldy, accumulate, 0, s, norm_w, eps)) return;  // 2..rows_dense rows
   if (T <= std::max(kGemvMaxRows, kernel_switches().gemv_rows))
     gemv_slots(W, nullptr, out, in, x, ldx, 1, T, y, ldy, accumulate, 0, s, norm_w, eps);
   else

@@ -64,6 +64,8 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_dense = parse_int_in("rows_dense", v, 0, 32); }},
       {"rows_moe", "MoE steps of 2..N rows grouped per expert (0: off; 0..64)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_moe = parse_int_in("rows_moe", v, 0, 64); }},
+      {"rows_min", "the multi-row products take steps of at least this many rows (2..33)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.rows_min = parse_int_in("rows_min", v, 2, 33); }},
   };
   return f;
 }

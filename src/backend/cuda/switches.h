@@ -16,6 +16,7 @@ struct KernelSwitches {
   // Multi-row products (gemv_rows.cu), ahead of the two above; 0 or 1: off.
   int rows_dense = 32;          // dense products of 2..rows_dense rows read each weight once for all rows
   int rows_moe = 32;            // MoE steps of 2..rows_moe rows grouped per expert (each expert read once)
+  int rows_min = 2;             // ... and both only from this many rows (fewer: the paths above)
 };
 
 // Process-wide: the last values set apply to every launch that follows.
