@@ -1,12 +1,15 @@
 // Multi-row products (rows.h): decode steps of 2..32 rows read each weight once.
 //
 // Block: 8 warps; warp w owns 32 weight rows (two m16 tiles; SwiGLU: 16 gate rows and the matching 16 up
-// rows) and the k chunks c ≡ w % ks (mod ks) of 64 elements; the ks warps of a row group are summed through
-// shared memory in a fixed order. The block's activation rows (8·NF, zero-padded) are the MMA's N side.
+// rows) and the k chunks c ≡ rank·ks + w % ks (mod ks·cl) of 64 elements (rank: the block's place in a
+// cluster of cl blocks); the ks warps of a row group and then the cl blocks are summed in fixed orders. The
+// block's activation rows (8·NF, zero-padded) are the MMA's N side: staged once in shared memory for the
+// block's chunks as ready B fragments (bf16 hi and lo) with Σx per chunk and row; each warp streams its
+// weights through two register buffers.
 //
 // Fragment order: in a 64-wide chunk, lane (g = lane / 4, c = lane % 4) reads elements [16c, 16c + 16) of
 // weight rows g and g + 8 (4-bit: one uint2, 8-bit: one uint4, bf16: two uint4) and the same 16 elements
-// of activation row g of each n8 fragment (four float4). The chunk's four k16 steps take these 16 elements
+// of activation row g of each n8 fragment. The chunk's four k16 steps take these 16 elements
 // as the MMA's k positions {2c, 2c+1, 2c+8, 2c+9} in an order both operands share: 8-bit and bf16 in
 // element order, 4-bit as the pairs (i, i+4) of each 8-code word, which one shift and mask extract.
 // Affine codes enter the MMA as exact bf16 integers; per chunk s·(Σ q·x) + b·(Σ x) is folded in fp32.
@@ -14,6 +17,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/ptx.cuh"
@@ -136,16 +140,8 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
   const int c0 = rank * ks + kq;
   if (c0 < nch) load(A, c0);
   if (!tiles) grid_dependency_wait();
-  // activation rows of this lane's B fragments (row g of fragment f); null: padding
-  const float* xr[NF];
-#pragma unroll
-  for (int f = 0; f < NF; ++f) {
-    const int n = 8 * f + g;
-    xr[f] = n < count ? x + int64_t(gather ? gather[row0 + n] : row0 + n) * ldx + 16 * c : nullptr;
-  }
   // fused RMSNorm (at most 8 rows, NF == 1): warp n sums the squares of row n once for the block
   __shared__ float inv_s[kWarps];
-  float inv[NF];
   if (norm_w) {
     if (warp < count) {
       const float4* r = reinterpret_cast<const float4*>(x + int64_t(gather ? gather[row0 + warp] : row0 + warp) * ldx);
@@ -158,9 +154,57 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       if (lane == 0) inv_s[warp] = rsqrtf(ss / float(in) + eps);
     }
     __syncthreads();
-#pragma unroll
-    for (int f = 0; f < NF; ++f) inv[f] = 8 * f + g < count && 8 * f + g < kWarps ? inv_s[8 * f + g] : 0.f;
   }
+  // Stage the block's activations once: for each of its chunks (local index lc = (ch / kslices)·ks + ch % ks)
+  // the B fragments of every k16 step, hi and lo, in lane order (xs[lc][f][s][lane] = {hi0, hi1, lo0, lo1}),
+  // and Σx per (chunk, row). Warp w stages (chunk, row) items; lane m the element pair m.
+  const int nloc = (nch + kslices - 1) / kslices * ks;
+  uint4* xs = reinterpret_cast<uint4*>(red);
+  float* sxs = reinterpret_cast<float*>(xs + int64_t(nloc) * NF * 4 * 32);  // [lc][8·NF]
+  const int items = nloc * 8 * NF;
+  const int cc = lane >> 3, q = lane & 7;  // lane c of the fragment, pair q of its 16 elements
+  int k0, k1, st, reg;                      // elements of the pair, its k16 step and B register
+  if constexpr (MODE == 4) {
+    k0 = 16 * cc + 8 * (q >> 2) + (q & 3); k1 = k0 + 4;
+    st = 2 * (q >> 2) + ((q & 3) >> 1); reg = q & 1;
+  } else {
+    k0 = 16 * cc + 2 * q; k1 = k0 + 1;
+    st = q >> 1; reg = q & 1;
+  }
+  constexpr int kBatch = 8;  // items whose loads are in flight together
+  for (int base = warp; base < items; base += kWarps * kBatch) {
+    float v0[kBatch], v1[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int item = base + b * kWarps, lc = item / (8 * NF), n = item % (8 * NF);
+      const int ch = lc / ks * kslices + rank * ks + lc % ks;
+      v0[b] = v1[b] = 0.f;
+      if (item < items && ch < nch && n < count) {
+        const float* xp = x + int64_t(gather ? gather[row0 + n] : row0 + n) * ldx + ch * 64;
+        v0[b] = __ldg(xp + k0);
+        v1[b] = __ldg(xp + k1);
+        if (norm_w) {  // (x · inv) · w, the GEMV's order
+          v0[b] = v0[b] * inv_s[n] * __ldg(norm_w + ch * 64 + k0);
+          v1[b] = v1[b] * inv_s[n] * __ldg(norm_w + ch * 64 + k1);
+        }
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int item = base + b * kWarps, lc = item / (8 * NF), n = item % (8 * NF);
+      if (item >= items) break;  // uniform over the warp
+      uint32_t hi, lo;
+      split_pair(v0[b], v1[b], hi, lo);
+      uint32_t* slot = reinterpret_cast<uint32_t*>(xs + ((int64_t(lc) * NF + n / 8) * 4 + st) * 32 + 4 * (n % 8) + cc);
+      slot[reg] = hi;
+      slot[2 + reg] = lo;
+      if constexpr (MODE != 0) {
+        const float t = warp_sum(v0[b] + v1[b]);
+        if (lane == 0) sxs[lc * 8 * NF + n] = t;
+      }
+    }
+  }
+  __syncthreads();
   float acc[kMT][NF][4];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
@@ -171,78 +215,46 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
 
   // one chunk: 4 k16 steps × (hi, lo) MMAs per (tile, fragment); affine: into tmp, folded with s and b
   auto consume = [&](const WChunk<MODE>& Wc, int ch) {
+    const int lc = ch / kslices * ks + kq;
     float tmp[kMT][NF][4];
-    float sx[NF];
 #pragma unroll
-    for (int f = 0; f < NF; ++f) {
-      sx[f] = 0.f;
+    for (int f = 0; f < NF; ++f)
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int i = 0; i < 4; ++i) tmp[mt][f][i] = 0.f;
-    }
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float4 X[NF][2];
+    for (int s = 0; s < 4; ++s) {  // k16 step
+      const int half = s >> 1, sub = s & 1;
+      uint4 bx[NF];
 #pragma unroll
-      for (int f = 0; f < NF; ++f) {
-        const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-        X[f][0] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half)) : z;
-        X[f][1] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half + 4)) : z;
-        if (norm_w) {  // (x · inv) · w, the GEMV's order
-          const float* wp = norm_w + ch * 64 + 16 * c + 8 * half;
-          const float4 w0 = __ldg(reinterpret_cast<const float4*>(wp)), w1 = __ldg(reinterpret_cast<const float4*>(wp + 4));
-          const float iv = inv[f];
-          X[f][0] = make_float4(X[f][0].x * iv * w0.x, X[f][0].y * iv * w0.y, X[f][0].z * iv * w0.z, X[f][0].w * iv * w0.w);
-          X[f][1] = make_float4(X[f][1].x * iv * w1.x, X[f][1].y * iv * w1.y, X[f][1].z * iv * w1.z, X[f][1].w * iv * w1.w);
+      for (int f = 0; f < NF; ++f) bx[f] = xs[((int64_t(lc) * NF + f) * 4 + s) * 32 + lane];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        uint32_t a[4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (MODE == 4) {
+            const uint32_t w = Wc.w[mt][h][half];
+            a[h] = nib_pair(w, 8 * sub);
+            a[2 + h] = nib_pair(w, 8 * sub + 4);
+          } else if constexpr (MODE == 8) {
+            const uint32_t w = Wc.w[mt][h][s];
+            a[h] = byte_pair(w, 0);
+            a[2 + h] = byte_pair(w, 2);
+          } else {
+            a[h] = Wc.w[mt][h][2 * s];
+            a[2 + h] = Wc.w[mt][h][2 * s + 1];
+          }
         }
-        if constexpr (MODE != 0)
-          sx[f] += ((X[f][0].x + X[f][0].y) + (X[f][0].z + X[f][0].w)) + ((X[f][1].x + X[f][1].y) + (X[f][1].z + X[f][1].w));
-      }
-#pragma unroll
-      for (int sub = 0; sub < 2; ++sub) {
-        const int s = 2 * half + sub;  // k16 step
-        uint32_t bh[NF][2], bl[NF][2];
 #pragma unroll
         for (int f = 0; f < NF; ++f) {
-          const float* X0 = reinterpret_cast<const float*>(&X[f][0]);
-          const float* X1 = reinterpret_cast<const float*>(&X[f][1]);
-          if constexpr (MODE == 4) {  // pairs (i, i + 4): elements (2·sub, 2·sub + 4), (2·sub + 1, 2·sub + 5)
-            split_pair(X0[2 * sub], X1[2 * sub], bh[f][0], bl[f][0]);
-            split_pair(X0[2 * sub + 1], X1[2 * sub + 1], bh[f][1], bl[f][1]);
-          } else {  // element order: step s reads elements 4s .. 4s + 3
-            const float* Xs = sub ? X1 : X0;
-            split_pair(Xs[0], Xs[1], bh[f][0], bl[f][0]);
-            split_pair(Xs[2], Xs[3], bh[f][1], bl[f][1]);
-          }
-        }
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          uint32_t a[4];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if constexpr (MODE == 4) {
-              const uint32_t w = Wc.w[mt][h][half];
-              a[h] = nib_pair(w, 8 * sub);
-              a[2 + h] = nib_pair(w, 8 * sub + 4);
-            } else if constexpr (MODE == 8) {
-              const uint32_t w = Wc.w[mt][h][s];
-              a[h] = byte_pair(w, 0);
-              a[2 + h] = byte_pair(w, 2);
-            } else {
-              a[h] = Wc.w[mt][h][2 * s];
-              a[2 + h] = Wc.w[mt][h][2 * s + 1];
-            }
-          }
-#pragma unroll
-          for (int f = 0; f < NF; ++f) {
-            if constexpr (MODE == 0) {
-              mma_bf16(acc[mt][f], a, bh[f][0], bh[f][1]);
-              mma_bf16(acc[mt][f], a, bl[f][0], bl[f][1]);
-            } else {
-              mma_bf16(tmp[mt][f], a, bh[f][0], bh[f][1]);
-              mma_bf16(tmp[mt][f], a, bl[f][0], bl[f][1]);
-            }
+          if constexpr (MODE == 0) {
+            mma_bf16(acc[mt][f], a, bx[f].x, bx[f].y);
+            mma_bf16(acc[mt][f], a, bx[f].z, bx[f].w);
+          } else {
+            mma_bf16(tmp[mt][f], a, bx[f].x, bx[f].y);
+            mma_bf16(tmp[mt][f], a, bx[f].z, bx[f].w);
           }
         }
       }
@@ -251,10 +263,7 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       // Σx of activation rows 2c and 2c + 1 of each fragment (the C columns of this lane)
 #pragma unroll
       for (int f = 0; f < NF; ++f) {
-        float v = sx[f];
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);  // lanes 4n .. 4n + 3: Σx of row n
-        const float s0 = __shfl_sync(0xffffffffu, v, 8 * c), s1 = __shfl_sync(0xffffffffu, v, 8 * c + 4);
+        const float s0 = sxs[lc * 8 * NF + 8 * f + 2 * c], s1 = sxs[lc * 8 * NF + 8 * f + 2 * c + 1];
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           acc[mt][f][0] += Wc.s[mt][0] * tmp[mt][f][0] + Wc.b[mt][0] * s0;
@@ -274,6 +283,7 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       consume(B, ch + kslices);
     }
   }
+  __syncthreads();  // the staged activations are dead: the partial sums below reuse their shared memory
   // partial sums: the ks warps of a row group through shared memory, then (clusters) the blocks of the
   // cluster through rank 0's reads of the others' shared memory; fixed orders, so the same bits every run
   if (kslices > 1) {
@@ -367,11 +377,28 @@ struct Split {
   int ks = 1, cl = 1;  // warps per row group, blocks per cluster sharing the k chunks
 };
 
+// Shared memory of the staged activations of a block (rows_kernel: B fragments + Σx per chunk and row).
+size_t stage_bytes(int nch, int nf, const Split& p) {
+  const int nloc = (nch + p.ks * p.cl - 1) / (p.ks * p.cl) * p.ks;
+  return size_t(nloc) * size_t(nf) * (4 * 32 * 16 + 8 * 4);
+}
+constexpr size_t kStagePreferred = 96 * 1024;  // two blocks per SM
+constexpr size_t kStageMax = 200 * 1024;
+
 template <int MODE, int NF, bool SWI>
 void launch(dim3 grid, Split sp, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
             const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
             const int32_t* n_tiles, int T, const float* norm_w, float eps) {
-  const size_t smem = sp.ks * sp.cl > 1 ? sizeof(float) * size_t(kWarps) * kMT * NF * 4 * 32 : 0;
+  static std::atomic<uint64_t> raised{0};  // devices whose shared-memory limit for this kernel is raised
+  int dev = 0;
+  LILY_CU(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(raised.load() & bit)) {
+    LILY_CU(cudaFuncSetAttribute(rows_kernel<MODE, NF, SWI>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStageMax)));
+    raised.fetch_or(bit);
+  }
+  const size_t red = sp.ks * sp.cl > 1 ? sizeof(float) * size_t(kWarps) * kMT * NF * 4 * 32 : 0;
+  const size_t smem = std::max(red, stage_bytes(in / 64, NF, sp));
   PdlLaunch L(grid, dim3(32 * kWarps), smem, s, sp.cl > 1 ? unsigned(sp.cl) : 0u);
   LILY_CU(cudaLaunchKernelEx(&L.cfg, rows_kernel<MODE, NF, SWI>, W, in, nrows, x, ldx, gather, y, ldy, accumulate,
                              swiglu_I, tiles, n_tiles, T, sp.ks, sp.cl, norm_w, eps));
@@ -414,18 +441,22 @@ bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, co
   if (nrows <= 0 || (tiles && max_tiles <= 0)) return true;
   const int nf = tiles ? 1 : T <= 8 ? 1 : T <= 16 ? 2 : 4;
   // k split: warps of a block first (summed through shared memory), then (sm_90) clusters of up to 8 blocks,
-  // until the grid has ~4 (dense) or ~8 (expert tiles, whose live count is at most the step's slots) blocks
-  // per SM; every warp keeps at least one chunk. The blocks of a cluster share their tile, so a dead tile
+  // until the grid has ~4 blocks per SM (expert tiles: counting up to the step's slots, the most tiles that
+  // can be live); every warp keeps at least one chunk. More cluster blocks also shrink each block's staged
+  // activations to two blocks' worth per SM. The blocks of a cluster share their tile, so a dead tile
   // leaves them all at once.
   const int rw = swiglu_I > 0 ? 16 : 32, nch = in / 64;
   const int64_t groups = tiles ? std::min<int64_t>(max_tiles, T) : 1;
-  const int64_t target = int64_t(tiles ? 8 : 4) * sm_count();
+  const int64_t target = int64_t(4) * sm_count();
   Split sp;
   auto row_blocks = [&](const Split& p) { return int64_t(cdiv(nrows, int64_t(kWarps / p.ks) * rw)); };
   auto blocks = [&](const Split& p) { return row_blocks(p) * p.cl * groups; };
   while (sp.ks < kWarps && blocks(sp) < target && nch / (2 * sp.ks) >= 1) sp.ks *= 2;
-  if (clusters_ok())
+  if (clusters_ok()) {
     while (sp.cl < 8 && blocks(sp) < target && nch / (2 * sp.ks * sp.cl) >= 1) sp.cl *= 2;
+    while (sp.cl < 8 && stage_bytes(nch, nf, sp) > kStagePreferred && nch / (2 * sp.ks * sp.cl) >= 1) sp.cl *= 2;
+  }
+  if (stage_bytes(nch, nf, sp) > kStageMax) return false;
   const dim3 grid(unsigned(row_blocks(sp) * sp.cl), unsigned(tiles ? max_tiles : 1));
   const int mode = W.affine ? W.bits : 0;
   const bool swi = swiglu_I > 0;
