@@ -1,6 +1,7 @@
 // Host-side error helpers of the CUDA backend (kept out of .cu files: nvcc cannot compile fmt).
 #include <fmt/format.h>
 
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/switches.h"
 #include "core/error.h"
@@ -13,6 +14,26 @@ void check(cudaError_t e, const char* file, int line) {
 }
 
 void fail_internal(const char* what) { throw InternalError(what); }
+
+int device_sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 132;
+    return v > 0 ? v : 132;
+  }();
+  return n;
+}
+
+int device_cc_major() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      return 0;
+    return v;
+  }();
+  return n;
+}
 
 namespace {
 KernelSwitches g_switches;

@@ -17,9 +17,9 @@
 #include <cuda_fp16.h>
 
 #include <mutex>
-#include <utility>
 #include <type_traits>
 
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/rows.h"
 
@@ -520,20 +520,13 @@ void exl3_gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx,
 bool exl3_rows(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
                cudaStream_t s) {
   if (!W.exl3 || T < 1 || T > kGemmBM || in > W.in_p || W.col_blocks <= 0) return false;
-  static const std::pair<int, int> dev = [] {
-    int d = 0, cc = 0, sms = 0;
-    cudaGetDevice(&d);
-    cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, d);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d);
-    return std::pair<int, int>(cc, sms > 0 ? sms : 132);
-  }();
   init_exl3_kernels();
   // clusters of up to 8 blocks along x share a column block's k chunks (at least two chunks each) until
   // the grid has ~2 blocks per SM
   const int chunks = W.in_p / 128;
   int ks = 1;
-  if (dev.first >= 9)
-    while (ks < 8 && int64_t(W.col_blocks) * ks < 2 * dev.second && chunks / (2 * ks) >= 2) ks *= 2;
+  if (device_cc_major() >= 9)
+    while (ks < 8 && int64_t(W.col_blocks) * ks < 2 * device_sm_count() && chunks / (2 * ks) >= 2) ks *= 2;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1] = {};
   cfg.gridDim = dim3(unsigned(W.col_blocks * ks), 1);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/kernels.cuh"
 
 namespace lily::cuda {
@@ -348,12 +349,7 @@ namespace {
 void gemv_run(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
               float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps,
               const Fold& fold) {
-  static int sm_count = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n > 0 ? n : 132;
-  }();
+  const int sm_count = device_sm_count();
   const int mode = W.affine ? W.bits : 0;
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
   const GemvShape g = gemv_shape(mode, in, nrows, slots, sm_count, swiglu_I > 0);

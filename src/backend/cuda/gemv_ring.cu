@@ -19,6 +19,7 @@
 // per output spanning every slot's expert row.
 #include <atomic>
 
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/kernels.cuh"
 
 namespace lily::cuda {
@@ -314,24 +315,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    return v > 0 ? v : 132;
-  }();
-  return n;
-}
-
 bool ring_supported() {
-  static const bool sm90 = [] {
-    int dev = 0, major = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    return major >= 9;  // cp.async.bulk and mbarrier transaction counts
-  }();
-  return sm90 && kernel_switches().gemv_ring;
+  return device_cc_major() >= 9 && kernel_switches().gemv_ring;  // cp.async.bulk and mbarrier transaction counts
 }
 
 template <int BITS, int KIND, int RPW>
@@ -406,7 +391,7 @@ Shape ring_shape(int kind, int bits, int gs, int in, int rows, int slots, int sm
 
 // Fills the shape fields of a and launches; false when the product is not covered (nothing launched).
 bool plan_and_launch(const Mat& W, RingArgs& a, int kind, cudaStream_t s) {
-  const Shape h = ring_shape(kind, W.bits, W.gs, a.in, kind == SWIGLU ? a.I : a.nrows, a.slots, sm_count());
+  const Shape h = ring_shape(kind, W.bits, W.gs, a.in, kind == SWIGLU ? a.I : a.nrows, a.slots, device_sm_count());
   if (!h.ok) return false;
   // every bulk copy starts at a 16-byte aligned address; the input is read as float4
   if (a.qstride_b % 16 != 0 || (a.sstride * 2) % 16 != 0 || !aligned16(a.q) || !aligned16(a.s) || !aligned16(a.b) ||

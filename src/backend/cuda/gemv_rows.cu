@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/rows.h"
@@ -69,6 +70,16 @@ __device__ __forceinline__ uint32_t byte_pair(uint32_t w, int i) {
   const float a = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u + unsigned(i))) - 8388736.f;
   const float b = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u + unsigned(i + 1))) - 8388736.f;
   return bf2_bits(__floats2bfloat162_rn(a, b));
+}
+
+template <int NF>
+__device__ __forceinline__ void zero(float (&a)[kMT][NF][4]) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int f = 0; f < NF; ++f)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[mt][f][i] = 0.f;
 }
 
 // One chunk's weights of a lane: rows (mt, h) = m16 tile mt, row g + 8h.
@@ -206,23 +217,13 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
   }
   __syncthreads();
   float acc[kMT][NF][4];
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int f = 0; f < NF; ++f)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mt][f][i] = 0.f;
+  zero(acc);
 
   // one chunk: 4 k16 steps × (hi, lo) MMAs per (tile, fragment); affine: into tmp, folded with s and b
   auto consume = [&](const WChunk<MODE>& Wc, int ch) {
     const int lc = ch / kslices * ks + kq;
     float tmp[kMT][NF][4];
-#pragma unroll
-    for (int f = 0; f < NF; ++f)
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) tmp[mt][f][i] = 0.f;
+    zero(tmp);
 #pragma unroll
     for (int s = 0; s < 4; ++s) {  // k16 step
       const int half = s >> 1, sub = s & 1;
@@ -352,26 +353,8 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    return v > 0 ? v : 132;
-  }();
-  return n;
-}
-
 // Thread-block clusters (sm_90 and up).
-bool clusters_ok() {
-  static const bool ok = [] {
-    int dev = 0, cc = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev);
-    return cc >= 9;
-  }();
-  return ok;
-}
+bool clusters_ok() { return device_cc_major() >= 9; }
 
 struct Split {
   int ks = 1, cl = 1;  // warps per row group, blocks per cluster sharing the k chunks
@@ -447,7 +430,7 @@ bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, co
   // leaves them all at once.
   const int rw = swiglu_I > 0 ? 16 : 32, nch = in / 64;
   const int64_t groups = tiles ? std::min<int64_t>(max_tiles, T) : 1;
-  const int64_t target = int64_t(4) * sm_count();
+  const int64_t target = int64_t(4) * device_sm_count();
   Split sp;
   auto row_blocks = [&](const Split& p) { return int64_t(cdiv(nrows, int64_t(kWarps / p.ks) * rw)); };
   auto blocks = [&](const Split& p) { return row_blocks(p) * p.cl * groups; };
