@@ -196,10 +196,19 @@ TEST(CudaExl3, LinearMatchesReference) {
     }
 }
 
-// Dense products of 2..32 rows with long inputs: the k chunks split over thread-block clusters (exl3_rows;
-// 3 column blocks, 16 chunks), against the reference and, bit for bit, the same rows alone.
+// Dense products of 3..32 rows (rows_min 3) with long inputs: the k chunks split over thread-block clusters
+// (exl3_rows; 3 column blocks, 16 chunks), against the reference and, bit for bit, the first rows of 3.
 TEST(CudaExl3, ClusterSplitRows) {
   LILY_REQUIRE_GPU();
+  struct Scope {
+    cuda::KernelSwitches saved = cuda::kernel_switches();
+    Scope() {
+      auto k = saved;
+      k.rows_min = 3;
+      cuda::set_kernel_switches(k);
+    }
+    ~Scope() { cuda::set_kernel_switches(saved); }
+  } scope;
   std::mt19937 rng(21);
   for (auto [K, cb] : {std::pair{4, 1}, std::pair{3, 2}, std::pair{2, 0}}) {
     const int in = 2048, out = 300;
@@ -207,7 +216,7 @@ TEST(CudaExl3, ClusterSplitRows) {
     DevExl3 d({&h}, 1);
     auto x = randn(size_t(32) * in, rng);
     std::vector<float> first;
-    for (int T : {2, 5, 16, 32}) {
+    for (int T : {3, 5, 16, 32}) {
       std::vector<float> xt(x.begin(), x.begin() + std::ptrdiff_t(size_t(T) * in));
       Dev<float> dx(xt), dy(size_t(T) * out);
       dy.poison();

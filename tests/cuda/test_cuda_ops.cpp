@@ -35,12 +35,13 @@ std::vector<double> ref_linear(const std::vector<float>& W, int out, int in, con
 // asked for), for the duration of a scope.
 struct GemvRowsScope {
   lily::cuda::KernelSwitches saved = lily::cuda::kernel_switches();
-  GemvRowsScope(int dense, int moe, int rows_dense = 0, int rows_moe = 0) {
+  GemvRowsScope(int dense, int moe, int rows_dense = 0, int rows_moe = 0, int rows_min = 6) {
     auto k = saved;
     k.gemv_rows = dense;
     k.moe_gemv_rows = moe;
     k.rows_dense = rows_dense;
     k.rows_moe = rows_moe;
+    k.rows_min = rows_min;
     lily::cuda::set_kernel_switches(k);
   }
   ~GemvRowsScope() { lily::cuda::set_kernel_switches(saved); }
@@ -366,11 +367,12 @@ TEST(CudaOps, MoeMatchesReference) {
   moe_cases();
 }
 
-// Steps of 2..32 rows grouped per expert into the multi-row products (rows.h): experts chosen by none
-// (skewed routing), by one row, by every row (the shared expert in the stacks), by more rows than a tile.
+// Steps of 3..32 rows grouped per expert into the multi-row products (rows.h, rows_min 3 here): experts chosen
+// by none (skewed routing), by one row, by every row (the shared expert in the stacks), by more rows than a
+// tile; 1-2 rows with the fused RMSNorm stay on the GEMVs.
 TEST(CudaOps, MoeGroupedRowsMatchReference) {
   LILY_REQUIRE_GPU();
-  GemvRowsScope scope(16, 32, 32, 32);
+  GemvRowsScope scope(16, 32, 32, 32, 3);
   std::mt19937 rng(4);
   for (int T : {2, 3, 5, 8, 16, 17, 32}) {
     run_moe_case(T, true, false, true, 8, 2, rng, false, 64, 128);
@@ -380,7 +382,7 @@ TEST(CudaOps, MoeGroupedRowsMatchReference) {
     run_moe_case(T, true, false, true, 8, 2, rng, true, 64);         // shared expert as expert E
     run_moe_case(T, false, true, true, 40, 5, rng, true, 64);
   }
-  for (int T : {1, 2}) {  // the RMSNorm fused into the products
+  for (int T : {1, 2}) {  // the RMSNorm fused into the GEMVs
     run_moe_case(T, true, false, true, 8, 2, rng, false, 64, 128, true);
     run_moe_case(T, true, true, true, 8, 2, rng, true, 64, 64, true);
     run_moe_case(T, true, false, false, 8, 2, rng, false, 64, 128, true);

@@ -1,23 +1,18 @@
 // Multi-row products (rows.h): decode steps of 2..32 rows read each weight once.
 //
 // Block: 8 warps; warp w owns 32 weight rows (two m16 tiles; SwiGLU: 16 gate rows and the matching 16 up
-// rows) and the k chunks c ≡ rank·ks + w % ks (mod ks·cl) of 64 elements (rank: the block's place in a
-// cluster of cl blocks); the ks warps of a row group and then the cl blocks are summed in fixed orders. The
-// block's activation rows (8·NF, zero-padded) are the MMA's N side: staged once in shared memory for the
-// block's chunks as ready B fragments (bf16 hi and lo) with Σx per chunk and row; each warp streams its
-// weights through two register buffers.
+// rows) and the k chunks c ≡ w % ks (mod ks) of 64 elements; the ks warps of a row group are summed through
+// shared memory in a fixed order. The block's activation rows (8·NF, zero-padded) are the MMA's N side.
 //
 // Fragment order: in a 64-wide chunk, lane (g = lane / 4, c = lane % 4) reads elements [16c, 16c + 16) of
 // weight rows g and g + 8 (4-bit: one uint2, 8-bit: one uint4, bf16: two uint4) and the same 16 elements
-// of activation row g of each n8 fragment. The chunk's four k16 steps take these 16 elements
+// of activation row g of each n8 fragment (four float4). The chunk's four k16 steps take these 16 elements
 // as the MMA's k positions {2c, 2c+1, 2c+8, 2c+9} in an order both operands share: 8-bit and bf16 in
 // element order, 4-bit as the pairs (i, i+4) of each 8-code word, which one shift and mask extract.
 // Affine codes enter the MMA as exact bf16 integers; per chunk s·(Σ q·x) + b·(Σ x) is folded in fp32.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "backend/cuda/device_info.h"
 #include "backend/cuda/kernels.cuh"
@@ -96,13 +91,11 @@ template <int MODE, int NF, bool SWI>
 __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     rows_kernel(const Mat W, int in, int nrows, const float* __restrict__ x, int64_t ldx,
                 const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy, bool accumulate, int swiglu_I,
-                const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks, int cl,
-                const float* __restrict__ norm_w, float eps) {
-  extern __shared__ float red[];  // [kWarps][kMT·NF·4][32] when ks · cl > 1
+                const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks) {
+  extern __shared__ float red[];  // [kWarps][kMT·NF·4][32] when ks > 1
   constexpr int NACC = kMT * NF * 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int mg = warp / ks, kq = warp % ks;
-  const int rank = int(blockIdx.x) % cl, kslices = ks * cl;  // cluster rank: the block's share of the k chunks
   allow_dependent_launch();
   // weights are never written by kernels: a dense product requests its first chunk before the wait
   if (tiles) grid_dependency_wait();
@@ -113,7 +106,7 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     e = tiles[3 * t]; row0 = tiles[3 * t + 1]; count = min(tiles[3 * t + 2], 8 * NF);
   }
   constexpr int RW = SWI ? 16 : 32;  // output rows per warp
-  const int rb = (int(blockIdx.x) / cl * (kWarps / ks) + mg) * RW;
+  const int rb = (int(blockIdx.x) * (kWarps / ks) + mg) * RW;
   int64_t wr[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
@@ -148,114 +141,81 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       }
   };
   WChunk<MODE> A, B;
-  const int c0 = rank * ks + kq;
+  const int c0 = kq;
   if (c0 < nch) load(A, c0);
   if (!tiles) grid_dependency_wait();
-  // fused RMSNorm (at most 8 rows, NF == 1): warp n sums the squares of row n once for the block
-  __shared__ float inv_s[kWarps];
-  if (norm_w) {
-    if (warp < count) {
-      const float4* r = reinterpret_cast<const float4*>(x + int64_t(gather ? gather[row0 + warp] : row0 + warp) * ldx);
-      float ss = 0.f;
-      for (int i = lane; i < in / 4; i += 32) {
-        const float4 v = __ldg(r + i);
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
-      ss = warp_sum(ss);
-      if (lane == 0) inv_s[warp] = rsqrtf(ss / float(in) + eps);
-    }
-    __syncthreads();
-  }
-  // Stage the block's activations once: for each of its chunks (local index lc = (ch / kslices)·ks + ch % ks)
-  // the B fragments of every k16 step, hi and lo, in lane order (xs[lc][f][s][lane] = {hi0, hi1, lo0, lo1}),
-  // and Σx per (chunk, row). Warp w stages (chunk, row) items; lane m the element pair m.
-  const int nloc = (nch + kslices - 1) / kslices * ks;
-  uint4* xs = reinterpret_cast<uint4*>(red);
-  float* sxs = reinterpret_cast<float*>(xs + int64_t(nloc) * NF * 4 * 32);  // [lc][8·NF]
-  const int items = nloc * 8 * NF;
-  const int cc = lane >> 3, q = lane & 7;  // lane c of the fragment, pair q of its 16 elements
-  int k0, k1, st, reg;                      // elements of the pair, its k16 step and B register
-  if constexpr (MODE == 4) {
-    k0 = 16 * cc + 8 * (q >> 2) + (q & 3); k1 = k0 + 4;
-    st = 2 * (q >> 2) + ((q & 3) >> 1); reg = q & 1;
-  } else {
-    k0 = 16 * cc + 2 * q; k1 = k0 + 1;
-    st = q >> 1; reg = q & 1;
-  }
-  constexpr int kBatch = 8;  // items whose loads are in flight together
-  for (int base = warp; base < items; base += kWarps * kBatch) {
-    float v0[kBatch], v1[kBatch];
+  // activation rows of this lane's B fragments (row g of fragment f); null: padding
+  const float* xr[NF];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int item = base + b * kWarps, lc = item / (8 * NF), n = item % (8 * NF);
-      const int ch = lc / ks * kslices + rank * ks + lc % ks;
-      v0[b] = v1[b] = 0.f;
-      if (item < items && ch < nch && n < count) {
-        const float* xp = x + int64_t(gather ? gather[row0 + n] : row0 + n) * ldx + ch * 64;
-        v0[b] = __ldg(xp + k0);
-        v1[b] = __ldg(xp + k1);
-        if (norm_w) {  // (x · inv) · w, the GEMV's order
-          v0[b] = v0[b] * inv_s[n] * __ldg(norm_w + ch * 64 + k0);
-          v1[b] = v1[b] * inv_s[n] * __ldg(norm_w + ch * 64 + k1);
-        }
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int item = base + b * kWarps, lc = item / (8 * NF), n = item % (8 * NF);
-      if (item >= items) break;  // uniform over the warp
-      uint32_t hi, lo;
-      split_pair(v0[b], v1[b], hi, lo);
-      uint32_t* slot = reinterpret_cast<uint32_t*>(xs + ((int64_t(lc) * NF + n / 8) * 4 + st) * 32 + 4 * (n % 8) + cc);
-      slot[reg] = hi;
-      slot[2 + reg] = lo;
-      if constexpr (MODE != 0) {
-        const float t = warp_sum(v0[b] + v1[b]);
-        if (lane == 0) sxs[lc * 8 * NF + n] = t;
-      }
-    }
+  for (int f = 0; f < NF; ++f) {
+    const int n = 8 * f + g;
+    xr[f] = n < count ? x + int64_t(gather ? gather[row0 + n] : row0 + n) * ldx + 16 * c : nullptr;
   }
-  __syncthreads();
   float acc[kMT][NF][4];
   zero(acc);
 
   // one chunk: 4 k16 steps × (hi, lo) MMAs per (tile, fragment); affine: into tmp, folded with s and b
   auto consume = [&](const WChunk<MODE>& Wc, int ch) {
-    const int lc = ch / kslices * ks + kq;
     float tmp[kMT][NF][4];
+    float sx[NF];
     zero(tmp);
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {  // k16 step
-      const int half = s >> 1, sub = s & 1;
-      uint4 bx[NF];
+    for (int f = 0; f < NF; ++f) sx[f] = 0.f;
 #pragma unroll
-      for (int f = 0; f < NF; ++f) bx[f] = xs[((int64_t(lc) * NF + f) * 4 + s) * 32 + lane];
+    for (int half = 0; half < 2; ++half) {
+      float4 X[NF][2];
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        uint32_t a[4];
+      for (int f = 0; f < NF; ++f) {
+        const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+        X[f][0] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half)) : z;
+        X[f][1] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half + 4)) : z;
+        if constexpr (MODE != 0)
+          sx[f] += ((X[f][0].x + X[f][0].y) + (X[f][0].z + X[f][0].w)) + ((X[f][1].x + X[f][1].y) + (X[f][1].z + X[f][1].w));
+      }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if constexpr (MODE == 4) {
-            const uint32_t w = Wc.w[mt][h][half];
-            a[h] = nib_pair(w, 8 * sub);
-            a[2 + h] = nib_pair(w, 8 * sub + 4);
-          } else if constexpr (MODE == 8) {
-            const uint32_t w = Wc.w[mt][h][s];
-            a[h] = byte_pair(w, 0);
-            a[2 + h] = byte_pair(w, 2);
-          } else {
-            a[h] = Wc.w[mt][h][2 * s];
-            a[2 + h] = Wc.w[mt][h][2 * s + 1];
+      for (int sub = 0; sub < 2; ++sub) {
+        const int s = 2 * half + sub;  // k16 step
+        uint32_t bh[NF][2], bl[NF][2];
+#pragma unroll
+        for (int f = 0; f < NF; ++f) {
+          const float* X0 = reinterpret_cast<const float*>(&X[f][0]);
+          const float* X1 = reinterpret_cast<const float*>(&X[f][1]);
+          if constexpr (MODE == 4) {  // pairs (i, i + 4): elements (2·sub, 2·sub + 4), (2·sub + 1, 2·sub + 5)
+            split_pair(X0[2 * sub], X1[2 * sub], bh[f][0], bl[f][0]);
+            split_pair(X0[2 * sub + 1], X1[2 * sub + 1], bh[f][1], bl[f][1]);
+          } else {  // element order: step s reads elements 4s .. 4s + 3
+            const float* Xs = sub ? X1 : X0;
+            split_pair(Xs[0], Xs[1], bh[f][0], bl[f][0]);
+            split_pair(Xs[2], Xs[3], bh[f][1], bl[f][1]);
           }
         }
 #pragma unroll
-        for (int f = 0; f < NF; ++f) {
-          if constexpr (MODE == 0) {
-            mma_bf16(acc[mt][f], a, bx[f].x, bx[f].y);
-            mma_bf16(acc[mt][f], a, bx[f].z, bx[f].w);
-          } else {
-            mma_bf16(tmp[mt][f], a, bx[f].x, bx[f].y);
-            mma_bf16(tmp[mt][f], a, bx[f].z, bx[f].w);
+        for (int mt = 0; mt < kMT; ++mt) {
+          uint32_t a[4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if constexpr (MODE == 4) {
+              const uint32_t w = Wc.w[mt][h][half];
+              a[h] = nib_pair(w, 8 * sub);
+              a[2 + h] = nib_pair(w, 8 * sub + 4);
+            } else if constexpr (MODE == 8) {
+              const uint32_t w = Wc.w[mt][h][s];
+              a[h] = byte_pair(w, 0);
+              a[2 + h] = byte_pair(w, 2);
+            } else {
+              a[h] = Wc.w[mt][h][2 * s];
+              a[2 + h] = Wc.w[mt][h][2 * s + 1];
+            }
+          }
+#pragma unroll
+          for (int f = 0; f < NF; ++f) {
+            if constexpr (MODE == 0) {
+              mma_bf16(acc[mt][f], a, bh[f][0], bh[f][1]);
+              mma_bf16(acc[mt][f], a, bl[f][0], bl[f][1]);
+            } else {
+              mma_bf16(tmp[mt][f], a, bh[f][0], bh[f][1]);
+              mma_bf16(tmp[mt][f], a, bl[f][0], bl[f][1]);
+            }
           }
         }
       }
@@ -264,7 +224,10 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       // Σx of activation rows 2c and 2c + 1 of each fragment (the C columns of this lane)
 #pragma unroll
       for (int f = 0; f < NF; ++f) {
-        const float s0 = sxs[lc * 8 * NF + 8 * f + 2 * c], s1 = sxs[lc * 8 * NF + 8 * f + 2 * c + 1];
+        float v = sx[f];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);  // lanes 4n .. 4n + 3: Σx of row n
+        const float s0 = __shfl_sync(0xffffffffu, v, 8 * c), s1 = __shfl_sync(0xffffffffu, v, 8 * c + 4);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           acc[mt][f][0] += Wc.s[mt][0] * tmp[mt][f][0] + Wc.b[mt][0] * s0;
@@ -276,18 +239,15 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     }
   };
   // two register buffers: the next chunk's weights are in flight while one is consumed
-  for (int ch = c0; ch < nch; ch += 2 * kslices) {
-    if (ch + kslices < nch) load(B, ch + kslices);
+  for (int ch = c0; ch < nch; ch += 2 * ks) {
+    if (ch + ks < nch) load(B, ch + ks);
     consume(A, ch);
-    if (ch + kslices < nch) {
-      if (ch + 2 * kslices < nch) load(A, ch + 2 * kslices);
-      consume(B, ch + kslices);
+    if (ch + ks < nch) {
+      if (ch + 2 * ks < nch) load(A, ch + 2 * ks);
+      consume(B, ch + ks);
     }
   }
-  __syncthreads();  // the staged activations are dead: the partial sums below reuse their shared memory
-  // partial sums: the ks warps of a row group through shared memory, then (clusters) the blocks of the
-  // cluster through rank 0's reads of the others' shared memory; fixed orders, so the same bits every run
-  if (kslices > 1) {
+  if (ks > 1) {
     float* mine = red + int64_t(warp) * NACC * 32 + lane;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
@@ -296,38 +256,17 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
 #pragma unroll
         for (int i = 0; i < 4; ++i) mine[((mt * NF + f) * 4 + i) * 32] = acc[mt][f][i];
     __syncthreads();
-    if (kq == 0 && ks > 1) {
+    if (kq != 0) return;
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int f = 0; f < NF; ++f)
+      for (int f = 0; f < NF; ++f)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            float t = acc[mt][f][i];
-            for (int q = 1; q < ks; ++q) t += red[(int64_t(warp + q) * NACC + (mt * NF + f) * 4 + i) * 32 + lane];
-            acc[mt][f][i] = t;
-            if (cl > 1) mine[((mt * NF + f) * 4 + i) * 32] = t;  // the block's sum, for rank 0
-          }
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (cl > 1) {
-      namespace cg = cooperative_groups;
-      cg::cluster_group cluster = cg::this_cluster();
-      cluster.sync();
-      if (rank == 0 && kq == 0)
-        for (int q = 1; q < cl; ++q) {
-          const float* o = cluster.map_shared_rank(mine, q);
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int f = 0; f < NF; ++f)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) acc[mt][f][i] += o[((mt * NF + f) * 4 + i) * 32];
+        for (int i = 0; i < 4; ++i) {
+          float t = acc[mt][f][i];
+          for (int q = 1; q < ks; ++q) t += red[(int64_t(warp + q) * NACC + (mt * NF + f) * 4 + i) * 32 + lane];
+          acc[mt][f][i] = t;
         }
-      cluster.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
-    }
-#endif
-    if (kq != 0 || rank != 0) return;
   }
   // C fragment: acc[mt][f][i] is weight row g + 8·(i / 2) of tile mt, activation row 8f + 2c + i % 2
 #pragma unroll
@@ -353,55 +292,31 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     }
 }
 
-// Thread-block clusters (sm_90 and up).
-bool clusters_ok() { return device_cc_major() >= 9; }
-
-struct Split {
-  int ks = 1, cl = 1;  // warps per row group, blocks per cluster sharing the k chunks
-};
-
-// Shared memory of the staged activations of a block (rows_kernel: B fragments + Σx per chunk and row).
-size_t stage_bytes(int nch, int nf, const Split& p) {
-  const int nloc = (nch + p.ks * p.cl - 1) / (p.ks * p.cl) * p.ks;
-  return size_t(nloc) * size_t(nf) * (4 * 32 * 16 + 8 * 4);
-}
-constexpr size_t kStagePreferred = 96 * 1024;  // two blocks per SM
-constexpr size_t kStageMax = 200 * 1024;
-
 template <int MODE, int NF, bool SWI>
-void launch(dim3 grid, Split sp, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
+void launch(dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
             const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
-            const int32_t* n_tiles, int T, const float* norm_w, float eps) {
-  static std::atomic<uint64_t> raised{0};  // devices whose shared-memory limit for this kernel is raised
-  int dev = 0;
-  LILY_CU(cudaGetDevice(&dev));
-  const uint64_t bit = uint64_t(1) << (dev & 63);
-  if (!(raised.load() & bit)) {
-    LILY_CU(cudaFuncSetAttribute(rows_kernel<MODE, NF, SWI>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStageMax)));
-    raised.fetch_or(bit);
-  }
-  const size_t red = sp.ks * sp.cl > 1 ? sizeof(float) * size_t(kWarps) * kMT * NF * 4 * 32 : 0;
-  const size_t smem = std::max(red, stage_bytes(in / 64, NF, sp));
-  PdlLaunch L(grid, dim3(32 * kWarps), smem, s, sp.cl > 1 ? unsigned(sp.cl) : 0u);
+            const int32_t* n_tiles, int T) {
+  const size_t smem = ks > 1 ? sizeof(float) * size_t(kWarps) * kMT * NF * 4 * 32 : 0;
+  PdlLaunch L(grid, dim3(32 * kWarps), smem, s);
   LILY_CU(cudaLaunchKernelEx(&L.cfg, rows_kernel<MODE, NF, SWI>, W, in, nrows, x, ldx, gather, y, ldy, accumulate,
-                             swiglu_I, tiles, n_tiles, T, sp.ks, sp.cl, norm_w, eps));
+                             swiglu_I, tiles, n_tiles, T, ks));
 }
 
 template <int MODE, bool SWI>
-void launch_nf(int nf, dim3 grid, Split ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
+void launch_nf(int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
                const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
-               const int32_t* n_tiles, int T, const float* norm_w, float eps) {
-  if (nf == 1) launch<MODE, 1, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
-  else if (nf == 2) launch<MODE, 2, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
-  else launch<MODE, 4, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+               const int32_t* n_tiles, int T) {
+  if (nf == 1) launch<MODE, 1, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
+  else if (nf == 2) launch<MODE, 2, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
+  else launch<MODE, 4, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
 }
 
 template <int MODE>
-void launch_mode(bool swi, int nf, dim3 grid, Split ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x,
+void launch_mode(bool swi, int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x,
                  int64_t ldx, const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I,
-                 const int32_t* tiles, const int32_t* n_tiles, int T, const float* norm_w, float eps) {
-  if (swi) launch_nf<MODE, true>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
-  else launch_nf<MODE, false>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+                 const int32_t* tiles, const int32_t* n_tiles, int T) {
+  if (swi) launch_nf<MODE, true>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
+  else launch_nf<MODE, false>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
 }
 
 }  // namespace
@@ -416,54 +331,43 @@ bool rows_covers(const Mat& W, int in) {
 
 bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
                   int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles, const int32_t* n_tiles,
-                  int max_tiles, int T, cudaStream_t s, const float* norm_w, float eps) {
+                  int max_tiles, int T, cudaStream_t s) {
   if (!rows_covers(W, in) || ldx % 4 != 0 || !aligned16(x)) return false;
   if (!tiles && (T < 1 || T > kRowsMax)) return false;
-  if (norm_w && ((!tiles && T > 8) || !aligned16(norm_w))) return false;
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
   if (nrows <= 0 || (tiles && max_tiles <= 0)) return true;
   const int nf = tiles ? 1 : T <= 8 ? 1 : T <= 16 ? 2 : 4;
-  // k split: warps of a block first (summed through shared memory), then (sm_90) clusters of up to 8 blocks,
-  // until the grid has ~4 blocks per SM (expert tiles: counting up to the step's slots, the most tiles that
-  // can be live); every warp keeps at least one chunk. More cluster blocks also shrink each block's staged
-  // activations to two blocks' worth per SM. The blocks of a cluster share their tile, so a dead tile
-  // leaves them all at once.
+  // k split: the fewest warps per row group that give ~4 blocks per resident block slot (a short tail), from the matrix
+  // shape and the number of groups (the live expert tiles are at most the step's slots)
   const int rw = swiglu_I > 0 ? 16 : 32, nch = in / 64;
   const int64_t groups = tiles ? std::min<int64_t>(max_tiles, T) : 1;
-  const int64_t target = int64_t(4) * device_sm_count();
-  Split sp;
-  auto row_blocks = [&](const Split& p) { return int64_t(cdiv(nrows, int64_t(kWarps / p.ks) * rw)); };
-  auto blocks = [&](const Split& p) { return row_blocks(p) * p.cl * groups; };
-  while (sp.ks < kWarps && blocks(sp) < target && nch / (2 * sp.ks) >= 1) sp.ks *= 2;
-  if (clusters_ok()) {
-    while (sp.cl < 8 && blocks(sp) < target && nch / (2 * sp.ks * sp.cl) >= 1) sp.cl *= 2;
-    while (sp.cl < 8 && stage_bytes(nch, nf, sp) > kStagePreferred && nch / (2 * sp.ks * sp.cl) >= 1) sp.cl *= 2;
-  }
-  if (stage_bytes(nch, nf, sp) > kStageMax) return false;
-  const dim3 grid(unsigned(row_blocks(sp) * sp.cl), unsigned(tiles ? max_tiles : 1));
+  int ks = 1;
+  auto blocks = [&](int k) { return int64_t(cdiv(nrows, int64_t(kWarps / k) * rw)) * groups; };
+  while (ks < kWarps && blocks(ks) < 8 * device_sm_count() && nch / (2 * ks) >= 2) ks *= 2;
+  const dim3 grid(unsigned(cdiv(nrows, int64_t(kWarps / ks) * rw)), unsigned(tiles ? max_tiles : 1));
   const int mode = W.affine ? W.bits : 0;
   const bool swi = swiglu_I > 0;
   switch (mode) {
-    case 0: launch_mode<0>(swi, nf, grid, sp, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
-    case 4: launch_mode<4>(swi, nf, grid, sp, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
-    default: launch_mode<8>(swi, nf, grid, sp, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
+    case 0: launch_mode<0>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T); break;
+    case 4: launch_mode<4>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T); break;
+    default: launch_mode<8>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T); break;
   }
   LILY_CU_LAUNCH();
   return true;
 }
 
 bool rows_linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
-                 bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps) {
+                 bool accumulate, int swiglu_I, cudaStream_t s) {
   const KernelSwitches& k = kernel_switches();
-  if (T < std::max(2, k.rows_min) || T > std::min(k.rows_dense, kRowsMax)) return false;
+  if (T < std::max(3, k.rows_min) || T > std::min(k.rows_dense, kRowsMax)) return false;
   if ((swiglu_I > 0 ? swiglu_I : out) < 16) return false;  // a few outputs: the per-row GEMV has more blocks
-  if (W.exl3) return swiglu_I == 0 && !norm_w && exl3_rows(W, out, in, x, ldx, T, y, ldy, accumulate, s);
-  return rows_product(W, out, in, x, ldx, nullptr, y, ldy, accumulate, swiglu_I, nullptr, nullptr, 0, T, s, norm_w, eps);
+  if (W.exl3) return swiglu_I == 0 && exl3_rows(W, out, in, x, ldx, T, y, ldy, accumulate, s);
+  return rows_product(W, out, in, x, ldx, nullptr, y, ldy, accumulate, swiglu_I, nullptr, nullptr, 0, T, s);
 }
 
 bool rows_moe_on(int T) {
   const KernelSwitches& k = kernel_switches();
-  return T >= std::max(2, k.rows_min) && T <= k.rows_moe;
+  return T >= std::max(3, k.rows_min) && T <= k.rows_moe;
 }
 
 }  // namespace lily::cuda

@@ -1,4 +1,4 @@
-// Linear layers: dispatch of decode products to the multi-row product (gemv_rows.cu, 2..32 rows), the GEMV
+// Linear layers: dispatch of decode products to the multi-row product (gemv_rows.cu, 3..32 rows), the GEMV
 // (gemv.cu; a scalar fallback here for bf16 rows that are not 16-byte aligned) and of prompt products to the tiled GEMMs (tensor cores in gemm_tc.cu,
 // a SIMT kernel here for shapes the tensor-core path does not take).
 #include <algorithm>
@@ -150,7 +150,7 @@ void linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, f
             cudaStream_t s, const float* norm_w, float eps) {
   if (T <= 0 || out <= 0) return;
   if (norm_w && T > kGemvMaxRows) fail_internal("linear: a fused RMSNorm needs the GEMV path (T <= 2)");
-  if (rows_linear(W, out, in, x, ldx, T, y, ldy, accumulate, 0, s, norm_w, eps)) return;  // 2..rows_dense rows
+  if (!norm_w && rows_linear(W, out, in, x, ldx, T, y, ldy, accumulate, 0, s)) return;  // rows_min..rows_dense rows
   if (T <= std::max(kGemvMaxRows, kernel_switches().gemv_rows))
     gemv_slots(W, nullptr, out, in, x, ldx, 1, T, y, ldy, accumulate, 0, s, norm_w, eps);
   else

@@ -60,13 +60,12 @@ __global__ void topk_kernel(const float* __restrict__ logits, int64_t ld, TopkAr
   topk_warp(logits + int64_t(blockIdx.x) * ld, blockIdx.x, a);
 }
 
-// Run by one block of 1024 threads (E <= 1024): expert histogram, prefix scan over experts (thread e owns
-// expert e), tile map (tiles of at most tile_rows slots), scatter of slots into expert order.
-// idx is read with coherent loads: topk_route_kernel writes it earlier in the same kernel.
-__device__ __forceinline__ void route_block(const int32_t* idx, int n, int E, int k, int tile_rows,
-                                            int32_t* __restrict__ counts, int32_t* __restrict__ slot_pos,
-                                            int32_t* __restrict__ sorted_tok, int32_t* __restrict__ tiles,
-                                            int32_t* __restrict__ n_tiles) {
+// One block of 1024 threads (E <= 1024): expert histogram, prefix scan over experts (thread e owns expert e),
+// tile map (tiles of at most tile_rows slots), scatter of slots into expert order.
+__global__ void __launch_bounds__(1024) route_kernel(const int32_t* __restrict__ idx, int n, int E, int k, int tile_rows,
+                                                     int32_t* __restrict__ counts, int32_t* __restrict__ slot_pos,
+                                                     int32_t* __restrict__ sorted_tok, int32_t* __restrict__ tiles,
+                                                     int32_t* __restrict__ n_tiles) {
   extern __shared__ int sh[];  // cnt[E], off[E], fill[E]
   __shared__ int wsum[32][2];  // per-warp totals of (slots, tiles)
   int* cnt = sh;
@@ -115,27 +114,6 @@ __device__ __forceinline__ void route_block(const int32_t* idx, int n, int E, in
     slot_pos[s] = p;
     sorted_tok[p] = s / k;
   }
-}
-
-__global__ void __launch_bounds__(1024) route_kernel(const int32_t* __restrict__ idx, int n, int E, int k, int tile_rows,
-                                                     int32_t* __restrict__ counts, int32_t* __restrict__ slot_pos,
-                                                     int32_t* __restrict__ sorted_tok, int32_t* __restrict__ tiles,
-                                                     int32_t* __restrict__ n_tiles) {
-  route_block(idx, n, E, k, tile_rows, counts, slot_pos, sorted_tok, tiles, n_tiles);
-}
-
-// Top-k of T <= 32 tokens (warp t: token t) and then the route of their slots, one block of 1024 threads.
-__global__ void __launch_bounds__(1024) topk_route_kernel(const float* __restrict__ logits, int64_t ld, TopkArgs a,
-                                                          int T, int E, int tile_rows, int32_t* __restrict__ counts,
-                                                          int32_t* __restrict__ slot_pos,
-                                                          int32_t* __restrict__ sorted_tok,
-                                                          int32_t* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
-  pdl_entry();
-  const int w = threadIdx.x >> 5;
-  if (w < T) topk_warp(logits + int64_t(w) * ld, w, a);
-  __syncthreads();  // the block's idx writes are visible to the whole block
-  const int kk = a.shared ? a.k + 1 : a.k;
-  route_block(a.idx, T * kk, E, kk, tile_rows, counts, slot_pos, sorted_tok, tiles, n_tiles);
 }
 
 __global__ void swiglu_kernel(const float* __restrict__ gu, int I, int64_t rows, float* __restrict__ h) {
@@ -188,7 +166,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
     s = side;
   }
   if (has_shared) {
-    if (rows_linear(m.sh_gate_up, 0, H, u, H, T, sc.sh_h, m.Is, false, m.Is, s, nw, eps)) {
+    if (!fused && rows_linear(m.sh_gate_up, 0, H, u, H, T, sc.sh_h, m.Is, false, m.Is, s)) {
       // 2..rows_dense rows: the shared expert read once, SwiGLU fused
     } else if (T <= moe_gemv_rows()) {
       gemv_slots(m.sh_gate_up, nullptr, 0, H, u, H, 1, T, sc.sh_h, m.Is, false, m.Is, s, nw, eps);
@@ -215,28 +193,18 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   TopkArgs ta;
   ta.E = m.E; ta.k = m.k; ta.norm_topk = m.norm_topk; ta.shared = m.shared_in_stack; ta.shared_gated = m.gate_in_router;
   ta.idx = sc.idx; ta.w = sc.w;
+  if (!(T == 1 && m.topk_counter && gemv_topk(m.router, ldl, H, u, sc.logits, nw, eps, ta, m.topk_counter, s))) {
+    linear(m.router, ldl, H, u, H, T, sc.logits, ldl, false, s, nw, eps);
+    launch_pdl(topk_kernel, dim3(T), dim3(32), 0, s, sc.logits, int64_t(ldl), ta);
+    LILY_CU_LAUNCH();
+  }
   const int kk = m.slots_per_token();
   const int n = T * kk;
   const int32_t* pos = nullptr;
   // grouped: slots sorted per expert into tiles of kRowsTile rows for the multi-row products (EXL3: the
   // prompt path's 64-row tiles, whose GEMM also decodes each expert once per tile)
-  const bool rows = rows_moe_on(T) && rows_covers(m.gate_up, H) && rows_covers(m.down, m.I);
-  const bool grouped = rows || (rows_moe_on(T) && !fused);  // the tile GEMMs read normalised rows
-  const int En = m.E + (m.shared_in_stack ? 1 : 0);  // experts in the stacks
-  if (En > 1024) fail_internal("moe: at most 1024 experts in the stacks on CUDA");
-  const int tr = rows ? kRowsTile : kGemmBM;
-  bool routed = false;  // slots already sorted (top-k and route in one kernel)
-  if (!(T == 1 && m.topk_counter && gemv_topk(m.router, ldl, H, u, sc.logits, nw, eps, ta, m.topk_counter, s))) {
-    linear(m.router, ldl, H, u, H, T, sc.logits, ldl, false, s, nw, eps);
-    if (grouped && T <= 32) {
-      launch_pdl(topk_route_kernel, dim3(1), dim3(1024), sizeof(int) * 3 * En, s, sc.logits, int64_t(ldl), ta, T, En, tr,
-                 sc.counts, sc.slot_pos, sc.sorted_tok, sc.tiles, sc.n_tiles);
-      routed = true;
-    } else {
-      launch_pdl(topk_kernel, dim3(T), dim3(32), 0, s, sc.logits, int64_t(ldl), ta);
-    }
-    LILY_CU_LAUNCH();
-  }
+  const bool grouped = !fused && rows_moe_on(T);
+  const bool rows = grouped && rows_covers(m.gate_up, H) && rows_covers(m.down, m.I);
   if (T <= moe_gemv_rows() && !grouped) {
     const bool ring_gu = T == 1 && gemv_ring(m.gate_up, sc.idx, 0, H, u, n, sc.h, m.I, false, m.I, s, nw, eps);
     if (!ring_gu) gemv_slots(m.gate_up, sc.idx, 0, H, u, H, kk, n, sc.h, m.I, false, m.I, s, nw, eps);
@@ -247,15 +215,16 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
       return;
     gemv_slots(m.down, sc.idx, H, m.I, sc.h, m.I, 1, n, sc.yb, H, false, 0, s);
   } else {
-    if (!routed) {
-      route_kernel<<<1, 1024, sizeof(int) * 3 * En, s>>>(sc.idx, n, En, kk, tr, sc.counts, sc.slot_pos, sc.sorted_tok,
-                                                         sc.tiles, sc.n_tiles);
-      LILY_CU_LAUNCH();
-    }
+    const int En = m.E + (m.shared_in_stack ? 1 : 0);  // experts in the stacks
+    if (En > 1024) fail_internal("moe: at most 1024 experts in the stacks on CUDA");
+    const int tr = rows ? kRowsTile : kGemmBM;
+    route_kernel<<<1, 1024, sizeof(int) * 3 * En, s>>>(sc.idx, n, En, kk, tr, sc.counts, sc.slot_pos, sc.sorted_tok,
+                                                       sc.tiles, sc.n_tiles);
+    LILY_CU_LAUNCH();
     const int mt = max_tiles_for(m, T, tr);
     if (rows) {
       if (!rows_product(m.gate_up, 2 * m.I, H, u, H, sc.sorted_tok, sc.h, m.I, false, m.I, sc.tiles, sc.n_tiles, mt, n,
-                        s, nw, eps) ||
+                        s) ||
           !rows_product(m.down, H, m.I, sc.h, m.I, nullptr, sc.yb, H, false, 0, sc.tiles, sc.n_tiles, mt, n, s))
         fail_internal("moe: the multi-row expert product declined an input it covers");
     } else {

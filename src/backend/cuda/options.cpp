@@ -60,12 +60,12 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.gemv_rows = parse_int_in("gemv_rows", v, 2, 64); }},
       {"moe_gemv_rows", "MoE steps of up to this many rows as per-slot GEMVs (1..64)",
        [](CudaOptions& o, const std::string& v) { o.kernels.moe_gemv_rows = parse_int_in("moe_gemv_rows", v, 1, 64); }},
-      {"rows_dense", "dense products of 2..N rows read each weight once for all rows (0: off; 0..32)",
+      {"rows_dense", "dense products of rows_min..N rows read each weight once for all rows (0: off; 0..32)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_dense = parse_int_in("rows_dense", v, 0, 32); }},
-      {"rows_moe", "MoE steps of 2..N rows grouped per expert (0: off; 0..64)",
+      {"rows_moe", "MoE steps of rows_min..N rows grouped per expert (0: off; 0..64)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_moe = parse_int_in("rows_moe", v, 0, 64); }},
-      {"rows_min", "the multi-row products take steps of at least this many rows (2..33)",
-       [](CudaOptions& o, const std::string& v) { o.kernels.rows_min = parse_int_in("rows_min", v, 2, 33); }},
+      {"rows_min", "the multi-row products take steps of at least this many rows (3..33, default 6)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.rows_min = parse_int_in("rows_min", v, 3, 33); }},
   };
   return f;
 }

@@ -1,4 +1,4 @@
-// Multi-row products for decode steps of 2..32 rows (gemv_rows.cu): every block streams a tile of weight
+// Multi-row products for decode steps of 3..32 rows (gemv_rows.cu): every block streams a tile of weight
 // rows once and multiplies it by all the rows that use it, on the tensor cores (mma.sync m16n8k16, the
 // rows as the N side, fp32 accumulation). Dense products take the step's rows as one group; the MoE takes
 // per-expert row lists from the device tile map (route_kernel in moe.cu), so each expert chosen by the
@@ -23,17 +23,16 @@ bool rows_covers(const Mat& W, int in);
 // y[r, 0:out] (= or +=) x[gather[r], 0:in] · W_eᵀ, the gemm_tiles contract (ops.h) with tiles of at most
 // kRowsTile rows; tiles == null: dense, rows [0, T) for T <= kRowsMax. swiglu_I > 0: W holds gate rows
 // [0, I) and up rows [I, 2I), y[r, j] = silu(gate_j · x) · (up_j · x) for j < I (out ignored).
-// x rows 16-byte aligned (ldx % 4 == 0). norm_w (expert tiles, or dense T <= 8): the x rows RMS-normalised
-// (· norm_w, eps) as they are read, as the GEMV's fused norm. Returns false, launching nothing, when the
-// product is not covered.
+// x rows 16-byte aligned (ldx % 4 == 0). Returns false, launching nothing, when the product is not covered.
 bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
                   int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles, const int32_t* n_tiles,
-                  int max_tiles, int T, cudaStream_t s, const float* norm_w = nullptr, float eps = 1e-6f);
+                  int max_tiles, int T, cudaStream_t s);
 
 // Dense product of T rows through rows_product (EXL3: exl3_rows, no SwiGLU) when KernelSwitches takes T
-// (max(2, rows_min) <= T <= rows_dense) and the format is covered; false otherwise (nothing launched).
+// (max(3, rows_min) <= T <= rows_dense; steps of 1-2 rows keep the GEMVs with the fused RMSNorm) and the
+// format is covered; false otherwise (nothing launched).
 bool rows_linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
-                 bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w = nullptr, float eps = 1e-6f);
+                 bool accumulate, int swiglu_I, cudaStream_t s);
 
 // EXL3 dense product of T <= 64 rows (exl3.cu): the tile GEMM (each weight decoded once for all rows) with
 // its k chunks split over thread-block clusters when the column blocks alone do not fill the GPU. False
@@ -41,7 +40,7 @@ bool rows_linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int
 bool exl3_rows(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
                cudaStream_t s);
 
-// Whether MoE steps of T rows group their slots per expert (max(2, rows_min) <= T <= rows_moe).
+// Whether MoE steps of T rows group their slots per expert (max(3, rows_min) <= T <= rows_moe).
 bool rows_moe_on(int T);
 
 }  // namespace lily::cuda

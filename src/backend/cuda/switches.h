@@ -13,10 +13,11 @@ struct KernelSwitches {
   bool ring_early_ids = true;   // the MoE down+combine ring product reads its expert ids before its PDL wait
   int gemv_rows = 16;           // dense products of up to this many rows run as one GEMV per row, more as GEMMs
   int moe_gemv_rows = 32;       // MoE steps of up to this many rows run one GEMV per (row, expert) slot
-  // Multi-row products (gemv_rows.cu), ahead of the two above; 0 or 1: off.
-  int rows_dense = 32;          // dense products of 2..rows_dense rows read each weight once for all rows
-  int rows_moe = 32;            // MoE steps of 2..rows_moe rows grouped per expert (each expert read once)
-  int rows_min = 2;             // ... and both only from this many rows (fewer: the paths above)
+  // Multi-row products (gemv_rows.cu), ahead of the two above, for steps of rows_min..N rows (0: off).
+  // rows_min 6: measured on the H200 (bench/RESULTS.md), never slower than the per-row paths; 3-5 rows lost.
+  int rows_dense = 32;          // dense products read each weight once for all rows
+  int rows_moe = 32;            // MoE steps grouped per expert (each chosen expert read once)
+  int rows_min = 6;             // 3..33; steps of 1-2 rows keep the GEMVs with the fused RMSNorm
 };
 
 // Process-wide: the last values set apply to every launch that follows.
