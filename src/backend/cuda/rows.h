@@ -4,8 +4,9 @@
 // per-expert row lists from the device tile map (route_kernel in moe.cu), so each expert chosen by the
 // step is read once per kRowsTile of its rows and experts chosen by none cost nothing.
 //
-// Numerics: activations split into bf16 hi + lo (two MMAs); affine codes enter the MMA as exact integers
-// and each 64-wide k chunk folds as s·Σq·x + b·Σx in fp32, as the GEMV does. A row's result depends on its
+// Numerics: activations split into bf16 hi + lo (two MMAs); affine codes enter the MMA as exact centred
+// integers q' = q - 2^(bits-1) and each 64-wide k chunk folds as s·Σq'·x + (b + 2^(bits-1)·s)·Σx in fp32
+// (the GEMV's s·Σq·x + b·Σx without its cancellation). A row's result depends on its
 // own input only: the same bits whichever rows share the step (the k-split is chosen from the matrix shape
 // and, for the MoE, the step's slot count).
 #pragma once
