@@ -66,10 +66,15 @@ Register reg("info", "Show a model's architecture, sizes, layer kinds and tensor
     fmt::print("model          {}\n", *model);
     fmt::print("architecture   {} (model_type {})\n", arch_name(cfg.arch), cfg.model_type);
     fmt::print("layers         {} ({} Gated DeltaNet + {} gated attention)\n", cfg.layers, cfg.n_linear_layers(), cfg.n_full_layers());
-    fmt::print("hidden         {}   vocab {}\n", cfg.hidden, cfg.vocab);
+    fmt::print("hidden         {}   vocab {}{}\n", cfg.hidden, cfg.vocab, cfg.tie_embeddings ? "   (tied embeddings)" : "");
     fmt::print("attention      {} q / {} kv heads x {}, rotary {}, theta {}\n", cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rotary_dim, cfg.rope_theta);
     fmt::print("deltanet       {} k / {} v heads, dk {} dv {}, conv {}\n", cfg.lin_k_heads, cfg.lin_v_heads, cfg.lin_k_dim, cfg.lin_v_dim, cfg.conv_kernel);
-    fmt::print("moe            {} experts, top-{}, expert {} / shared {}\n", cfg.n_experts, cfg.top_k, cfg.moe_inter, cfg.shared_inter);
+    const int64_t n_moe = cfg.n_moe_layers();
+    if (n_moe > 0)
+      fmt::print("moe            {} experts, top-{}, expert {} / shared {} ({} layers)\n", cfg.n_experts, cfg.top_k,
+                 cfg.moe_inter, cfg.shared_inter, n_moe);
+    if (n_moe < cfg.layers)
+      fmt::print("dense mlp      SwiGLU, intermediate {} ({} layers)\n", cfg.dense_inter, cfg.layers - n_moe);
     std::string kinds;
     for (auto k : cfg.layer_kinds) kinds += k == LayerKind::FullAttention ? 'A' : 'L';
     fmt::print("layer kinds    {}  (L = linear attention, A = full attention)\n", kinds);

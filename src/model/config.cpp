@@ -8,11 +8,24 @@
 
 namespace lily {
 
-const char* arch_name(Arch a) { return a == Arch::Qwen3Next ? "qwen3_next" : "qwen3_5_moe"; }
+const char* arch_name(Arch a) {
+  switch (a) {
+    case Arch::Qwen3Next: return "qwen3_next";
+    case Arch::Qwen35Moe: return "qwen3_5_moe";
+    case Arch::Qwen35: return "qwen3_5";
+  }
+  return "?";
+}
 
 int64_t ModelConfig::n_full_layers() const {
   int64_t n = 0;
   for (auto k : layer_kinds) n += k == LayerKind::FullAttention;
+  return n;
+}
+
+int64_t ModelConfig::n_moe_layers() const {
+  int64_t n = 0;
+  for (bool m : layer_is_moe) n += m;
   return n;
 }
 
@@ -77,21 +90,30 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& top, const std::string&
   c.model_type = mt->get<std::string>();
   const nlohmann::json* tj = &top;
   std::string twhere = where;
-  if (c.model_type == "qwen3_next") {
-    c.arch = Arch::Qwen3Next;
-    c.tensor_prefix = "model.";
-  } else if (c.model_type == "qwen3_5_moe_text") {
-    c.arch = Arch::Qwen35Moe;
-    c.tensor_prefix = "model.";
-  } else if (c.model_type == "qwen3_5_moe") {
-    c.arch = Arch::Qwen35Moe;
+  // model_type -> architecture, and whether the text model sits under text_config (multimodal saves,
+  // tensors under model.language_model.) or at the top level (text-only saves, tensors under model.).
+  struct Kind {
+    const char* model_type;
+    Arch arch;
+    bool nested;
+  };
+  static constexpr Kind kinds[] = {{"qwen3_next", Arch::Qwen3Next, false},  {"qwen3_5_moe_text", Arch::Qwen35Moe, false},
+                                   {"qwen3_5_moe", Arch::Qwen35Moe, true},  {"qwen3_5_text", Arch::Qwen35, false},
+                                   {"qwen3_5", Arch::Qwen35, true}};
+  const Kind* kind = nullptr;
+  for (const auto& k : kinds)
+    if (c.model_type == k.model_type) kind = &k;
+  if (!kind)
+    fail("{}: unknown model_type '{}' (supported: qwen3_next, qwen3_5_moe, qwen3_5_moe_text, qwen3_5, qwen3_5_text)",
+         where, c.model_type);
+  c.arch = kind->arch;
+  c.tensor_prefix = kind->nested ? "model.language_model." : "model.";
+  if (kind->nested) {
     auto it = top.find("text_config");
-    if (it == top.end() || !it->is_object()) fail("{}: model_type qwen3_5_moe needs an object 'text_config'", where);
+    if (it == top.end() || !it->is_object())
+      fail("{}: model_type {} needs an object 'text_config'", where, c.model_type);
     tj = &*it;
     twhere = where + " (text_config)";
-    c.tensor_prefix = "model.language_model.";
-  } else {
-    fail("{}: unknown model_type '{}' (supported: qwen3_next, qwen3_5_moe, qwen3_5_moe_text)", where, c.model_type);
   }
   Reader r{*tj, twhere};
   c.hidden = r.int_req("hidden_size");
@@ -110,11 +132,19 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& top, const std::string&
   c.top_k = r.int_opt("num_experts_per_tok", 0);
   c.moe_inter = r.int_opt("moe_intermediate_size", 0);
   c.shared_inter = r.int_opt("shared_expert_intermediate_size", 0);
-  c.dense_inter = r.int_opt("intermediate_size", 0);
+  c.dense_inter = c.arch == Arch::Qwen35 ? r.int_req("intermediate_size") : r.int_opt("intermediate_size", 0);
   c.norm_topk = c.arch == Arch::Qwen35Moe ? true : r.bool_opt("norm_topk_prob", true);
+  if (c.arch == Arch::Qwen35) c.n_experts = c.top_k = c.moe_inter = c.shared_inter = 0;  // HF's dense class has none
   c.max_positions = r.int_opt("max_position_embeddings", 0);
   // Tied embeddings may be declared at either level.
   c.tie_embeddings = Reader{top, where}.bool_opt("tie_word_embeddings", r.bool_opt("tie_word_embeddings", false));
+
+  // Switches the released models set one way; the forward implements only that way.
+  if (auto* act = r.find("hidden_act"); act && (!act->is_string() || act->get<std::string>() != "silu"))
+    fail("{}: hidden_act {} is not supported (only \"silu\")", twhere, act->dump());
+  if (r.bool_opt("attention_bias", false)) fail("{}: attention_bias true is not supported (no attention biases)", twhere);
+  if (!r.bool_opt("attn_output_gate", true))
+    fail("{}: attn_output_gate false is not supported (the attention output is always gated)", twhere);
 
   for (auto [k, v] : {std::pair{"hidden_size", c.hidden}, {"num_hidden_layers", c.layers}, {"vocab_size", c.vocab},
                       {"num_attention_heads", c.n_heads}, {"num_key_value_heads", c.n_kv_heads},
@@ -182,6 +212,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& top, const std::string&
     bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
     bool moe = !only && c.n_experts > 0 && sparse_step > 0 && (i + 1) % sparse_step == 0;
     if (c.arch == Arch::Qwen35Moe) moe = c.n_experts > 0 && !only;
+    if (c.arch == Arch::Qwen35) moe = false;
     c.layer_is_moe.push_back(moe);
     if (moe) {
       if (c.top_k <= 0 || c.top_k > c.n_experts)
@@ -264,7 +295,12 @@ nlohmann::json ModelConfig::to_json() const {
           {"vocab_size", vocab},
           {"attention", {{"heads", n_heads}, {"kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"rotary_dim", rotary_dim}, {"rope_theta", rope_theta}}},
           {"linear_attention", {{"key_heads", lin_k_heads}, {"value_heads", lin_v_heads}, {"key_dim", lin_k_dim}, {"value_dim", lin_v_dim}, {"conv_kernel", conv_kernel}}},
-          {"moe", {{"experts", n_experts}, {"top_k", top_k}, {"expert_intermediate", moe_inter}, {"shared_intermediate", shared_inter}, {"norm_topk_prob", norm_topk}}},
+          {"moe", n_moe_layers() == 0 ? nlohmann::json(nullptr)
+                                       : nlohmann::json{{"experts", n_experts}, {"top_k", top_k}, {"expert_intermediate", moe_inter},
+                                                        {"shared_intermediate", shared_inter}, {"norm_topk_prob", norm_topk},
+                                                        {"layers", n_moe_layers()}}},
+          {"dense_mlp", n_moe_layers() == layers ? nlohmann::json(nullptr)
+                                                 : nlohmann::json{{"intermediate", dense_inter}, {"layers", layers - n_moe_layers()}}},
           {"tie_word_embeddings", tie_embeddings},
           {"layer_types", kinds},
           {"quantization", quant_method.empty() ? nlohmann::json(nullptr) : nlohmann::json(quant_method)}};

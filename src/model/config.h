@@ -1,6 +1,7 @@
 // ModelConfig: the text model's hyperparameters, resolved from any of the config.json forms
-// (qwen3_next; qwen3_5_moe_text; qwen3_5_moe with text_config; RoPE at top level or in
-// rope_parameters; layer_types or full_attention_interval; mlp_only_layers / decoder_sparse_step).
+// (qwen3_next; qwen3_5_moe_text; qwen3_5_moe with text_config; the dense qwen3_5_text and qwen3_5
+// with text_config; RoPE at top level or in rope_parameters; layer_types or full_attention_interval;
+// mlp_only_layers / decoder_sparse_step).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,7 +13,8 @@
 
 namespace lily {
 
-enum class Arch { Qwen3Next, Qwen35Moe };
+// Qwen35: the dense Qwen3.5 family (a SwiGLU MLP of intermediate_size in every layer, no experts).
+enum class Arch { Qwen3Next, Qwen35Moe, Qwen35 };
 enum class LayerKind { LinearAttention, FullAttention };
 
 struct ModelConfig {
@@ -50,6 +52,7 @@ struct ModelConfig {
   int64_t lin_value_dim() const { return lin_v_heads * lin_v_dim; }
   int64_t conv_channels() const { return 2 * lin_key_dim() + lin_value_dim(); }
   int64_t n_full_layers() const;
+  int64_t n_moe_layers() const;
   int64_t n_linear_layers() const { return layers - n_full_layers(); }
 
   // Parses config.json text; `where` names the file in errors.

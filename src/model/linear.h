@@ -32,6 +32,12 @@ struct Linear {
   std::shared_ptr<const quant::Exl3Weight> exl3;
 
   bool empty() const { return out == 0; }
+  // Both handles read the same stored matrix (a tied lm_head and embedding).
+  bool same_storage(const Linear& o) const {
+    return format == o.format && (format == WeightFormat::Dense    ? dense.data == o.dense.data
+                                  : format == WeightFormat::Affine ? affine == o.affine
+                                                                   : exl3 == o.exl3);
+  }
   size_t nbytes() const;  // bytes a full pass over the weights reads
 };
 

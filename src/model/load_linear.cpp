@@ -217,6 +217,18 @@ Linear load_linear(const Checkpoint& ck, const ModelConfig& cfg, const std::stri
        dtype_name(w->dtype));
 }
 
+std::optional<StoredShape> stored_shape(const Checkpoint& ck, const ModelConfig& cfg, const std::string& base) {
+  if (const auto* tr = ck.find(base + ".trellis")) {
+    if (tr->shape.size() != 3) return StoredShape{tr, -1, -1, true};
+    return StoredShape{tr, tr->shape[1] * 16, tr->shape[0] * 16, true};
+  }
+  const auto* w = ck.find(base + ".weight");
+  if (!w || w->shape.size() != 2) return std::nullopt;
+  if (dtype_is_float(w->dtype)) return StoredShape{w, w->shape[0], w->shape[1], false};
+  const int bits = affine_config(cfg, base).first;
+  return StoredShape{w, w->shape[0], bits > 0 ? w->shape[1] * 32 / bits : -1, false};
+}
+
 bool load_stacked_experts(const Checkpoint& ck, const ModelConfig& cfg, const std::string& p,
                           std::vector<Expert>& experts, std::vector<std::shared_ptr<void>>& owned) {
   const int64_t E = cfg.n_experts, I = cfg.moe_inter, H = cfg.hidden;

@@ -4,6 +4,7 @@
 //   BASE.trellis + BASE.suh/.svh (+ .mcg/.mul1)  -> Exl3                quant/exl3
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,16 @@ namespace lily {
 // Throws InputError naming the tensor when absent, of the wrong shape or dtype.
 Linear load_linear(const Checkpoint& ck, const ModelConfig& cfg, const std::string& base, int64_t out, int64_t in,
                    std::vector<std::shared_ptr<void>>& owned);
+
+// The [out, in] that a checkpoint stores for matrix BASE, whatever its format, and the tensor that says so.
+// EXL3 sizes are padded to 128 (`padded`); in == -1 when the format leaves it open (MLX affine without
+// bits in config.json's quantization block). nullopt when BASE is absent (load_linear then names it).
+struct StoredShape {
+  const TensorInfo* tensor = nullptr;
+  int64_t out = 0, in = 0;
+  bool padded = false;
+};
+std::optional<StoredShape> stored_shape(const Checkpoint& ck, const ModelConfig& cfg, const std::string& base);
 
 // Experts stored stacked in a quantized format (e.g. mlx-lm's switch_mlp); false when not present.
 bool load_stacked_experts(const Checkpoint& ck, const ModelConfig& cfg, const std::string& mlp_prefix,

@@ -161,11 +161,25 @@ class Loader {
   // A zero-centred norm weight of the checkpoint, folded to (1 + w) unless already stored that way.
   std::vector<float> norm(const std::string& name, int64_t n) { return vec(name, n, !norms_shifted_); }
 
+  // The dense MLP's width comes from config.json's intermediate_size: a checkpoint whose gate/up rows or
+  // down columns say otherwise is named together with the field.
+  void check_dense_width(const std::string& base, bool rows) {
+    const auto s = stored_shape(ck_, cfg_, base);
+    if (!s) return;  // absent: load_linear names it
+    const int64_t I = cfg_.dense_inter, want = s->padded ? (I + 127) / 128 * 128 : I, have = rows ? s->out : s->in;
+    if (have >= 0 && have != want)
+      fail("{}/config.json: intermediate_size is {} but tensor '{}' has shape {} ({} {}{})", ck_.dir(), I, s->tensor->name,
+           s->tensor->shape_str(), have, rows ? "rows" : "columns", s->padded ? ", padded to 128" : "");
+  }
+
   void ffn(const std::string& p, bool moe, FfnWeights& f) {
     const int64_t H = cfg_.hidden;
     f.moe = moe;
     if (!moe) {
       const int64_t I = cfg_.dense_inter;
+      check_dense_width(p + "gate_proj", true);
+      check_dense_width(p + "up_proj", true);
+      check_dense_width(p + "down_proj", false);
       f.shared.gate = linear(p + "gate_proj", I, H);
       f.shared.up = linear(p + "up_proj", I, H);
       f.shared.down = linear(p + "down_proj", H, I);
@@ -353,7 +367,7 @@ const MtpWeights& ModelWeights::require_mtp() const {
 }
 
 size_t ModelWeights::weight_bytes() const {
-  size_t n = embed.nbytes() + (lm_head.dense.data == embed.dense.data && lm_head.format == embed.format ? 0 : lm_head.nbytes());
+  size_t n = embed.nbytes() + (lm_head.same_storage(embed) ? 0 : lm_head.nbytes());
   for (auto& L : layers) n += layer_bytes(L, false, cfg.top_k);
   return n;
 }

@@ -76,6 +76,67 @@ TEST(Config, NestedQwen35WithRopeParameters) {
   EXPECT_EQ(c.rope_freq_dtype, DType::BF16);
 }
 
+// The dense Qwen3.5 as the 0.8B-27B releases write it: model_type qwen3_5 with the text model
+// (qwen3_5_text) under text_config and tie_word_embeddings at the top level, or a flat qwen3_5_text save.
+json dense_text() {
+  return json::parse(R"({
+    "model_type": "qwen3_5_text", "hidden_size": 64, "num_hidden_layers": 8, "vocab_size": 100,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 96,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+    "hidden_act": "silu", "attention_bias": false, "attn_output_gate": true, "attention_dropout": 0.0,
+    "initializer_range": 0.02, "mamba_ssm_dtype": "float32", "max_position_embeddings": 262144,
+    "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": false, "rms_norm_eps": 1e-06,
+    "use_cache": true, "dtype": "bfloat16", "eos_token_id": 99, "bos_token_id": null, "pad_token_id": null,
+    "rope_parameters": {"mrope_interleaved": true, "mrope_section": [1, 1, 0], "rope_type": "default",
+                        "rope_theta": 10000000, "partial_rotary_factor": 0.25}
+  })");
+}
+
+TEST(Config, DenseQwen35) {
+  auto flat = ModelConfig::from_json(dense_text(), "config.json");
+  EXPECT_EQ(flat.arch, Arch::Qwen35);
+  EXPECT_STREQ(arch_name(flat.arch), "qwen3_5");
+  EXPECT_EQ(flat.tensor_prefix, "model.");
+  EXPECT_EQ(flat.dense_inter, 96);
+  EXPECT_EQ(flat.n_moe_layers(), 0);
+  EXPECT_EQ(flat.n_full_layers(), 2);
+  EXPECT_FALSE(flat.tie_embeddings);
+  EXPECT_EQ(flat.to_json()["moe"], nullptr);
+  EXPECT_EQ(flat.to_json()["dense_mlp"]["intermediate"], 96);
+
+  json top = {{"model_type", "qwen3_5"}, {"architectures", {"Qwen3_5ForConditionalGeneration"}},
+              {"text_config", dense_text()}, {"vision_config", {{"depth", 12}, {"out_hidden_size", 64}}},
+              {"image_token_id", 248056}, {"tie_word_embeddings", true}};
+  auto c = ModelConfig::from_json(top, "config.json");
+  EXPECT_EQ(c.arch, Arch::Qwen35);
+  EXPECT_EQ(c.tensor_prefix, "model.language_model.");
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.rotary_dim, 8);
+  EXPECT_EQ(c.rope_freq_dtype, DType::BF16);
+  EXPECT_EQ(c.eos_ids, std::vector<int64_t>{99});
+
+  // MoE fields in a dense config are not read (HF's dense class has none): every layer stays dense.
+  auto j = dense_text();
+  j["num_experts"] = 8;
+  j["num_experts_per_tok"] = 2;
+  auto d = ModelConfig::from_json(j, "config.json");
+  EXPECT_EQ(d.n_moe_layers(), 0);
+  EXPECT_EQ(d.n_experts, 0);
+
+  j = dense_text();
+  j.erase("intermediate_size");
+  EXPECT_NE(error_of(j).find("missing field 'intermediate_size'"), std::string::npos) << error_of(j);
+  j = dense_text();
+  j["attention_bias"] = true;
+  EXPECT_NE(error_of(j).find("attention_bias true is not supported"), std::string::npos) << error_of(j);
+  j = dense_text();
+  j["attn_output_gate"] = false;
+  EXPECT_NE(error_of(j).find("attn_output_gate false is not supported"), std::string::npos) << error_of(j);
+  EXPECT_NE(error_of(json{{"model_type", "qwen3_5"}}).find("model_type qwen3_5 needs an object 'text_config'"),
+            std::string::npos);
+}
+
 TEST(Config, Errors) {
   auto j = base_next();
   j["layer_types"] = {"linear_attention"};

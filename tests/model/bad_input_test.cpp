@@ -190,6 +190,49 @@ TEST_F(BadInput, MissingMlpForDenseLayer) {
   expect_error("missing tensor 'model.layers.2.mlp.gate_proj.weight'");
 }
 
+// The dense Qwen3.5 golden (qwen3_5_text, intermediate_size 256 in every layer).
+class DenseBadInput : public BadInput {
+ protected:
+  std::string source() const override { return "qwen3_5_text-a-mtp"; }
+};
+
+TEST_F(DenseBadInput, IntermediateSizeDoesNotMatchTheTensors) {
+  cfg_["intermediate_size"] = 300;
+  write_config(cfg_);
+  write_model([](auto&) {});
+  expect_error("config.json: intermediate_size is 300 but tensor 'model.layers.0.mlp.gate_proj.weight' has shape [256, 128] (256 rows)");
+}
+
+TEST_F(DenseBadInput, DownProjectionNarrowerThanIntermediateSize) {
+  write_config(cfg_);
+  std::vector<uint16_t> narrow(128 * 192, 0x3f80);
+  write_model([&](auto& t) {
+    for (auto& x : t)
+      if (x.name == "model.layers.2.mlp.down_proj.weight") x = {x.name, DType::BF16, {128, 192}, narrow.data(), narrow.size() * 2};
+  });
+  expect_error("intermediate_size is 256 but tensor 'model.layers.2.mlp.down_proj.weight' has shape [128, 192] (192 columns)");
+}
+
+TEST_F(DenseBadInput, MissingIntermediateSize) {
+  cfg_.erase("intermediate_size");
+  write_config(cfg_);
+  write_model([](auto&) {});
+  expect_error("missing field 'intermediate_size'");
+}
+
+TEST_F(DenseBadInput, NestedConfigWithoutTextConfig) {
+  write_config(json{{"model_type", "qwen3_5"}, {"vision_config", json::object()}});
+  write_model([](auto&) {});
+  expect_error("model_type qwen3_5 needs an object 'text_config'");
+}
+
+TEST_F(DenseBadInput, UnsupportedActivation) {
+  cfg_["hidden_act"] = "gelu";
+  write_config(cfg_);
+  write_model([](auto&) {});
+  expect_error("hidden_act \"gelu\" is not supported");
+}
+
 TEST_F(BadInput, TokenOutsideVocab) {
   auto e = Engine::open(src_, EngineOptions{});
   Session s(*e);

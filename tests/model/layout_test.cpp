@@ -1,6 +1,7 @@
 // Checkpoint layouts: the same golden weights re-saved as HF's fused experts under the nested
-// qwen3_5_moe layout (model.language_model.*, text_config, visual tensors to ignore), and with
-// config variants (top-level RoPE keys, full_attention_interval), must give identical logits.
+// qwen3_5_moe layout (model.language_model.*, text_config, visual tensors to ignore), the dense
+// golden under the nested qwen3_5 layout, mlx-lm's sanitised names, and config variants (top-level RoPE
+// keys, full_attention_interval), must give identical logits.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 
 #include "core/mapped_file.h"
 #include "io/safetensors.h"
+#include "model/config.h"
 #include "runtime/session.h"
 #include "test_util.h"
 
@@ -112,10 +114,48 @@ TEST(Layout, FusedExpertsNestedQwen35Moe) {
   fs::remove_all(dir);
 }
 
-TEST(Layout, MlxSanitizedQwen35) {
-  // mlx-lm's conversion: tensors under language_model.model.* and language_model.lm_head, conv taps
-  // last ([C, K, 1]) and zero-centred norms stored as 1 + w (here in F32 so the shift is exact).
-  const std::string src = test::golden_dir("qwen3_5_moe_text-a");
+// The dense Qwen3.5 as Qwen3_5ForConditionalGeneration saves it: model_type qwen3_5 with the text model
+// under text_config, tensors under model.language_model.*, the MTP block under mtp.* and a vision tower
+// under model.visual.* (both ignored by the text model).
+TEST(Layout, NestedQwen35Dense) {
+  const std::string src = test::golden_dir("qwen3_5_text-a-mtp");
+  ASSERT_FALSE(src.empty());
+  Checkpoint ck(src);
+  std::vector<TensorToWrite> out;
+  for (auto& [name, t] : ck.tensors()) {
+    std::string n = name;
+    if (n.rfind("model.", 0) == 0) n = "model.language_model." + n.substr(6);
+    out.push_back({n, t->dtype, t->shape, t->data, t->nbytes});
+  }
+  ASSERT_TRUE(ck.find("mtp.fc.weight"));  // kept, as the hub checkpoints carry it
+  std::vector<uint8_t> junk(64 * 2, 0x3f);
+  out.push_back({"model.visual.blocks.0.attn.qkv.weight", DType::BF16, {8, 8}, junk.data(), junk.size()});
+  auto dir = scratch("nested_dense");
+  write_safetensors((dir / "model.safetensors").string(), out);
+  json text = json::parse(read_text_file(src + "/config.json"));
+  text.erase("architectures");
+  text["model_type"] = "qwen3_5_text";
+  json top = {{"model_type", "qwen3_5"}, {"architectures", {"Qwen3_5ForConditionalGeneration"}},
+              {"text_config", text}, {"vision_config", {{"depth", 2}, {"model_type", "qwen3_5"}}},
+              {"image_token_id", 248056}, {"video_token_id", 248057}, {"vision_start_token_id", 248053},
+              {"vision_end_token_id", 248054}, {"tie_word_embeddings", false}};
+  std::ofstream(dir / "config.json") << top.dump(1);
+  auto cfg = ModelConfig::load(dir.string());
+  EXPECT_EQ(cfg.arch, Arch::Qwen35);
+  EXPECT_EQ(cfg.tensor_prefix, "model.language_model.");
+  EXPECT_EQ(cfg.n_moe_layers(), 0);
+  auto ids = prompt_of(src);
+  EXPECT_LE(max_diff(logits_of(src, ids), logits_of(dir.string(), ids)), 1e-6);
+  fs::remove_all(dir);
+}
+
+// mlx-lm's conversion (mlx_lm/models/qwen3_5.py sanitize): tensors under language_model.model.* and
+// language_model.lm_head, mtp.* dropped, conv taps last ([C, K, 1]) and zero-centred norms stored as
+// 1 + w (here in F32 so the shift is exact). Both Qwen3.5 kinds, MoE and dense.
+class MlxSanitized : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MlxSanitized, SameLogits) {
+  const std::string src = test::golden_dir(GetParam());
   ASSERT_FALSE(src.empty());
   Checkpoint ck(src);
   std::vector<std::vector<float>> bufs;
@@ -124,6 +164,7 @@ TEST(Layout, MlxSanitizedQwen35) {
     return a.size() >= b.size() && a.compare(a.size() - b.size(), b.size(), b) == 0;
   };
   for (auto& [name, t] : ck.tensors()) {
+    if (name.rfind("mtp.", 0) == 0) continue;
     std::string n = name == "lm_head.weight" ? "language_model.lm_head.weight" : "language_model." + name;
     TensorToWrite w{n, t->dtype, t->shape, t->data, t->nbytes};
     if (ends_with(name, "conv1d.weight")) w.shape = {t->shape[0], t->shape[2], 1};
@@ -143,13 +184,21 @@ TEST(Layout, MlxSanitizedQwen35) {
     }
     out.push_back(w);
   }
-  auto dir = scratch("mlx");
+  auto dir = scratch("mlx_" + GetParam());
   write_safetensors((dir / "model.safetensors").string(), out);
   fs::copy_file(src + "/config.json", dir / "config.json");
   auto ids = prompt_of(src);
   EXPECT_LE(max_diff(logits_of(src, ids), logits_of(dir.string(), ids)), 1e-5);
   fs::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Qwen35, MlxSanitized, ::testing::Values("qwen3_5_moe_text-a", "qwen3_5_text-a-mtp"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (auto& c : s)
+                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return s;
+                         });
 
 TEST(Layout, Qwen3NextIntervalConfig) {
   const std::string src = test::golden_dir("qwen3_next-a");
