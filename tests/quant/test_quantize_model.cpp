@@ -273,3 +273,75 @@ TEST(QuantizeModel, MtpBlock) {
   // fc reads [norm(e) ‖ norm(h)]: both halves are RMS-normed rows, so every diagonal entry is positive
   for (int i = 0; i < 256; ++i) EXPECT_GT(H["mtp.fc"][size_t(i * 257)], 0.0) << i;
 }
+
+// The dense Qwen3.5 golden in every format lily quantizes to: the dense MLP (and everything else the
+// formats quantize) loads in the format, runs, and stays close to the bf16 model. The checkpoint carries
+// an MTP block (mtp.*), which the text model ignores. Bounds as for the MoE goldens: these random models
+// amplify noise, 8-bit affine already moves KL to a few thousandths. The released models tie lm_head to
+// the embedding, so the golden is also re-saved tied: affine then keeps one quantized table (mlx-lm's
+// embed_tokens.as_linear), EXL3 the embedding in 16 bits and a quantized lm_head copy (as exllamav3 does).
+TEST(QuantizeModel, DenseQwen35EveryFormat) {
+  const std::string m = "qwen3_5_text-a-mtp";
+  const std::string tied = tmpdir("dense_tied");
+  {
+    fs::create_directories(tied);
+    Checkpoint ck(golden(m));
+    std::vector<TensorToWrite> t;
+    for (auto& [name, ti] : ck.tensors())
+      if (name != "lm_head.weight") t.push_back({name, ti->dtype, ti->shape, ti->data, ti->nbytes});
+    write_safetensors(tied + "/model.safetensors", t);
+    auto cfg = nlohmann::json::parse(read_text_file(golden(m) + "/config.json"));
+    cfg["tie_word_embeddings"] = true;
+    std::ofstream(tied + "/config.json") << cfg.dump(1);
+  }
+  struct Case {
+    const char* tag;
+    const char* format;
+    double bits;
+    bool tied;
+    double max_kl, min_top1;
+    WeightFormat want;
+  };
+  for (const Case& c : {Case{"affine8", "affine", 8, false, 0.02, 0.7, WeightFormat::Affine},
+                        Case{"affine4", "affine", 4, false, 0.5, 0.15, WeightFormat::Affine},
+                        Case{"affine4-tied", "affine", 4, true, 0.5, 0.15, WeightFormat::Affine},
+                        Case{"exl3-K4-tied", "exl3", 4, true, 0.25, 0.3, WeightFormat::Exl3}}) {
+    const std::string ref = c.tied ? tied : golden(m);
+    QuantizeOptions o;
+    o.model_dir = ref;
+    o.out_dir = tmpdir(m + "_" + c.tag);
+    o.format = c.format;
+    o.bits = c.bits;
+    o.progress = false;
+    quantize_model(o);
+    auto w = ModelWeights::load(o.out_dir);
+    EXPECT_EQ(w->cfg.arch, Arch::Qwen35);
+    for (const auto& L : w->layers) {
+      ASSERT_FALSE(L.ffn.moe);
+      EXPECT_EQ(L.ffn.shared.gate.format, c.want) << c.tag;
+      EXPECT_EQ(L.ffn.shared.up.format, c.want) << c.tag;
+      EXPECT_EQ(L.ffn.shared.down.format, c.want) << c.tag;
+    }
+    if (c.tied && c.want == WeightFormat::Affine) {
+      EXPECT_EQ(w->embed.format, WeightFormat::Affine);
+      EXPECT_TRUE(w->lm_head.same_storage(w->embed));
+      EXPECT_FALSE(w->ckpt->find("lm_head.weight"));
+    }
+    if (c.tied && c.want == WeightFormat::Exl3) {
+      EXPECT_EQ(w->embed.format, WeightFormat::Dense);
+      EXPECT_EQ(w->lm_head.format, WeightFormat::Exl3);
+      EXPECT_TRUE(w->ckpt->find("lm_head.trellis"));
+    }
+    // Formats are compared on their weights alone (see KlOrderingExl3VsAffine).
+    cpu::set_affine_path_default(cpu::AffinePath::Exact);
+    auto r = eval_models(o.out_dir, ref, prompt_ids(m));
+    cpu::set_affine_path_default(cpu::AffinePath::Int8);
+    std::printf("%s %-12s KL mean %.4f p99 %.4f top1 %.3f ppl %.2f (ref %.2f)\n", m.c_str(), c.tag, r.kl_mean, r.kl_p99,
+                r.top1_agreement, r.ppl_model, r.ppl_reference);
+    EXPECT_TRUE(std::isfinite(r.kl_mean)) << c.tag;
+    EXPECT_LT(r.kl_mean, c.max_kl) << c.tag;
+    EXPECT_GT(r.top1_agreement, c.min_top1) << c.tag;
+    fs::remove_all(o.out_dir);
+  }
+  fs::remove_all(tied);
+}
