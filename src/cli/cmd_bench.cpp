@@ -42,7 +42,7 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   auto streams = std::make_shared<std::string>();
   auto verify = std::make_shared<std::string>();
   app.add_option("--model", *model, "Model directory");
-  app.add_option("--synth", *synth, "Build a random model of this preset in memory instead (qwen3.5-35b-a3b | qwen3-next-80b-a3b | small | tiny)");
+  app.add_option("--synth", *synth, "Build a random model of this preset in memory instead (" + synth_preset_list() + ")");
   app.add_option("--format", *format, "With --synth: bf16 | affine4 | affine8 | exl3");
   app.add_option("--bits", *bits, "With --synth --format exl3: K");
   app.add_option("--codebook", *codebook, "With --synth --format exl3: mcg | mul1 | 3inst");

@@ -15,7 +15,7 @@ Register reg("synth", "Write a random model of a real architecture (bf16, MLX af
   auto out = std::make_shared<std::string>();
   auto bits = std::make_shared<int>(4);
   auto seed = std::make_shared<uint64_t>(1);
-  app.add_option("--preset", *preset, "qwen3.5-35b-a3b | qwen3-next-80b-a3b | small | tiny")->required();
+  app.add_option("--preset", *preset, synth_preset_list())->required();
   app.add_option("--format", *format, "bf16 | affine4 | affine8 | exl3");
   app.add_option("--bits", *bits, "EXL3 bits per weight K (2..8; lm_head uses max(K, 6))");
   app.add_option("--codebook", *codebook, "EXL3 codebook: mcg | mul1 | 3inst");
@@ -33,9 +33,10 @@ Register reg("synth", "Write a random model of a real architecture (bf16, MLX af
     fmt::print("wrote {} ({} {}, seed {}): {:.2f} GB in {} shards, {:.1f} s ({:.2f} GB/s)\n", *out, *preset, *format,
                *seed, double(r.bytes) / 1e9, r.shards, r.seconds, double(r.bytes) / 1e9 / std::max(r.seconds, 1e-9));
     std::vector<std::shared_ptr<void>> owned;
-    auto cfg = synth_config(o);
-    int64_t layers = cfg["num_hidden_layers"].get<int64_t>(), k = cfg["num_experts_per_tok"].get<int64_t>();
-    for (int64_t layer : {int64_t(0), layers - 1}) {
+    const ModelConfig cfg = ModelConfig::from_json(synth_config(o), "synth:" + o.preset);
+    if (cfg.n_moe_layers() == 0) return 0;  // dense: no routers
+    const int64_t k = cfg.top_k;
+    for (int64_t layer : {int64_t(0), cfg.layers - 1}) {
       auto spread = router_spread(synth_router(o, layer, owned), k, 2000, 7);
       fmt::print("router layer {}: top-{} over 2000 random N(0,1) inputs: {}/{} experts used, per-expert share "
                  "min {:.2f} max {:.2f} of uniform\n",

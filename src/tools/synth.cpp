@@ -259,7 +259,9 @@ class Gen {
     // Embedding: quantized like the matrices for affine (mlx-lm does), 16-bit for EXL3 (exllamav3 does).
     w.embed = o_.format == SynthFormat::Exl3 ? dense(s, P + "embed_tokens", c_.vocab, c_.hidden, 1.0f)
                                               : linear(s, P + "embed_tokens", c_.vocab, c_.hidden, Role::Quantized);
-    w.lm_head = linear(s, "lm_head", c_.vocab, c_.hidden, Role::Head);
+    // Tied: the head is the embedding, except in EXL3, where exllamav3 keeps a quantized copy as lm_head.
+    if (c_.tie_embeddings && o_.format != SynthFormat::Exl3) w.lm_head = w.embed;
+    else w.lm_head = linear(s, "lm_head", c_.vocab, c_.hidden, Role::Head);
     w.final_norm = norm(s, P + "norm.weight", c_.hidden);
   }
 

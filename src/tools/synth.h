@@ -27,7 +27,7 @@ namespace lily {
 enum class SynthFormat { BF16, Affine4, Affine8, Exl3 };
 
 struct SynthOptions {
-  std::string preset;                 // qwen3.5-35b-a3b | qwen3-next-80b-a3b | tiny | small
+  std::string preset;                 // one of synth_presets()
   SynthFormat format = SynthFormat::BF16;
   int exl3_bits = 4;                  // K for exl3 (2..8)
   quant::Exl3Codebook codebook = quant::Exl3Codebook::Mcg;
@@ -39,6 +39,7 @@ SynthFormat parse_synth_format(const std::string& s);  // throws InputError nami
 quant::Exl3Codebook parse_codebook(const std::string& s);  // mcg | mul1 | 3inst
 const char* synth_format_name(SynthFormat f);
 const std::vector<std::string>& synth_presets();
+std::string synth_preset_list();  // "a | b | ...", for help texts
 
 // config.json of the preset and format (HF layout; quantization block for affine / exl3).
 nlohmann::json synth_config(const SynthOptions& opt);

@@ -1,5 +1,7 @@
-// The synth presets (shapes of the released models and small ones for tests) and their config.json.
+// The synth presets and the config.json each one writes (tools/synth.h). Shapes of the real models and
+// where each number comes from are listed in the README ("Benchmarks and peers").
 #include <algorithm>
+
 
 #include "core/error.h"
 #include "tools/synth.h"
@@ -14,14 +16,19 @@ struct Preset {
   int64_t hidden, layers, vocab, heads, kv_heads, head_dim, k_heads, v_heads, kd, vd, experts, top_k, inter, shared,
       dense_inter;
   double theta;
+  bool tied;  // lm_head = embed_tokens (the dense releases)
 };
 
 const Preset kPresets[] = {
-    {"qwen3.5-35b-a3b", "qwen3_5_moe_text", 2048, 40, 248320, 16, 2, 256, 16, 32, 128, 128, 256, 8, 512, 512, 0, 1e7},
-    {"qwen3-next-80b-a3b", "qwen3_next", 2048, 48, 151936, 16, 2, 256, 16, 32, 128, 128, 512, 10, 512, 512, 5120, 1e7},
-    {"small", "qwen3_5_moe_text", 1024, 16, 151936, 8, 2, 256, 8, 16, 128, 128, 64, 8, 512, 512, 0, 1e7},
-    {"tiny", "qwen3_5_moe_text", 128, 4, 512, 4, 2, 64, 2, 4, 32, 32, 8, 2, 64, 128, 0, 1e6},
-    {"tiny-next", "qwen3_next", 128, 4, 512, 4, 2, 64, 2, 4, 32, 32, 8, 2, 64, 128, 256, 1e6},
+    {"qwen3.5-35b-a3b", "qwen3_5_moe_text", 2048, 40, 248320, 16, 2, 256, 16, 32, 128, 128, 256, 8, 512, 512, 0, 1e7, false},
+    {"qwen3-next-80b-a3b", "qwen3_next", 2048, 48, 151936, 16, 2, 256, 16, 32, 128, 128, 512, 10, 512, 512, 5120, 1e7, false},
+    // Dense Qwen3.5: a SwiGLU MLP of dense_inter in every layer, tied embeddings.
+    {"qwen3.5-0.8b", "qwen3_5_text", 1024, 24, 248320, 8, 2, 256, 16, 16, 128, 128, 0, 0, 0, 0, 3584, 1e7, true},
+    {"qwen3.5-4b", "qwen3_5_text", 2560, 32, 248320, 16, 4, 256, 16, 32, 128, 128, 0, 0, 0, 0, 9216, 1e7, true},
+    {"small", "qwen3_5_moe_text", 1024, 16, 151936, 8, 2, 256, 8, 16, 128, 128, 64, 8, 512, 512, 0, 1e7, false},
+    {"tiny", "qwen3_5_moe_text", 128, 4, 512, 4, 2, 64, 2, 4, 32, 32, 8, 2, 64, 128, 0, 1e6, false},
+    {"tiny-next", "qwen3_next", 128, 4, 512, 4, 2, 64, 2, 4, 32, 32, 8, 2, 64, 128, 256, 1e6, false},
+    {"tiny-dense", "qwen3_5_text", 128, 4, 512, 4, 2, 64, 2, 4, 32, 32, 0, 0, 0, 0, 256, 1e6, true},
 };
 
 const Preset& preset(const std::string& name) {
@@ -41,6 +48,12 @@ const std::vector<std::string>& synth_presets() {
     return r;
   }();
   return v;
+}
+
+std::string synth_preset_list() {
+  std::string s;
+  for (const auto& p : synth_presets()) s += (s.empty() ? "" : " | ") + p;
+  return s;
 }
 
 SynthFormat parse_synth_format(const std::string& s) {
@@ -72,7 +85,8 @@ nlohmann::json synth_config(const SynthOptions& opt) {
   const Preset& p = preset(opt.preset);
   if (opt.format == SynthFormat::Exl3 && (opt.exl3_bits < 1 || opt.exl3_bits > 8))
     fail("--bits: {} is outside 1..8", opt.exl3_bits);
-  const bool next = std::string(p.model_type) == "qwen3_next";
+  const std::string mt = p.model_type;
+  const bool next = mt == "qwen3_next", dense = mt == "qwen3_5_text";
   nlohmann::json layer_types = nlohmann::json::array();
   for (int64_t i = 0; i < p.layers; ++i) layer_types.push_back((i + 1) % 4 == 0 ? "full_attention" : "linear_attention");
   nlohmann::json rope = {{"rope_type", "default"}, {"rope_theta", p.theta}, {"partial_rotary_factor", 0.25}};
@@ -82,8 +96,9 @@ nlohmann::json synth_config(const SynthOptions& opt) {
     rope["mrope_section"] = {a, b, half - a - b};
     rope["mrope_interleaved"] = true;
   }
+  const char* arch = next ? "Qwen3NextForCausalLM" : dense ? "Qwen3_5ForCausalLM" : "Qwen3_5MoeForCausalLM";
   nlohmann::json j = {
-      {"architectures", {next ? "Qwen3NextForCausalLM" : "Qwen3_5MoeForCausalLM"}},
+      {"architectures", {arch}},
       {"model_type", p.model_type},
       {"hidden_size", p.hidden},
       {"num_hidden_layers", p.layers},
@@ -98,18 +113,13 @@ nlohmann::json synth_config(const SynthOptions& opt) {
       {"linear_key_head_dim", p.kd},
       {"linear_value_head_dim", p.vd},
       {"linear_conv_kernel_dim", 4},
-      {"num_experts", p.experts},
-      {"num_experts_per_tok", p.top_k},
-      {"moe_intermediate_size", p.inter},
-      {"shared_expert_intermediate_size", p.shared},
       {"layer_types", layer_types},
       {"full_attention_interval", 4},
       {"rms_norm_eps", 1e-6},
       {"hidden_act", "silu"},
       {"attention_bias", false},
-      {"tie_word_embeddings", false},
+      {"tie_word_embeddings", p.tied},
       {"max_position_embeddings", 262144},
-      {"norm_topk_prob", true},
       {"eos_token_id", p.vocab - 1},
       {"bos_token_id", nullptr},
       {"torch_dtype", "bfloat16"},
@@ -117,6 +127,17 @@ nlohmann::json synth_config(const SynthOptions& opt) {
   };
   // Qwen3.5 configs declare the MTP block; Qwen3-Next's name none (its mtp.* tensors decide).
   if (!next) j["mtp_num_hidden_layers"] = 1;
+  if (dense) {
+    j["intermediate_size"] = p.dense_inter;
+    j["attn_output_gate"] = true;
+    j["mamba_ssm_dtype"] = "float32";
+  } else {
+    j["num_experts"] = p.experts;
+    j["num_experts_per_tok"] = p.top_k;
+    j["moe_intermediate_size"] = p.inter;
+    j["shared_expert_intermediate_size"] = p.shared;
+    j["norm_topk_prob"] = true;
+  }
   if (next) {
     j["intermediate_size"] = p.dense_inter;
     j["decoder_sparse_step"] = 1;

@@ -80,19 +80,34 @@ TEST_P(SynthFormats, MemoryAndDiskAreTheSameModel) {
       expect_same_rows(a.attn.q, b.attn.q);
       EXPECT_EQ(a.attn.k_norm, b.attn.k_norm);
     }
-    expect_same_rows(a.ffn.router, b.ffn.router);
-    expect_same_rows(a.ffn.experts.back().down, b.ffn.experts.back().down);
-    expect_same_rows(a.ffn.shared_gate, b.ffn.shared_gate);
+    ASSERT_EQ(a.ffn.moe, b.ffn.moe);
+    if (a.ffn.moe) {
+      expect_same_rows(a.ffn.router, b.ffn.router);
+      expect_same_rows(a.ffn.experts.back().down, b.ffn.experts.back().down);
+      expect_same_rows(a.ffn.shared_gate, b.ffn.shared_gate);
+    } else {  // the dense MLP
+      EXPECT_TRUE(b.ffn.experts.empty());
+      expect_same_rows(a.ffn.shared.gate, b.ffn.shared.gate);
+      expect_same_rows(a.ffn.shared.down, b.ffn.shared.down);
+    }
   }
-  // The MTP block, drawn in the same format as the layers.
+  // The MTP block, drawn in the same format as the layers (with the dense MLP in a dense model).
   ASSERT_TRUE(mem->mtp && disk->mtp);
   EXPECT_EQ(mem->mtp_weight_bytes(), disk->mtp_weight_bytes());
-  EXPECT_EQ(int(disk->mtp->fc.format), int(disk->layers[0].ffn.experts[0].gate.format));
+  const Linear& mlp0 = disk->layers[0].ffn.moe ? disk->layers[0].ffn.experts[0].gate : disk->layers[0].ffn.shared.gate;
+  EXPECT_EQ(int(disk->mtp->fc.format), int(mlp0.format));
   expect_same_rows(mem->mtp->fc, disk->mtp->fc);
   expect_same_rows(mem->mtp->layer.attn.q, disk->mtp->layer.attn.q);
-  expect_same_rows(mem->mtp->layer.ffn.experts.back().up, disk->mtp->layer.ffn.experts.back().up);
+  if (mem->mtp->layer.ffn.moe)
+    expect_same_rows(mem->mtp->layer.ffn.experts.back().up, disk->mtp->layer.ffn.experts.back().up);
+  else
+    expect_same_rows(mem->mtp->layer.ffn.shared.up, disk->mtp->layer.ffn.shared.up);
   EXPECT_EQ(mem->mtp->norm_hidden, disk->mtp->norm_hidden);
   EXPECT_EQ(mem->mtp->final_norm, disk->mtp->final_norm);
+  // Tied presets keep one table (EXL3: a quantized lm_head beside the 16-bit embedding, as exllamav3 does).
+  const bool tied_table = mem->cfg.tie_embeddings && o.format != SynthFormat::Exl3;
+  EXPECT_EQ(disk->lm_head.same_storage(disk->embed), tied_table);
+  EXPECT_EQ(mem->lm_head.same_storage(mem->embed), tied_table);
   std::vector<int32_t> ids = {1, 500, 7, 7, 300, 2, 99, 511, 0, 42, 43, 44, 45, 46, 47, 48, 49, 50, 3};
   auto la = logits_of(mem, ids), lb = logits_of(disk, ids);
   ASSERT_EQ(la.size(), lb.size());
@@ -110,9 +125,10 @@ TEST_P(SynthFormats, MemoryAndDiskAreTheSameModel) {
 }
 
 // tiny is qwen3_5_moe (flat in_proj_qkv/z/b/a); tiny-next is qwen3_next, whose grouped in_proj_qkvz /
-// in_proj_ba on disk the loader regroups, and the in-memory builder must regroup the same way.
+// in_proj_ba on disk the loader regroups, and the in-memory builder must regroup the same way; tiny-dense
+// is the dense Qwen3.5 (SwiGLU MLP in every layer, tied embeddings).
 INSTANTIATE_TEST_SUITE_P(All, SynthFormats,
-                         ::testing::Combine(::testing::Values("tiny", "tiny-next"),
+                         ::testing::Combine(::testing::Values("tiny", "tiny-next", "tiny-dense"),
                                             ::testing::Values(SynthFormat::BF16, SynthFormat::Affine4, SynthFormat::Affine8,
                                                               SynthFormat::Exl3)),
                          [](const auto& info) {
@@ -149,6 +165,30 @@ TEST(Synth, PresetsHaveTheRealShapes) {
   EXPECT_EQ(n.layers, 48);
   EXPECT_EQ(n.n_experts, 512);
   EXPECT_EQ(n.top_k, 10);
+  // Dense Qwen3.5-0.8B and -4B (sources in the README).
+  o.format = SynthFormat::BF16;
+  o.preset = "qwen3.5-0.8b";
+  auto d = ModelConfig::from_json(synth_config(o), "test");
+  EXPECT_EQ(d.arch, Arch::Qwen35);
+  EXPECT_EQ(d.hidden, 1024);
+  EXPECT_EQ(d.layers, 24);
+  EXPECT_EQ(d.n_full_layers(), 6);
+  EXPECT_EQ(d.n_moe_layers(), 0);
+  EXPECT_EQ(d.dense_inter, 3584);
+  EXPECT_EQ(d.n_heads, 8);
+  EXPECT_EQ(d.n_kv_heads, 2);
+  EXPECT_EQ(d.lin_k_heads, 16);
+  EXPECT_EQ(d.lin_v_heads, 16);
+  EXPECT_TRUE(d.tie_embeddings);
+  o.preset = "qwen3.5-4b";
+  auto d4 = ModelConfig::from_json(synth_config(o), "test");
+  EXPECT_EQ(d4.hidden, 2560);
+  EXPECT_EQ(d4.layers, 32);
+  EXPECT_EQ(d4.dense_inter, 9216);
+  EXPECT_EQ(d4.n_heads, 16);
+  EXPECT_EQ(d4.n_kv_heads, 4);
+  EXPECT_EQ(d4.lin_v_heads, 32);
+  EXPECT_EQ(d4.vocab, 248320);
   o.preset = "nope";
   EXPECT_THROW(synth_config(o), InputError);
   EXPECT_THROW(parse_synth_format("int4"), InputError);
