@@ -68,7 +68,8 @@ Fill rows_of(const Linear& l, std::vector<int64_t> rows = {}) {
 class Exporter {
  public:
   Exporter(const ModelWeights& w, const GgufExportOptions& opt) : w_(w), c_(w.cfg), opt_(opt) {
-    arch_ = c_.arch == Arch::Qwen3Next ? "qwen3next" : "qwen35moe";
+    // llama.cpp's names: qwen3next, qwen35moe, and qwen35 for the dense Qwen3.5 family.
+    arch_ = c_.arch == Arch::Qwen3Next ? "qwen3next" : c_.arch == Arch::Qwen35 ? "qwen35" : "qwen35moe";
   }
 
   void run(const std::string& out) {
@@ -127,7 +128,7 @@ class Exporter {
   void tensors() {
     matrix("token_embd.weight", w_.embed);
     vec("output_norm.weight", w_.final_norm);
-    matrix("output.weight", w_.lm_head);
+    if (!w_.lm_head.same_storage(w_.embed)) matrix("output.weight", w_.lm_head);  // tied: llama.cpp reuses token_embd
     for (int64_t il = 0; il < c_.layers; ++il) layer(il, w_.layers[size_t(il)]);
     if (with_mtp()) {
       // The MTP block as llama.cpp's converter writes it: one more layer n_layer, plus its nextn tensors.
@@ -145,7 +146,7 @@ class Exporter {
 
   void layer(int64_t il, const LayerWeights& L) {
     const int64_t Hk = c_.lin_k_heads, Hv = c_.lin_v_heads, dk = c_.lin_k_dim, dv = c_.lin_v_dim, K = c_.conv_kernel;
-    const bool tiled = c_.arch == Arch::Qwen35Moe && Hk != Hv;
+    const bool tiled = c_.arch != Arch::Qwen3Next && Hk != Hv;
     std::vector<int64_t> vh(static_cast<size_t>(Hv));  // vh[p] = HF value head stored at position p
     if (tiled) vh = tiled_value_heads(Hk, Hv);
     else for (int64_t j = 0; j < Hv; ++j) vh[size_t(j)] = j;
@@ -216,7 +217,14 @@ class Exporter {
       });
     }
     const auto& f = L.ffn;
-    if (!f.moe) fail("export-gguf: layer {} has a dense MLP; llama.cpp's {} expects MoE in every layer", il, arch_);
+    if (!f.moe) {
+      if (c_.arch != Arch::Qwen35)
+        fail("export-gguf: layer {} has a dense MLP; llama.cpp's {} expects MoE in every layer", il, arch_);
+      matrix(b + "ffn_gate.weight", f.shared.gate);
+      matrix(b + "ffn_up.weight", f.shared.up);
+      matrix(b + "ffn_down.weight", f.shared.down);
+      return;
+    }
     router(b + "ffn_gate_inp.weight", f.router);
     experts(b + "ffn_gate_exps.weight", f.experts, &Expert::gate);
     experts(b + "ffn_up_exps.weight", f.experts, &Expert::up);
@@ -260,8 +268,10 @@ class Exporter {
     akv("attention.head_count_kv", u32(c_.n_kv_heads));
     akv("rope.freq_base", float(c_.rope_theta));
     akv("attention.layer_norm_rms_epsilon", float(c_.rms_eps));
-    akv("expert_count", u32(c_.n_experts));
-    akv("expert_used_count", u32(c_.top_k));
+    if (c_.n_experts > 0) {
+      akv("expert_count", u32(c_.n_experts));
+      akv("expert_used_count", u32(c_.top_k));
+    }
     akv("attention.key_length", u32(c_.head_dim));
     akv("attention.value_length", u32(c_.head_dim));
     uint32_t ftype = 0;
@@ -274,8 +284,10 @@ class Exporter {
     }
     kv("general.file_type", ftype);
     if (opt_.type == TensorType::Q4_0 || opt_.type == TensorType::Q8_0) kv("general.quantization_version", uint32_t(2));
-    akv("expert_feed_forward_length", u32(c_.moe_inter));
-    akv("expert_shared_feed_forward_length", u32(c_.shared_inter));
+    if (c_.n_experts > 0) {
+      akv("expert_feed_forward_length", u32(c_.moe_inter));
+      akv("expert_shared_feed_forward_length", u32(c_.shared_inter));
+    }
     akv("ssm.conv_kernel", u32(c_.conv_kernel));
     akv("ssm.state_size", u32(c_.lin_k_dim));
     akv("ssm.group_count", u32(c_.lin_k_heads));
@@ -294,7 +306,7 @@ class Exporter {
     }
     akv("full_attention_interval", u32(interval));
     akv("rope.dimension_count", u32(c_.rotary_dim));
-    if (c_.arch == Arch::Qwen35Moe) {
+    if (c_.arch != Arch::Qwen3Next) {
       std::vector<int32_t> sections = {11, 11, 10, 0};
       if (cj.is_object()) {
         const auto& t = cj.contains("text_config") ? cj["text_config"] : cj;

@@ -151,8 +151,8 @@ void check_export(const std::string& model, TensorType type) {
   auto f = gguf::File::read(file);
   Checkpoint ck(dir);
   const auto& c = w->cfg;
-  const bool next = c.arch == Arch::Qwen3Next;
-  const std::string arch = next ? "qwen3next" : "qwen35moe";
+  const bool next = c.arch == Arch::Qwen3Next, dense = c.arch == Arch::Qwen35;
+  const std::string arch = next ? "qwen3next" : dense ? "qwen35" : "qwen35moe";
   EXPECT_EQ(std::get<std::string>(*f.find("general.architecture")), arch);
   EXPECT_EQ(std::get<uint32_t>(*f.find(arch + ".block_count")), uint32_t(c.layers));
   EXPECT_EQ(std::get<uint32_t>(*f.find(arch + ".ssm.group_count")), uint32_t(c.lin_k_heads));
@@ -161,6 +161,10 @@ void check_export(const std::string& model, TensorType type) {
   EXPECT_EQ(std::get<std::vector<bool>>(*f.find(arch + ".attention.recurrent_layers")), (std::vector<bool>{true, true, true, false}));
   EXPECT_EQ(f.find(arch + ".rope.dimension_sections") != nullptr, !next);
   EXPECT_EQ(std::get<std::vector<std::string>>(*f.find("tokenizer.ggml.tokens")).size(), size_t(c.vocab));
+  EXPECT_EQ(f.find(arch + ".expert_count") != nullptr, !dense);
+  if (dense) EXPECT_EQ(std::get<uint32_t>(*f.find(arch + ".feed_forward_length")), uint32_t(c.dense_inter));
+  EXPECT_EQ(f.tensor("output.weight") != nullptr, !c.tie_embeddings);  // tied: llama.cpp reuses token_embd
+  for (const auto& t : f.tensors) EXPECT_EQ(t.name.find("mtp"), std::string::npos) << t.name;
 
   auto T = [&](const std::string& n) {
     const auto* t = f.tensor(n);
@@ -228,6 +232,16 @@ void check_export(const std::string& model, TensorType type) {
       EXPECT_EQ(beta[size_t(p * H + 11)], read_st(bs, vh(p) * H + 11));
     }
   }
+  if (dense) {  // the dense MLP: ffn_gate / ffn_up [H, I], ffn_down [I, H] in ggml order
+    const int64_t I = c.dense_inter;
+    EXPECT_EQ(T("blk.1.ffn_gate.weight")->ne, (std::vector<int64_t>{H, I}));
+    EXPECT_EQ(T("blk.3.ffn_down.weight")->ne, (std::vector<int64_t>{I, H}));
+    auto up = f.read_f32(*T("blk.2.ffn_up.weight"));
+    const auto& us = ck.get(P + "layers.2.mlp.up_proj.weight");
+    for (int64_t i = 0; i < I * H; i += 89) EXPECT_EQ(up[size_t(i)], read_st(us, i));
+    EXPECT_EQ(f.tensor("blk.1.ffn_gate_exps.weight"), nullptr);
+    return;
+  }
   // Experts stacked [E, I, H] in ggml order {H, I, E}.
   auto* ge = T("blk.1.ffn_gate_exps.weight");
   EXPECT_EQ(ge->ne, (std::vector<int64_t>{H, c.moe_inter, c.n_experts}));
@@ -238,7 +252,9 @@ void check_export(const std::string& model, TensorType type) {
 
 TEST(GgufExport, Qwen3NextLayout) { check_export("qwen3_next-a", TensorType::F32); }
 TEST(GgufExport, Qwen35MoeLayoutTiledValueHeads) { check_export("qwen3_5_moe_text-a", TensorType::F32); }
+TEST(GgufExport, Qwen35DenseLayout) { check_export("qwen3_5_text-a-mtp", TensorType::F32); }
 TEST(GgufExport, QuantizedTypesWrite) {
+  check_export("qwen3_5_text-a-mtp", TensorType::Q8_0);
   check_export("qwen3_5_moe_text-a", TensorType::Q8_0);
   check_export("qwen3_next-a", TensorType::Q4_0);
   check_export("qwen3_next-a", TensorType::BF16);

@@ -149,11 +149,14 @@ TEST_F(LlamaCpp, MtpOfOurExportMatchesTheReferenceQwen35Moe) { agree_mtp(peer_, 
 
 TEST_F(LlamaCpp, LogitsOfOurExportMatchTheReferenceQwen3Next) { agree(peer_, "qwen3_next-a"); }
 TEST_F(LlamaCpp, LogitsOfOurExportMatchTheReferenceQwen35Moe) { agree(peer_, "qwen3_5_moe_text-a"); }
+// The dense Qwen3.5 (llama.cpp's qwen35; the checkpoint's mtp.* tensors are not exported).
+TEST_F(LlamaCpp, LogitsOfOurExportMatchTheReferenceQwen35Dense) { agree(peer_, "qwen3_5_text-a-mtp"); }
 
-// lily's CPU engine and llama.cpp agree on random synth models of both architectures (the synth configs,
-// e.g. tiny's rotary sections and the qwen3-next grouped projections, are what llama.cpp also reads).
+// lily's CPU engine and llama.cpp agree on random synth models of the three architectures (the synth configs,
+// e.g. tiny's rotary sections and the qwen3-next grouped projections, are what llama.cpp also reads;
+// tiny-dense is exported tied, without output.weight).
 TEST_F(LlamaCpp, SynthModelsAgreeWithLily) {
-  for (const char* preset : {"tiny", "tiny-next"}) {
+  for (const char* preset : {"tiny", "tiny-next", "tiny-dense"}) {
     SynthOptions so;
     so.preset = preset;
     so.seed = 3;
