@@ -404,37 +404,41 @@ std::vector<int32_t> golden_prompt(const std::string& dir) {
   return nlohmann::json::parse(ss.str())["prompt_ids"].get<std::vector<int32_t>>();
 }
 
+// The MoE golden and the dense Qwen3.5 golden.
 TEST(CudaExl3, GoldenModelK4MatchesCpu) {
   LILY_REQUIRE_GPU();
-  const std::string dir = test::golden_dir("qwen3_5_moe_text-a");
-  if (dir.empty()) GTEST_SKIP() << "golden model not present";
-  const fs::path out = fs::temp_directory_path() / ("lily-cuda-exl3-k4-" + std::to_string(::getpid()));
-  fs::remove_all(out);
-  QuantizeOptions qo;
-  qo.model_dir = dir;
-  qo.out_dir = out.string();
-  qo.format = "exl3";
-  qo.bits = 4;
-  qo.head_bits = 4;
-  qo.progress = false;
-  quantize_model(qo);
-  auto w = ModelWeights::load(out.string());
-  compare_backends(w, golden_prompt(dir), "golden exl3 K4");
-  fs::remove_all(out);
+  for (const std::string name : {"qwen3_5_moe_text-a", "qwen3_5_text-a-mtp"}) {
+    const std::string dir = test::golden_dir(name);
+    if (dir.empty()) GTEST_SKIP() << name << ": golden model not present";
+    const fs::path out = fs::temp_directory_path() / ("lily-cuda-exl3-k4-" + name + "-" + std::to_string(::getpid()));
+    fs::remove_all(out);
+    QuantizeOptions qo;
+    qo.model_dir = dir;
+    qo.out_dir = out.string();
+    qo.format = "exl3";
+    qo.bits = 4;
+    qo.head_bits = 4;
+    qo.progress = false;
+    quantize_model(qo);
+    auto w = ModelWeights::load(out.string());
+    compare_backends(w, golden_prompt(dir), (name + " exl3 K4").c_str());
+    fs::remove_all(out);
+  }
 }
 
 TEST(CudaExl3, TinySynthMatchesCpu) {
   LILY_REQUIRE_GPU();
+  for (const std::string preset : {"tiny", "tiny-dense"})
   for (auto cb : {Exl3Codebook::Mcg, Exl3Codebook::Mul1}) {
     SynthOptions so;
-    so.preset = "tiny";
+    so.preset = preset;
     so.format = SynthFormat::Exl3;
     so.exl3_bits = 3;
     so.codebook = cb;
     auto w = synth_model(so);
     std::vector<int32_t> prompt(40);
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(w->cfg.vocab));
-    compare_backends(w, prompt, cb == Exl3Codebook::Mcg ? "tiny synth exl3 K3 mcg" : "tiny synth exl3 K3 mul1");
+    compare_backends(w, prompt, (preset + (cb == Exl3Codebook::Mcg ? " synth exl3 K3 mcg" : " synth exl3 K3 mul1")).c_str());
   }
 }
 

@@ -175,7 +175,8 @@ TEST_P(CudaGolden, MatchesCpuBackend) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, CudaGolden,
-                         ::testing::Values("qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r"),
+                         ::testing::Values("qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r",
+                                           "qwen3_5_text-a-mtp"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (auto& ch : s) if (ch == '-') ch = '_';

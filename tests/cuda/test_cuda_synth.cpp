@@ -1,4 +1,5 @@
-// Tiny synthetic models in bf16 and MLX affine 4 / 8-bit (EXL3: test_cuda_exl3.cpp): the CUDA backend
+// Tiny synthetic models (MoE, and the dense Qwen3.5 with tied embeddings) in bf16 and MLX affine 4 / 8-bit
+// (EXL3: test_cuda_exl3.cpp): the CUDA backend
 // against the CPU backend on the same in-memory weights — teacher-forced top-1, perplexity within 0.05%,
 // 64 greedy tokens identical (cuda_compare.h).
 #include <gtest/gtest.h>
@@ -17,9 +18,10 @@ using namespace lily;
 
 TEST(CudaSynth, TinyModelMatchesCpuEveryFormat) {
   LILY_REQUIRE_GPU();
+  for (const char* preset : {"tiny", "tiny-dense"})
   for (auto f : {SynthFormat::BF16, SynthFormat::Affine4, SynthFormat::Affine8}) {
     SynthOptions so;
-    so.preset = "tiny";
+    so.preset = preset;
     so.format = f;
     so.seed = 7;
     auto w = synth_model(so);
@@ -28,7 +30,7 @@ TEST(CudaSynth, TinyModelMatchesCpuEveryFormat) {
     // the CUDA affine kernels take float activations: the CPU reference is its exact path, not int8
     cpu::CpuOptions copt;
     copt.affine = cpu::AffinePath::Exact;
-    const std::string what = std::string("tiny synth ") + synth_format_name(f);
+    const std::string what = std::string(preset) + " synth " + synth_format_name(f);
     cudatest::compare_backends(w, prompt, what.c_str(), copt, 64);
   }
 }

@@ -267,12 +267,16 @@ class CudaBackend final : public Backend {
   int max_proj_ = 0, max_core_ = 0;
   double copy_bw_ = 0;
   // zeroed words that kernels leave zero: the argmax scratch (argmax_scratch_bytes(kArgmaxRows)), then
-  // the top-k fold counter shared by the MoE layers
+  // the top-k fold counter shared by the MoE layers, then (8 bytes on) the dense layers' expert id 0
   static constexpr int kArgmaxRows = 256;
   void* small_ = nullptr;
   static size_t small_bytes() { return (argmax_scratch_bytes(kArgmaxRows) + 15) / 16 * 16 + 16; }
   unsigned* topk_counter() const {
     return reinterpret_cast<unsigned*>(static_cast<char*>(small_) + (argmax_scratch_bytes(kArgmaxRows) + 15) / 16 * 16);
+  }
+  // a word after the counter that nothing writes: expert id 0 for the dense MLP layers (MoeDev::zero_id)
+  const int32_t* zero_id() const {
+    return reinterpret_cast<const int32_t*>(static_cast<char*>(small_) + (argmax_scratch_bytes(kArgmaxRows) + 15) / 16 * 16 + 8);
   }
 
   // pool

@@ -143,6 +143,22 @@ __global__ void combine_kernel(float* __restrict__ x, int H, int k, const float*
   xr[i] = acc;
 }
 
+// The dense SwiGLU MLP (moe == false) through the shared expert's products: gate‖up with the SwiGLU fused
+// (GEMV) or after it (GEMM), then the down projection accumulated straight into the residual.
+void dense_mlp(const MoeDev& m, const float* u, int T, float* x, const MoeScratch& sc, cudaStream_t s,
+               const float* nw, float eps) {
+  const int H = m.H;
+  if (T <= kMoeGemvRows) {
+    const int32_t* id = T == 1 && m.sh_gate_up.affine ? m.zero_id : nullptr;
+    gemv_slots(m.sh_gate_up, id, 0, H, u, H, 1, T, sc.sh_h, m.Is, false, m.Is, s, nw, eps);
+  } else {
+    linear(m.sh_gate_up, 2 * m.Is, H, u, H, T, sc.sh_gu, 2 * m.Is, false, s);
+    swiglu_kernel<<<cdiv(int64_t(T) * m.Is, 256), 256, 0, s>>>(sc.sh_gu, m.Is, T, sc.sh_h);
+    LILY_CU_LAUNCH();
+  }
+  linear(m.sh_down, H, m.Is, sc.sh_h, m.Is, T, x, H, true, s);
+}
+
 }  // namespace
 
 size_t moe_scratch_bytes(const MoeDev& m, int T) { return layout(m, T, nullptr).bytes; }
@@ -155,10 +171,15 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   if (fused) u = x;
   const float* nw = fused ? norm_w : nullptr;
   MoeScratch sc = layout(m, T, scratch);
+  if (!m.moe) {
+    if (!has(m.sh_gate_up) || m.Is <= 0) fail_internal("moe: a dense MLP needs its gate/up/down weights");
+    dense_mlp(m, u, T, x, sc, main_stream, nw, eps);
+    return;
+  }
   const int H = m.H;
-  // shared expert (or dense MLP): on the side stream when given, overlapping the routed experts
+  // shared expert: on the side stream when given, overlapping the routed experts
   const bool has_shared = !m.shared_in_stack && has(m.sh_gate_up) && m.Is > 0;
-  if (!m.moe || !has_shared) side = nullptr;
+  if (!has_shared) side = nullptr;
   cudaStream_t s = main_stream;
   if (side) {
     LILY_CU(cudaEventRecord(fork, main_stream));
@@ -180,12 +201,6 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   }
   if (side) LILY_CU(cudaEventRecord(join, side));
   s = main_stream;
-  if (!m.moe) {
-    launch_pdl(combine_kernel, dim3(cdiv(H, 128), T), dim3(128), 0, s, x, H, 0, sc.w, nullptr, sc.yb,
-               has_shared ? sc.ysh : nullptr, nullptr, 1);
-    LILY_CU_LAUNCH();
-    return;
-  }
   // router rows [0, E) (+ the shared-expert gate as row E when gate_in_router)
   const int ldl = m.gate_in_router ? m.E + 1 : m.E;
   if (m.E > 32 * kTopkMaxPerLane || m.slots_per_token() > 32)

@@ -165,6 +165,9 @@ struct MoeDev {
   // A zeroed device word (shareable by every layer of a stream): one-token steps then fold the top-k into
   // the router GEMV (the last block runs it). Null: a separate top-k kernel.
   unsigned* topk_counter = nullptr;
+  // Dense MLP (moe == false): a device int32 0, the expert id of the matrix itself, so that one-token
+  // affine steps take the expert GEMV path (the ring's SwiGLU product). Null: the plain GEMV.
+  const int32_t* zero_id = nullptr;
   int slots_per_token() const { return k + (shared_in_stack ? 1 : 0); }
 };
 size_t moe_scratch_bytes(const MoeDev& m, int T);

@@ -131,6 +131,7 @@ void CudaBackend::upload_weights() {
     MoeDev& m = D.moe;
     m.H = H;
     m.moe = F.moe;
+    if (!F.moe) m.zero_id = zero_id();
     if (F.moe) {
       m.E = int(F.experts.size()); m.k = int(c.top_k); m.norm_topk = c.norm_topk;
       m.topk_counter = opt_.topk_fold ? topk_counter() : nullptr;
