@@ -27,20 +27,23 @@ for p in ${PRESETS:-qwen3.5-35b-a3b}; do
     python3 - "$OUT/bench-$pre$f.json" "$p" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
-# dense presets: matmul weights per token (head included, embedding gather not); prompt FLOP rate 2 N tok/s
+# dense presets, prompt FLOP rate: per token 2 x the layers' matmul weights (the head runs for the last row
+# only) + causal attention over n/2 keys on average (QK and PV, 2 x 2 x Hq x 256 each); the delta rule's
+# chunk products are left out (a few percent)
 shapes = {"qwen3.5-0.8b": (1024, 24, 8, 2, 16, 16, 3584), "qwen3.5-4b": (2560, 32, 16, 4, 16, 32, 9216)}
-N = 0
+flop = None
 if sys.argv[2] in shapes:
     H, L, hq, hkv, hk, hv, I = shapes[sys.argv[2]]
     gdn = H * (2 * hk * 128 + hv * 128) + 2 * H * hv * 128 + 2 * H * hv
     att = H * hq * 512 + 2 * H * hkv * 256 + hq * 256 * H
-    N = (L - L // 4) * gdn + L // 4 * att + L * 3 * H * I + 248320 * H
+    N = (L - L // 4) * gdn + L // 4 * att + L * 3 * H * I
+    flop = lambda n: 2 * N + L // 4 * 4 * hq * 256 * n / 2
 print(f"peak {j.get('peak_memory_bytes', 0) / 2**30:.2f} GiB, copy bw {j.get('copy_bandwidth_bytes_per_s', 0) / 1e12:.2f} TB/s")
 for k in ("prefill", "decode"):
     for r in j.get(k, []):
         n = r.get("tokens", r.get("context"))
         roof = r.get("roofline_tok_s", 0)
-        tf = f"  {2 * N * r['tok_s'] / 1e12:6.1f} TFLOP/s" if k == "prefill" and N else ""
+        tf = f"  {flop(n) * r['tok_s'] / 1e12:6.1f} TFLOP/s" if k == "prefill" and flop else ""
         print(f"{k:8s} {n:>6} {r['tok_s']:10.1f} tok/s  roof {roof:9.0f} ({100 * r['tok_s'] / roof if roof else 0:5.1f} %)"
               f"{tf}  runs {[round(x, 1) for x in r.get('runs', [])]}")
 PY
