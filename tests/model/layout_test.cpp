@@ -13,6 +13,7 @@
 #include "core/mapped_file.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/weights.h"
 #include "runtime/session.h"
 #include "test_util.h"
 
@@ -116,7 +117,7 @@ TEST(Layout, FusedExpertsNestedQwen35Moe) {
 
 // The dense Qwen3.5 as Qwen3_5ForConditionalGeneration saves it: model_type qwen3_5 with the text model
 // under text_config, tensors under model.language_model.*, the MTP block under mtp.* and a vision tower
-// under model.visual.* (both ignored by the text model).
+// under model.visual.* (ignored).
 TEST(Layout, NestedQwen35Dense) {
   const std::string src = test::golden_dir("qwen3_5_text-a-mtp");
   ASSERT_FALSE(src.empty());
@@ -144,6 +145,9 @@ TEST(Layout, NestedQwen35Dense) {
   EXPECT_EQ(cfg.arch, Arch::Qwen35);
   EXPECT_EQ(cfg.tensor_prefix, "model.language_model.");
   EXPECT_EQ(cfg.n_moe_layers(), 0);
+  auto w = ModelWeights::load(dir.string());
+  ASSERT_TRUE(w->mtp);  // the MTP block, with its dense MLP
+  EXPECT_FALSE(w->mtp->layer.ffn.moe);
   auto ids = prompt_of(src);
   EXPECT_LE(max_diff(logits_of(src, ids), logits_of(dir.string(), ids)), 1e-6);
   fs::remove_all(dir);

@@ -170,7 +170,8 @@ TEST_P(MtpGoldenModel, InfoShowsTheBlock) {
   EXPECT_FALSE(nlohmann::json::parse(plain)["mtp"]["present"].get<bool>());
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, MtpGoldenModel, ::testing::Values("qwen3_5_moe_text-a-mtp", "qwen3_next-a-mtp"),
+INSTANTIATE_TEST_SUITE_P(Golden, MtpGoldenModel,
+                         ::testing::Values("qwen3_5_moe_text-a-mtp", "qwen3_next-a-mtp", "qwen3_5_text-a-mtp"),
                          test::ModelParamName());
 
 }  // namespace

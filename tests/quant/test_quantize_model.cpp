@@ -276,7 +276,7 @@ TEST(QuantizeModel, MtpBlock) {
 
 // The dense Qwen3.5 golden in every format lily quantizes to: the dense MLP (and everything else the
 // formats quantize) loads in the format, runs, and stays close to the bf16 model. The checkpoint carries
-// an MTP block (mtp.*), which the text model ignores. Bounds as for the MoE goldens: these random models
+// an MTP block (mtp.*, a dense MLP in its layer), quantized with the rest. Bounds as for the MoE goldens: these random models
 // amplify noise, 8-bit affine already moves KL to a few thousandths. The released models tie lm_head to
 // the embedding, so the golden is also re-saved tied: affine then keeps one quantized table (mlx-lm's
 // embed_tokens.as_linear), EXL3 the embedding in 16 bits and a quantized lm_head copy (as exllamav3 does).

@@ -154,11 +154,15 @@ void check_export(const std::string& model, TensorType type) {
   const bool next = c.arch == Arch::Qwen3Next, dense = c.arch == Arch::Qwen35;
   const std::string arch = next ? "qwen3next" : dense ? "qwen35" : "qwen35moe";
   EXPECT_EQ(std::get<std::string>(*f.find("general.architecture")), arch);
-  EXPECT_EQ(std::get<uint32_t>(*f.find(arch + ".block_count")), uint32_t(c.layers));
+  const bool mtp = w->mtp.has_value();  // exported as one more layer (dense MLP in the dense model)
+  EXPECT_EQ(std::get<uint32_t>(*f.find(arch + ".block_count")), uint32_t(c.layers + (mtp ? 1 : 0)));
   EXPECT_EQ(std::get<uint32_t>(*f.find(arch + ".ssm.group_count")), uint32_t(c.lin_k_heads));
   EXPECT_EQ(std::get<uint32_t>(*f.find(arch + ".ssm.time_step_rank")), uint32_t(c.lin_v_heads));
   EXPECT_EQ(std::get<uint32_t>(*f.find(arch + ".rope.dimension_count")), uint32_t(c.rotary_dim));
-  EXPECT_EQ(std::get<std::vector<bool>>(*f.find(arch + ".attention.recurrent_layers")), (std::vector<bool>{true, true, true, false}));
+  std::vector<bool> recurrent = {true, true, true, false};
+  if (mtp) recurrent.push_back(false);
+  EXPECT_EQ(std::get<std::vector<bool>>(*f.find(arch + ".attention.recurrent_layers")), recurrent);
+  if (mtp && dense) EXPECT_NE(f.tensor("blk.4.ffn_up.weight"), nullptr);
   EXPECT_EQ(f.find(arch + ".rope.dimension_sections") != nullptr, !next);
   EXPECT_EQ(std::get<std::vector<std::string>>(*f.find("tokenizer.ggml.tokens")).size(), size_t(c.vocab));
   EXPECT_EQ(f.find(arch + ".expert_count") != nullptr, !dense);

@@ -149,8 +149,8 @@ TEST_F(LlamaCpp, MtpOfOurExportMatchesTheReferenceQwen35Moe) { agree_mtp(peer_, 
 
 TEST_F(LlamaCpp, LogitsOfOurExportMatchTheReferenceQwen3Next) { agree(peer_, "qwen3_next-a"); }
 TEST_F(LlamaCpp, LogitsOfOurExportMatchTheReferenceQwen35Moe) { agree(peer_, "qwen3_5_moe_text-a"); }
-// The dense Qwen3.5 (llama.cpp's qwen35; the checkpoint's mtp.* tensors are not exported).
-TEST_F(LlamaCpp, LogitsOfOurExportMatchTheReferenceQwen35Dense) { agree(peer_, "qwen3_5_text-a-mtp"); }
+// The dense Qwen3.5 (llama.cpp's qwen35, its MTP block with a dense MLP).
+TEST_F(LlamaCpp, MtpOfOurExportMatchesTheReferenceQwen35Dense) { agree_mtp(peer_, "qwen3_5_text-a-mtp"); }
 
 // lily's CPU engine and llama.cpp agree on random synth models of the three architectures (the synth configs,
 // e.g. tiny's rotary sections and the qwen3-next grouped projections, are what llama.cpp also reads;
