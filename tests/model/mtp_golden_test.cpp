@@ -157,14 +157,19 @@ TEST_P(MtpGoldenModel, InfoShowsTheBlock) {
   auto j = nlohmann::json::parse(out)["mtp"];
   EXPECT_TRUE(j["present"].get<bool>());
   EXPECT_EQ(j["prefix"], "mtp.");
-  EXPECT_EQ(j["ffn"], "MoE 8 experts");
-  EXPECT_EQ(j["formats"]["dense"], 1 + 4 + 2 + 3 + 8 * 3);  // fc, q/k/v/o, router + shared gate, shared expert, experts
-  // fc [128, 256] + attention + router, shared gate, 8 + 1 experts, all bf16
+  // fc [128, 256] + attention + the block's FFN, all bf16: the MoE goldens' router, shared gate, 8 + 1
+  // experts; the dense golden's SwiGLU of intermediate 256
+  const bool dense = GetParam() == "qwen3_5_text-a-mtp";
+  const std::string ffn = dense ? "dense MLP" : "MoE 8 experts";
+  EXPECT_EQ(j["ffn"], ffn);
+  // fc, q/k/v/o, then router + shared gate, shared expert, experts (MoE) or gate/up/down (dense)
+  EXPECT_EQ(j["formats"]["dense"], dense ? 1 + 4 + 3 : 1 + 4 + 2 + 3 + 8 * 3);
   const int64_t attn = 4 * 128 * 128 + 2 * 2 * 64 * 128 + 128 * 4 * 64;
-  EXPECT_EQ(j["weight_bytes"], 2 * (128 * 256 + attn + 8 * 128 + 128 + 8 * 3 * 64 * 128 + 3 * 96 * 128));
+  const int64_t ffn_w = dense ? 3 * 256 * 128 : 8 * 128 + 128 + 8 * 3 * 64 * 128 + 3 * 96 * 128;
+  EXPECT_EQ(j["weight_bytes"], 2 * (128 * 256 + attn + ffn_w));
   std::string text;
   ASSERT_EQ(run_lily("info --model " + dir(), text, false), 0);
-  EXPECT_NE(text.find("mtp            1 layer (dense attention, MoE 8 experts)"), std::string::npos) << text;
+  EXPECT_NE(text.find("mtp            1 layer (dense attention, " + ffn + ")"), std::string::npos) << text;
   std::string plain;
   ASSERT_EQ(run_lily("info --json --model " + test::golden_dir("qwen3_next-a"), plain, false), 0);
   EXPECT_FALSE(nlohmann::json::parse(plain)["mtp"]["present"].get<bool>());

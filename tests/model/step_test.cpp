@@ -19,7 +19,7 @@ using namespace lily;
 
 namespace {
 
-const char* const kGoldens[] = {"qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r"};
+const char* const kGoldens[] = {"qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r", "qwen3_5_text-a-mtp"};
 
 std::shared_ptr<const ModelWeights> load(const std::string& name) {
   const std::string dir = test::golden_dir(name);

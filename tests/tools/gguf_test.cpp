@@ -162,11 +162,15 @@ void check_export(const std::string& model, TensorType type) {
   std::vector<bool> recurrent = {true, true, true, false};
   if (mtp) recurrent.push_back(false);
   EXPECT_EQ(std::get<std::vector<bool>>(*f.find(arch + ".attention.recurrent_layers")), recurrent);
-  if (mtp && dense) EXPECT_NE(f.tensor("blk.4.ffn_up.weight"), nullptr);
+  if (mtp && dense) {
+    EXPECT_NE(f.tensor("blk.4.ffn_up.weight"), nullptr);
+  }
   EXPECT_EQ(f.find(arch + ".rope.dimension_sections") != nullptr, !next);
   EXPECT_EQ(std::get<std::vector<std::string>>(*f.find("tokenizer.ggml.tokens")).size(), size_t(c.vocab));
   EXPECT_EQ(f.find(arch + ".expert_count") != nullptr, !dense);
-  if (dense) EXPECT_EQ(std::get<uint32_t>(*f.find(arch + ".feed_forward_length")), uint32_t(c.dense_inter));
+  if (dense) {
+    EXPECT_EQ(std::get<uint32_t>(*f.find(arch + ".feed_forward_length")), uint32_t(c.dense_inter));
+  }
   EXPECT_EQ(f.tensor("output.weight") != nullptr, !c.tie_embeddings);  // tied: llama.cpp reuses token_embd
   for (const auto& t : f.tensors) EXPECT_EQ(t.name.find("mtp"), std::string::npos) << t.name;
 
