@@ -4,8 +4,9 @@
 # of the bytes roofline (tok/s over copy bandwidth / bytes per token) and, for the dense presets, the prompt
 # FLOP rate — and the kernels per decode step (`lily inspect`). Needs the bundle of scripts/device/bundle.sh.
 # Env: DEVBIN (.devbin), PRESETS (qwen3.5-35b-a3b), FORMATS ("affine4 exl3 bf16"), PREFILL (512,4096,16384),
-#      CTX (256,4096,32768), REPEATS (2), INSPECT_FORMATS (affine4). Output: $OUT/bench-<format>.json and
-#      .txt ($OUT/bench-<preset>-<format>.* for other presets), $OUT/inspect-*.txt.
+#      CTX (256,4096,32768), REPEATS (2), INSPECT_FORMATS (affine4), BENCH_TIMEOUT (300 s a bench).
+#      Output: $OUT/bench-<format>.json and .txt ($OUT/bench-<preset>-<format>.* for other presets),
+#      $OUT/inspect-*.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 D=${DEVBIN:-.devbin}
@@ -19,7 +20,7 @@ for p in ${PRESETS:-qwen3.5-35b-a3b}; do
   for f in ${FORMATS:-affine4 exl3 bf16}; do
     extra=""
     [ "$f" = exl3 ] && extra="--bits 4 --codebook mcg"
-    timeout 300 "$D/lily" bench --synth "$p" --format "$f" $extra --backend cuda --prefill "${PREFILL:-512,4096,16384}" \
+    timeout "${BENCH_TIMEOUT:-300}" "$D/lily" bench --synth "$p" --format "$f" $extra --backend cuda --prefill "${PREFILL:-512,4096,16384}" \
       --decode-context "${CTX:-256,4096,32768}" --repeats "${REPEATS:-2}" --decode-tokens 32 --json \
       > "$OUT/bench-$pre$f.json" 2> "$OUT/bench-$pre$f.txt"
     echo "== $p $f (rc $?)"

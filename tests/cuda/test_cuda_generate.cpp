@@ -12,6 +12,7 @@ TEST(CudaSampleGenerate, NotBuilt) { GTEST_SKIP() << "built without the CUDA bac
 
 #include <nlohmann/json.hpp>
 
+#include "../model/test_util.h"
 #include "core/mapped_file.h"
 #include "cuda_test_util.h"
 #include "runtime/engine.h"
@@ -26,12 +27,6 @@ namespace {
 
 // Generation on a golden model: the device path (runtime::generate on the CUDA backend) against the host
 // path on the same backend (allow_device = false).
-std::string find_golden(const std::string& name) {
-  for (auto& p : {fs::path(LILY_TEST_DATA) / "golden" / name, fs::path(LILY_SOURCE_DIR) / ".." / "shared" / "golden" / name})
-    if (fs::exists(p / "model.safetensors")) return p.string();
-  return "";
-}
-
 struct GoldenRun {
   std::unique_ptr<Engine> e;
   std::vector<int32_t> prompt, greedy;
@@ -97,7 +92,7 @@ void expect_state(Engine& e, const std::vector<int32_t>& prompt, const Outcome& 
 
 TEST(CudaSampleGenerate, DevicePathMatchesHostPath) {
   LILY_REQUIRE_GPU();
-  const std::string dir = find_golden("qwen3_5_moe_text-a");
+  const std::string dir = test::golden_dir("qwen3_5_moe_text-a");
   if (dir.empty()) GTEST_SKIP() << "golden model not present";
   auto g = open_golden(dir, 256);
   Engine& e = *g.e;
@@ -171,7 +166,7 @@ TEST(CudaSampleGenerate, DevicePathMatchesHostPath) {
 
 TEST(CudaSampleGenerate, SampledTokensReproduceAndStayInTheHostSet) {
   LILY_REQUIRE_GPU();
-  const std::string dir = find_golden("qwen3_5_moe_text-a");
+  const std::string dir = test::golden_dir("qwen3_5_moe_text-a");
   if (dir.empty()) GTEST_SKIP() << "golden model not present";
   auto g = open_golden(dir, 256);
   Engine& e = *g.e;

@@ -17,6 +17,7 @@ TEST(CudaModel, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "../model/test_util.h"
 #include "cuda_compare.h"
 #include "model/qwen_hybrid.h"
 #include "tools/quantize.h"
@@ -26,22 +27,6 @@ namespace fs = std::filesystem;
 using namespace lily;
 
 namespace {
-
-std::string find_golden(const std::string& name) {
-  std::vector<fs::path> c = {fs::path(LILY_TEST_DATA) / "golden" / name,
-                             fs::path(LILY_SOURCE_DIR) / ".." / "shared" / "golden" / name};
-  if (const char* e = std::getenv("LILY_GOLDEN_EXTRA")) {  // colon-separated folders of golden models
-    std::string s = e;
-    for (size_t a = 0; a <= s.size();) {
-      const size_t b = std::min(s.find(':', a), s.size());
-      if (b > a) c.push_back(fs::path(s.substr(a, b - a)) / name);
-      a = b + 1;
-    }
-  }
-  for (auto& p : c)
-    if (fs::exists(p / "model.safetensors")) return p.string();
-  return "";
-}
 
 struct Golden {
   std::vector<int32_t> prompt, greedy;
@@ -96,7 +81,7 @@ class CudaGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaGolden, MatchesReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = find_golden(GetParam());
+  const std::string dir = test::golden_dir(GetParam());
   if (dir.empty()) GTEST_SKIP() << GetParam() << " not present";
   auto w = ModelWeights::load(dir);
   auto g = read_golden(dir);
@@ -168,7 +153,7 @@ TEST_P(CudaGolden, MatchesReference) {
 // (the reference holds 24).
 TEST_P(CudaGolden, MatchesCpuBackend) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = find_golden(GetParam());
+  const std::string dir = test::golden_dir(GetParam());
   if (dir.empty()) GTEST_SKIP() << GetParam() << " not present";
   auto w = ModelWeights::load(dir);
   cudatest::compare_backends(w, read_golden(dir).prompt, GetParam().c_str(), {}, 64);
@@ -188,7 +173,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, CudaGolden,
 // prompt and decode logits, perplexity, 64 greedy tokens).
 TEST_P(CudaGolden, AffineMatchesCpuBackend) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = find_golden(GetParam());
+  const std::string dir = test::golden_dir(GetParam());
   if (dir.empty()) GTEST_SKIP() << GetParam() << " not present";
   for (int bits : {4, 8}) {
     const fs::path out = fs::temp_directory_path() / ("lily-cuda-affine-" + GetParam() + "-" + std::to_string(bits));
@@ -209,7 +194,7 @@ TEST_P(CudaGolden, AffineMatchesCpuBackend) {
 
 TEST(CudaModel, DescribeDecodeStep) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = find_golden("qwen3_5_moe_text-a");
+  const std::string dir = test::golden_dir("qwen3_5_moe_text-a");
   if (dir.empty()) GTEST_SKIP() << "golden model not present";
   auto w = ModelWeights::load(dir);
   auto be = make_cuda_backend(w);

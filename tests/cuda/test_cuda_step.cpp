@@ -30,20 +30,23 @@ struct Model {
   cpu::CpuOptions copt;
 };
 
-// The golden checkpoints present here, and a tiny synth model in affine 4-bit (quantized products).
+// The golden checkpoints present here (MoE and dense), and tiny synth models in affine 4-bit (quantized
+// products; MoE and dense).
 std::vector<Model> models() {
   std::vector<Model> m;
-  for (const char* n : {"qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r"}) {
+  for (const char* n : {"qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r", "qwen3_5_text-a-mtp"}) {
     const std::string dir = test::golden_dir(n);
     if (!dir.empty()) m.push_back({n, ModelWeights::load(dir), {}});
   }
-  SynthOptions so;
-  so.preset = "tiny";
-  so.format = SynthFormat::Affine4;
-  so.seed = 3;
-  Model t{"tiny synth affine4", synth_model(so), {}};
-  t.copt.affine = cpu::AffinePath::Exact;  // the CUDA affine kernels take float activations
-  m.push_back(std::move(t));
+  for (const char* preset : {"tiny", "tiny-dense"}) {
+    SynthOptions so;
+    so.preset = preset;
+    so.format = SynthFormat::Affine4;
+    so.seed = 3;
+    Model t{std::string(preset) + " synth affine4", synth_model(so), {}};
+    t.copt.affine = cpu::AffinePath::Exact;  // the CUDA affine kernels take float activations
+    m.push_back(std::move(t));
+  }
   return m;
 }
 
