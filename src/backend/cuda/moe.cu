@@ -144,11 +144,12 @@ __global__ void combine_kernel(float* __restrict__ x, int H, int k, const float*
 }
 
 // The dense SwiGLU MLP (moe == false) through the shared expert's products: gate‖up with the SwiGLU fused
-// (GEMV) or after it (GEMM), then the down projection accumulated straight into the residual.
+// (GEMV, up to linear()'s GEMV row count) or after it (GEMM), then the down projection accumulated
+// straight into the residual. Row-wise: the rows may belong to different sequences.
 void dense_mlp(const MoeDev& m, const float* u, int T, float* x, const MoeScratch& sc, cudaStream_t s,
                const float* nw, float eps) {
   const int H = m.H;
-  if (T <= kMoeGemvRows) {
+  if (T <= std::max(kGemvMaxRows, kernel_switches().gemv_rows)) {
     const int32_t* id = T == 1 && m.sh_gate_up.affine ? m.zero_id : nullptr;
     gemv_slots(m.sh_gate_up, id, 0, H, u, H, 1, T, sc.sh_h, m.Is, false, m.Is, s, nw, eps);
   } else {
