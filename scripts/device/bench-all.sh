@@ -4,7 +4,7 @@
 # of the bytes roofline (tok/s over copy bandwidth / bytes per token) and, for the dense presets, the prompt
 # FLOP rate — and the kernels per decode step (`lily inspect`). Needs the bundle of scripts/device/bundle.sh.
 # Env: DEVBIN (.devbin), PRESETS (qwen3.5-35b-a3b), FORMATS ("affine4 exl3 bf16"), PREFILL (512,4096,16384),
-#      CTX (256,4096,32768), REPEATS (2), INSPECT_FORMATS (affine4), BENCH_TIMEOUT (300 s a bench).
+#      CTX (256,4096,32768), REPEATS (2), INSPECT_FORMATS (affine4; "" for none), BENCH_TIMEOUT (300 s a bench).
 #      Output: $OUT/bench-<format>.json and .txt ($OUT/bench-<preset>-<format>.* for other presets),
 #      $OUT/inspect-*.txt.
 set -uo pipefail
@@ -49,7 +49,7 @@ for k in ("prefill", "decode"):
               f"{tf}  runs {[round(x, 1) for x in r.get('runs', [])]}")
 PY
   done
-  for f in ${INSPECT_FORMATS:-affine4}; do
+  for f in ${INSPECT_FORMATS-affine4}; do
     timeout 120 "$D/lily" inspect --synth "$p" --format "$f" --context 4096 > "$OUT/inspect-$pre$f.txt" 2>&1
     echo "== inspect $p $f"; sed -n 1,4p "$OUT/inspect-$pre$f.txt"
   done
