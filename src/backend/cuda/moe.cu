@@ -143,21 +143,30 @@ __global__ void combine_kernel(float* __restrict__ x, int H, int k, const float*
   xr[i] = acc;
 }
 
-// The dense SwiGLU MLP (moe == false) through the shared expert's products: gate‖up with the SwiGLU fused
-// (GEMV, up to linear()'s GEMV row count) or after it (GEMM), then the down projection accumulated
-// straight into the residual. Row-wise: the rows may belong to different sequences.
+// gate‖up of a SwiGLU MLP (the shared expert, or the dense MLP) into sc.sh_h: the multi-row product for
+// rows_min..rows_dense rows (unfused norm only), GEMVs with the SwiGLU fused up to gemv_max rows (id: the
+// expert id of a one-row affine GEMV, or null), else the GEMM and the swiglu kernel.
+void swiglu_gate_up(const MoeDev& m, const float* u, int T, const MoeScratch& sc, cudaStream_t s, const float* nw,
+                    float eps, const int32_t* id, int gemv_max) {
+  const int H = m.H;
+  if (!nw && rows_linear(m.sh_gate_up, 0, H, u, H, T, sc.sh_h, m.Is, false, m.Is, s)) return;
+  if (T <= gemv_max) {
+    gemv_slots(m.sh_gate_up, id, 0, H, u, H, 1, T, sc.sh_h, m.Is, false, m.Is, s, nw, eps);
+    return;
+  }
+  linear(m.sh_gate_up, 2 * m.Is, H, u, H, T, sc.sh_gu, 2 * m.Is, false, s);
+  swiglu_kernel<<<cdiv(int64_t(T) * m.Is, 256), 256, 0, s>>>(sc.sh_gu, m.Is, T, sc.sh_h);
+  LILY_CU_LAUNCH();
+}
+
+// The dense SwiGLU MLP (moe == false) through the shared expert's products, GEMVs up to linear()'s GEMV row
+// count (one-row affine steps with expert id 0, so the ring's SwiGLU product takes them), then the down
+// projection accumulated straight into the residual. Row-wise: the rows may belong to different sequences.
 void dense_mlp(const MoeDev& m, const float* u, int T, float* x, const MoeScratch& sc, cudaStream_t s,
                const float* nw, float eps) {
-  const int H = m.H;
-  if (T <= std::max(kGemvMaxRows, kernel_switches().gemv_rows)) {
-    const int32_t* id = T == 1 && m.sh_gate_up.affine ? m.zero_id : nullptr;
-    gemv_slots(m.sh_gate_up, id, 0, H, u, H, 1, T, sc.sh_h, m.Is, false, m.Is, s, nw, eps);
-  } else {
-    linear(m.sh_gate_up, 2 * m.Is, H, u, H, T, sc.sh_gu, 2 * m.Is, false, s);
-    swiglu_kernel<<<cdiv(int64_t(T) * m.Is, 256), 256, 0, s>>>(sc.sh_gu, m.Is, T, sc.sh_h);
-    LILY_CU_LAUNCH();
-  }
-  linear(m.sh_down, H, m.Is, sc.sh_h, m.Is, T, x, H, true, s);
+  const int32_t* id = T == 1 && m.sh_gate_up.affine ? m.zero_id : nullptr;
+  swiglu_gate_up(m, u, T, sc, s, nw, eps, id, std::max(kGemvMaxRows, kernel_switches().gemv_rows));
+  linear(m.sh_down, m.H, m.Is, sc.sh_h, m.Is, T, x, m.H, true, s);
 }
 
 }  // namespace
@@ -188,15 +197,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
     s = side;
   }
   if (has_shared) {
-    if (!fused && rows_linear(m.sh_gate_up, 0, H, u, H, T, sc.sh_h, m.Is, false, m.Is, s)) {
-      // 2..rows_dense rows: the shared expert read once, SwiGLU fused
-    } else if (T <= moe_gemv_rows()) {
-      gemv_slots(m.sh_gate_up, nullptr, 0, H, u, H, 1, T, sc.sh_h, m.Is, false, m.Is, s, nw, eps);
-    } else {
-      linear(m.sh_gate_up, 2 * m.Is, H, u, H, T, sc.sh_gu, 2 * m.Is, false, s);
-      swiglu_kernel<<<cdiv(int64_t(T) * m.Is, 256), 256, 0, s>>>(sc.sh_gu, m.Is, T, sc.sh_h);
-      LILY_CU_LAUNCH();
-    }
+    swiglu_gate_up(m, u, T, sc, s, nw, eps, nullptr, moe_gemv_rows());
     linear(m.sh_down, H, m.Is, sc.sh_h, m.Is, T, sc.ysh, H, false, s);
     if (has(m.sh_gate) && !m.gate_in_router) linear(m.sh_gate, 1, H, u, H, T, sc.sg, 1, false, s, nw, eps);
   }
