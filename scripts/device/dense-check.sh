@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 20's H200 call (dense Qwen3.5), one device call that ends within DEADLINE (330 s) of its start:
-# 1. the CUDA tests that hold the dense model: the dense golden (qwen3_5_text-a-mtp) against the CPU
+# 1. the CUDA tests that hold the dense model: moe() with the dense MLP against its reference (per-row
+#    GEMVs, multi-row products, fused norm); the dense golden (qwen3_5_text-a-mtp) against the CPU
 #    backend in bf16, affine 4/8 and EXL3 K4; the tiny-dense synth in every format; multi-sequence steps,
 #    tentative + commit and the pipelined loop with the dense golden and tiny-dense among the models;
 # 2. `lily bench` rows (bench-all.sh: bytes-roofline fraction, prompt FLOP rate) for the dense 0.8B and
@@ -24,7 +25,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 DEADLINE=${DEADLINE:-330}
 left() { echo $((DEADLINE - ($(date +%s) - T0))); }
 
-F=${DENSE_TESTS-"*qwen3_5_text_a_mtp*:CudaExl3.GoldenModelK4MatchesCpu:CudaExl3.TinySynthMatchesCpu:CudaSynth.*:CudaStep.*"}
+F=${DENSE_TESTS-"CudaOps.Moe*:*qwen3_5_text_a_mtp*:CudaExl3.GoldenModelK4MatchesCpu:CudaExl3.TinySynthMatchesCpu:CudaSynth.*:CudaStep.*"}
 TRC=skipped
 if [ -n "$F" ]; then
   timeout "${TEST_TIMEOUT:-150}" "$D/test_cuda" --gtest_filter="$F" > "$OUT/tests-dense.log" 2>&1
