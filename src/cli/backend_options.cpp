@@ -10,7 +10,17 @@ namespace lily::cli {
 void add_cuda_opt(CLI::App& app, std::vector<std::string>& dst) {
   app.add_option("--cuda-opt", dst,
                  "CUDA backend option name=value, repeatable (graphs, chunk_min, profile, ba_fold, topk_fold, pdl, "
-                 "gemv_ring, gemm_bf16, gemm_skip_empty, ring_early_ids, device)");
+                 "gemv_ring, precision, gemm_skip_empty, ring_early_ids, gemv_rows, moe_gemv_rows, device)");
+  app.add_option_function<std::string>(
+         "--precision", [&dst](const std::string& v) { dst.push_back("precision=" + v); },
+         "CUDA prompt GEMM operands: bf16 (default, one product per multiply, as HF/vLLM run bf16) or high "
+         "(split bf16 hi/lo, ~fp32 results, slower)")
+      ->check(CLI::IsMember({"bf16", "high"}));
+}
+
+void require_cuda_backend(const std::vector<std::string>& cuda_opts, const std::string& backend) {
+  if (!cuda_opts.empty() && backend != "cuda")
+    fail("--cuda-opt / --precision need --backend cuda (got --backend {}; the CPU backend computes in float32)", backend);
 }
 
 std::unique_ptr<Backend> make_backend_with(std::shared_ptr<const ModelWeights> w, const std::vector<std::string>& cuda_opts) {
@@ -28,13 +38,14 @@ std::unique_ptr<Backend> make_backend_with(std::shared_ptr<const ModelWeights> w
 std::unique_ptr<Engine> engine_from_weights(std::shared_ptr<const ModelWeights> w, const EngineOptions& eo,
                                             const std::vector<std::string>& cuda_opts) {
   if (cuda_opts.empty()) return Engine::from_weights(std::move(w), eo);
-  if (eo.backend != "cuda") fail("--cuda-opt needs --backend cuda (got --backend {})", eo.backend);
+  require_cuda_backend(cuda_opts, eo.backend);
   auto be = make_backend_with(w, cuda_opts);
   return Engine::from_backend(std::move(w), std::move(be), eo);
 }
 
 std::unique_ptr<Engine> open_engine(const std::string& dir, const EngineOptions& eo, const std::vector<std::string>& cuda_opts) {
   if (cuda_opts.empty()) return Engine::open(dir, eo);
+  require_cuda_backend(cuda_opts, eo.backend);
   return engine_from_weights(ModelWeights::load(dir), eo, cuda_opts);
 }
 

@@ -1,4 +1,4 @@
-// `--cuda-opt name=value` (repeatable) of the commands that take --backend: CUDA backend options by name
+// `--cuda-opt name=value` (repeatable) and `--precision` of the commands that take --backend: CUDA backend options by name
 // (backend/cuda/cuda_backend.h: set_cuda_option), and the engines built with them.
 #pragma once
 #include <memory>
@@ -12,7 +12,10 @@
 
 namespace lily::cli {
 
+// --cuda-opt name=value (repeatable) and --precision bf16|high (appended to dst as precision=...).
 void add_cuda_opt(CLI::App& app, std::vector<std::string>& dst);
+// Throws InputError when CUDA options were given for another backend.
+void require_cuda_backend(const std::vector<std::string>& cuda_opts, const std::string& backend);
 // The CUDA backend for `w` with the options (throws InputError for an unknown option, a bad value, or a
 // build without CUDA).
 std::unique_ptr<Backend> make_backend_with(std::shared_ptr<const ModelWeights> w, const std::vector<std::string>& cuda_opts);

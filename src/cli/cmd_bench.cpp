@@ -101,7 +101,7 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
     BenchOptions o = *opt;
     o.backend = *backend;
     if (!cuda_opts->empty()) {
-      if (*backend != "cuda") fail("--cuda-opt needs --backend cuda (got --backend {})", *backend);
+      require_cuda_backend(*cuda_opts, *backend);
       o.make_backend = [opts = *cuda_opts](std::shared_ptr<const ModelWeights> w) { return make_backend_with(std::move(w), opts); };
     }
     o.prefill = parse_sizes(*prefill, "--prefill");

@@ -38,8 +38,10 @@ void EvalAccumulator::add(const float* model, const float* ref, int64_t rows, in
       if (p > 0) k += p * (lr[size_t(i)] - lm[size_t(i)]);
     }
     kl.push_back(std::max(0.0, k));
-    nll_model -= lm[size_t(next_ids[t])];
-    nll_ref -= lr[size_t(next_ids[t])];
+    if (next_ids) {
+      nll_model -= lm[size_t(next_ids[t])];
+      nll_ref -= lr[size_t(next_ids[t])];
+    }
     agree += am == ar;
   }
 }

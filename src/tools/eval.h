@@ -20,7 +20,8 @@ struct EvalResult {
   double ppl_model = 0, ppl_reference = 0, kl_mean = 0, kl_p99 = 0, top1_agreement = 0;
 };
 
-// Per-position statistics from two logit matrices [rows, V] (row t scored against ids[t + 1]).
+// Per-position statistics from two logit matrices [rows, V] (row t scored against next_ids[t]; next_ids null:
+// KL and top-1 agreement only, the perplexities stay unset).
 struct EvalAccumulator {
   std::vector<double> kl;
   double nll_model = 0, nll_ref = 0;

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -42,6 +43,30 @@ struct Dev {
   // Fills with a NaN pattern so unwritten outputs show up.
   void poison() { LILY_CU(cudaMemset(p, 0xff, std::max<size_t>(1, n) * sizeof(T))); }
 };
+
+// The process-wide kernel switches edited for the duration of a scope (restored after). A backend sets
+// its own switches before each step, so this governs direct kernel calls only.
+struct SwitchesScope {
+  cuda::KernelSwitches saved = cuda::kernel_switches();
+  explicit SwitchesScope(const std::function<void(cuda::KernelSwitches&)>& edit) {
+    cuda::KernelSwitches k = saved;
+    edit(k);
+    cuda::set_kernel_switches(k);
+  }
+  SwitchesScope(const SwitchesScope&) = delete;
+  SwitchesScope& operator=(const SwitchesScope&) = delete;
+  ~SwitchesScope() { cuda::set_kernel_switches(saved); }
+};
+// Prompt GEMMs in the split (high-precision) mode: the fp32-class tolerances of the kernel tests.
+struct HighPrecisionScope : SwitchesScope {
+  HighPrecisionScope() : SwitchesScope([](cuda::KernelSwitches& k) { k.gemm_prec = cuda::GemmPrec::kSplit; }) {}
+};
+// Backend options with the prompt GEMMs in the split mode (`--precision high`).
+inline CudaOptions high_precision_options() {
+  CudaOptions o;
+  o.kernels.gemm_prec = cuda::GemmPrec::kSplit;
+  return o;
+}
 
 inline std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.f) {
   std::normal_distribution<float> d(0.f, scale);

@@ -32,6 +32,8 @@ namespace fs = std::filesystem;
 using namespace lily;
 using lily::cudatest::compare_backends;
 using lily::cudatest::Dev;
+using lily::cudatest::HighPrecisionScope;
+using lily::cudatest::SwitchesScope;
 using lily::cudatest::randn;
 using lily::cudatest::rel_err;
 using quant::Exl3Codebook;
@@ -176,24 +178,29 @@ TEST(CudaExl3, DecodeGoldenBitExact) {
   EXPECT_EQ(cases, 24);
 }
 
-// linear() (GEMV for 1-2 rows, GEMM above) against the float64 reference, every K and codebook.
+// linear() (GEMV up to KernelSwitches::gemv_rows rows, GEMM above) against the float64 reference, every K
+// and codebook, in both prompt precisions (kBf16: the GEMM's inputs rounded once to fp16, 2^-11 relative).
 TEST(CudaExl3, LinearMatchesReference) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(3);
-  for (int K = 2; K <= 8; ++K)
-    for (int cb = 0; cb < 3; ++cb) {
-      const int in = K % 2 ? 200 : 256, out = K % 3 ? 300 : 128;  // padded and unpadded widths
-      HostExl3 h(K, Exl3Codebook(cb), in, out, rng, K == 5);
-      DevExl3 d({&h}, 1);
-      for (int T : kRows) {
-        auto x = randn(size_t(T) * in, rng);
-        Dev<float> dx(x), dy(size_t(T) * out);
-        dy.poison();
-        cuda::linear(d.m, out, in, dx.p, in, T, dy.p, out, false, nullptr);
-        const double e = rel_err(dy.down(), h.ref(x, T));
-        EXPECT_LT(e, 2e-5) << "K " << K << " cb " << cb << " T " << T;
+  for (cuda::GemmPrec prec : {cuda::GemmPrec::kSplit, cuda::GemmPrec::kBf16}) {
+    SwitchesScope scope([=](cuda::KernelSwitches& k) { k.gemm_prec = prec; });
+    const double tol = prec == cuda::GemmPrec::kSplit ? 2e-5 : 2e-3;
+    for (int K = 2; K <= 8; ++K)
+      for (int cb = 0; cb < 3; ++cb) {
+        const int in = K % 2 ? 200 : 256, out = K % 3 ? 300 : 128;  // padded and unpadded widths
+        HostExl3 h(K, Exl3Codebook(cb), in, out, rng, K == 5);
+        DevExl3 d({&h}, 1);
+        for (int T : kRows) {
+          auto x = randn(size_t(T) * in, rng);
+          Dev<float> dx(x), dy(size_t(T) * out);
+          dy.poison();
+          cuda::linear(d.m, out, in, dx.p, in, T, dy.p, out, false, nullptr);
+          const double e = rel_err(dy.down(), h.ref(x, T));
+          EXPECT_LT(e, tol) << "K " << K << " cb " << cb << " T " << T << (prec == cuda::GemmPrec::kSplit ? " split" : " bf16");
+        }
       }
-    }
+  }
 }
 
 // Dense products of 3..32 rows (rows_min 3) with long inputs: the k chunks split over thread-block clusters
@@ -233,6 +240,7 @@ TEST(CudaExl3, ClusterSplitRows) {
 // Bias, a logical column map (out_rows), accumulate, strided x / y and a fused RMSNorm.
 TEST(CudaExl3, RemapAccumulateNorm) {
   LILY_REQUIRE_GPU();
+  HighPrecisionScope high;  // fp32-class tolerances (both precisions: LinearMatchesReference)
   std::mt19937 rng(5);
   HostExl3 h(4, Exl3Codebook::Mul1, 384, 256, rng, true);
   h.w.out = 150;
@@ -280,6 +288,7 @@ TEST(CudaExl3, RemapAccumulateNorm) {
 // Runs of several parts (q/k/v-like): the rows of the matrix are the parts' outputs in order.
 TEST(CudaExl3, MultiPartRows) {
   LILY_REQUIRE_GPU();
+  HighPrecisionScope high;  // fp32-class tolerances (both precisions: LinearMatchesReference)
   std::mt19937 rng(7);
   const int in = 130;
   HostExl3 a(3, Exl3Codebook::Mcg, in, 130, rng), b(3, Exl3Codebook::Mcg, in, 256, rng, true),
@@ -308,6 +317,7 @@ double silu(double v) { return v / (1 + std::exp(-v)); }
 // tile map with experts of 0, 1 and many rows, gathered input rows, and dead tiles past *n_tiles.
 TEST(CudaExl3, MoeSlotsAndTiles) {
   LILY_REQUIRE_GPU();
+  HighPrecisionScope high;  // fp32-class tolerances (both precisions: LinearMatchesReference)
   std::mt19937 rng(11);
   const int E = 5, H = 192, I = 200;
   for (int cb = 0; cb < 3; ++cb) {

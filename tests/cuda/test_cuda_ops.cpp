@@ -14,6 +14,8 @@ TEST(Cuda, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 
 namespace {
 using lily::cudatest::Dev;
+using lily::cudatest::HighPrecisionScope;
+using lily::cudatest::SwitchesScope;
 using lily::cudatest::randn;
 using lily::cudatest::randn_bf16;
 using lily::cudatest::rel_err;
@@ -82,6 +84,7 @@ void linear_cases() {
 
 TEST(CudaOps, LinearMatchesReference) {
   LILY_REQUIRE_GPU();
+  HighPrecisionScope high;  // fp32-class tolerances (the bf16 mode: test_cuda_gemm.cpp)
   linear_cases();
 }
 
@@ -141,6 +144,7 @@ void affine_linear_cases() {
 
 TEST(CudaOps, AffineLinearMatchesReference) {
   LILY_REQUIRE_GPU();
+  HighPrecisionScope high;  // fp32-class tolerances (the bf16 mode: test_cuda_gemm.cpp)
   affine_linear_cases();
 }
 
@@ -364,6 +368,7 @@ void moe_cases() {
 
 TEST(CudaOps, MoeMatchesReference) {
   LILY_REQUIRE_GPU();
+  HighPrecisionScope high;  // fp32-class tolerances (the bf16 mode: test_cuda_gemm.cpp)
   moe_cases();
 }
 
@@ -392,6 +397,7 @@ TEST(CudaOps, MoeGroupedRowsMatchReference) {
 // The same products with every row count up to 64 on the GEMV paths (--cuda-opt gemv_rows / moe_gemv_rows).
 TEST(CudaOps, ManyRowGemvsMatchReference) {
   LILY_REQUIRE_GPU();
+  HighPrecisionScope high;  // fp32-class tolerances (the bf16 mode: test_cuda_gemm.cpp)
   GemvRowsScope scope(64, 64);
   linear_cases();
   affine_linear_cases();

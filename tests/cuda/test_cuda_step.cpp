@@ -50,7 +50,8 @@ std::vector<Model> models() {
   return m;
 }
 
-void together_vs_alone(const Model& m, int S, int stagger, const CudaOptions& opt = {}) {
+// CUDA against the CPU at fp32-class bounds: the prompt GEMMs in the high-precision mode.
+void together_vs_alone(const Model& m, int S, int stagger, const CudaOptions& opt = cudatest::high_precision_options()) {
   const int64_t V = m.w->cfg.vocab;
   auto gpu = make_cuda_backend(m.w, opt);
   cpu::CpuBackend cpu(m.w, m.copt);
@@ -76,7 +77,7 @@ TEST(CudaStep, SequencesTogetherMatchEachAlone) {
 // rows_dense=0 rows_moe=0); the defaults take the multi-row products.
 TEST(CudaStep, SequencesTogetherOnManyRowGemvs) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  CudaOptions opt;
+  CudaOptions opt = cudatest::high_precision_options();
   opt.kernels.gemv_rows = 32;
   opt.kernels.moe_gemv_rows = 32;
   opt.kernels.rows_dense = 0;

@@ -106,3 +106,19 @@ TEST(Cli, ChatWithDemoModel) {
   EXPECT_EQ(r.out.find("<|im_start|>"), std::string::npos) << "special tokens are not printed";
   std::filesystem::remove(in);
 }
+
+// --precision (CUDA prompt GEMM operands): a value other than bf16 / high, or the flag on the CPU backend,
+// ends with a clear error and exit code 2.
+TEST(Cli, PrecisionNeedsCudaAndAKnownMode) {
+  const char* b = std::getenv("LILY_BIN");
+  if (!b || !std::filesystem::exists(b)) GTEST_SKIP() << "LILY_BIN not set (ctest sets it)";
+  auto r = run("bench --synth tiny --format bf16 --precision high --prefill 16 --decode-context 16", true);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("error: --cuda-opt / --precision need --backend cuda"), std::string::npos) << r.out;
+  r = run("logits --model /nonexistent --tokens 1,2 --out /dev/null --precision fp8", true);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--precision"), std::string::npos) << r.out;
+  r = run("generate --model /nonexistent --tokens 1,2 --precision high", true);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--precision need --backend cuda"), std::string::npos) << r.out;
+}

@@ -7,11 +7,12 @@
 //     buffer and decodes them in registers against the staged input; the block then reduces, applies the
 //     output Hadamard-128, svh, bias and the logical column map (or silu(gate)·up in swiglu mode).
 //   - GEMM (prompts, MoE tile map): one block per (tile of <= 64 rows, 128-column block). Per 128-wide k
-//     chunk the rows are staged as fp16 hi + lo pairs after suh and the Hadamard (so the product keeps
-//     fp32-like accuracy), the chunk's trellis words are staged in shared memory, each warp decodes its
-//     tile column straight into B fragments and runs mma.sync m16n8k16 with fp32 accumulation. Dense
-//     products of few rows (exl3_rows) split the k chunks over a thread-block cluster of ks blocks along x
-//     (sm_90); rank 0 sums the partial tiles from the others' shared memory in rank order and finishes.
+//     chunk the rows are staged in fp16 after suh and the Hadamard (GemmPrec::kSplit: as hi + lo pairs, two
+//     MMAs per product, so it keeps fp32-like accuracy), the chunk's trellis words are staged in shared
+//     memory, each warp decodes its tile column straight into B fragments and runs mma.sync m16n8k16 with
+//     fp32 accumulation. Dense products of few rows (exl3_rows) split the k chunks over a thread-block
+//     cluster of ks blocks along x (sm_90); rank 0 sums the partial tiles from the others' shared memory in
+//     rank order and finishes.
 // Weights are never dequantised to global memory.
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
@@ -280,8 +281,9 @@ constexpr size_t gemm_smem() {
 
 // 256 threads = 8 warps; warp w owns tile column w of the 128-column block (16 outputs, 2 n8 fragments)
 // for all 64 rows (4 m16 fragments). ks > 1 (launched as clusters of ks along x): block x = column block · ks
-// + cluster rank, which takes the k chunks ≡ rank (mod ks).
-template <int K, int CB>
+// + cluster rank, which takes the k chunks ≡ rank (mod ks). SPLIT: the input rows as fp16 hi + lo (two
+// MMAs), else hi alone.
+template <int K, int CB, bool SPLIT>
 __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restrict__ parts, int nparts, int out, int in,
     const float* __restrict__ x, int64_t ldx, const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy,
     bool accumulate, const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks) {
@@ -331,7 +333,8 @@ __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restri
         lo[q] = __float2half_rn(s - __half2float(hi[q]));
       }
       *reinterpret_cast<uint2*>(Ahi + r * kAStride + 4 * lane) = make_uint2(pack2(hi[0], hi[1]), pack2(hi[2], hi[3]));
-      *reinterpret_cast<uint2*>(Alo + r * kAStride + 4 * lane) = make_uint2(pack2(lo[0], lo[1]), pack2(lo[2], lo[3]));
+      if constexpr (SPLIT)
+        *reinterpret_cast<uint2*>(Alo + r * kAStride + 4 * lane) = make_uint2(pack2(lo[0], lo[1]), pack2(lo[2], lo[3]));
     }
     __syncthreads();
 #pragma unroll 2
@@ -343,19 +346,22 @@ __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restri
       for (int mt = 0; mt < 4; ++mt) {
         if (mt >= mtiles) break;
         const int o = (mt * 16 + g) * kAStride + ii * 16 + 2 * c4;
-        uint32_t ah[4], al[4];
+        uint32_t ah[4];
         ah[0] = *reinterpret_cast<const uint32_t*>(Ahi + o);
         ah[1] = *reinterpret_cast<const uint32_t*>(Ahi + o + 8 * kAStride);
         ah[2] = *reinterpret_cast<const uint32_t*>(Ahi + o + 8);
         ah[3] = *reinterpret_cast<const uint32_t*>(Ahi + o + 8 * kAStride + 8);
-        al[0] = *reinterpret_cast<const uint32_t*>(Alo + o);
-        al[1] = *reinterpret_cast<const uint32_t*>(Alo + o + 8 * kAStride);
-        al[2] = *reinterpret_cast<const uint32_t*>(Alo + o + 8);
-        al[3] = *reinterpret_cast<const uint32_t*>(Alo + o + 8 * kAStride + 8);
         mma16816(acc[mt][0], ah, b00, b01);
-        mma16816(acc[mt][0], al, b00, b01);
         mma16816(acc[mt][1], ah, b10, b11);
-        mma16816(acc[mt][1], al, b10, b11);
+        if constexpr (SPLIT) {
+          uint32_t al[4];
+          al[0] = *reinterpret_cast<const uint32_t*>(Alo + o);
+          al[1] = *reinterpret_cast<const uint32_t*>(Alo + o + 8 * kAStride);
+          al[2] = *reinterpret_cast<const uint32_t*>(Alo + o + 8);
+          al[3] = *reinterpret_cast<const uint32_t*>(Alo + o + 8 * kAStride + 8);
+          mma16816(acc[mt][0], al, b00, b01);
+          mma16816(acc[mt][1], al, b10, b11);
+        }
       }
     }
   }
@@ -465,7 +471,9 @@ void init_exl3_kernels() {
         constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
         LILY_CU(cudaFuncSetAttribute(exl3_gemv_kernel<k, c, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
         LILY_CU(cudaFuncSetAttribute(exl3_gemv_kernel<k, c, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-        LILY_CU(cudaFuncSetAttribute(exl3_gemm_kernel<k, c>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        LILY_CU(cudaFuncSetAttribute(exl3_gemm_kernel<k, c, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     int(gemm_smem<k>())));
+        LILY_CU(cudaFuncSetAttribute(exl3_gemm_kernel<k, c, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      int(gemm_smem<k>())));
       });
   if (dev >= 0 && dev < 64) done[dev] = true;
@@ -509,10 +517,15 @@ void exl3_gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx,
   init_exl3_kernels();
   if (in > W.in_p) fail_internal("EXL3 GEMM: input wider than the padded input width");
   const dim3 grid(unsigned(W.col_blocks), unsigned(max_tiles));
+  const bool split = kernel_switches().gemm_prec == GemmPrec::kSplit;
   dispatch(W.K, W.cb, [&](auto kc, auto cc) {
     constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
-    exl3_gemm_kernel<k, c><<<grid, 256, gemm_smem<k>(), s>>>(W.parts, W.nparts, out, in, x, ldx, gather, y, ldy,
-                                                             accumulate, tiles, n_tiles, T, 1);
+    if (split)
+      exl3_gemm_kernel<k, c, true><<<grid, 256, gemm_smem<k>(), s>>>(W.parts, W.nparts, out, in, x, ldx, gather, y,
+                                                                     ldy, accumulate, tiles, n_tiles, T, 1);
+    else
+      exl3_gemm_kernel<k, c, false><<<grid, 256, gemm_smem<k>(), s>>>(W.parts, W.nparts, out, in, x, ldx, gather, y,
+                                                                      ldy, accumulate, tiles, n_tiles, T, 1);
   });
   LILY_CU_LAUNCH();
 }
@@ -541,7 +554,7 @@ bool exl3_rows(const Mat& W, int out, int in, const float* x, int64_t ldx, int T
   dispatch(W.K, W.cb, [&](auto kc, auto cc) {
     constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
     cfg.dynamicSmemBytes = gemm_smem<k>();
-    LILY_CU(cudaLaunchKernelEx(&cfg, exl3_gemm_kernel<k, c>, W.parts, W.nparts, out, in, x, ldx,
+    LILY_CU(cudaLaunchKernelEx(&cfg, exl3_gemm_kernel<k, c, true>, W.parts, W.nparts, out, in, x, ldx,
                                static_cast<const int32_t*>(nullptr), y, ldy, accumulate,
                                static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr), T, ks));
   });

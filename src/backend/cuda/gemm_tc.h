@@ -1,16 +1,13 @@
 // Tensor-core GEMM for prompts (mma.sync m16n8k16 bf16 x bf16 -> fp32), dense or over an expert tile map.
 #pragma once
 #include "backend/cuda/ops.h"
+#include "backend/cuda/switches.h"
 
 namespace lily::cuda {
 
-// kBf16: activations rounded to bf16 once (affine weights dequantised to bf16): one MMA per step,
-//        |error| <= ~2^-8 · Σ|x|·|w| per output.
-// kSplit: activations (and affine weights) split into bf16 hi + lo parts, two (three) MMAs per step:
-//        ~fp32-class results (|error| ~ 2^-17 · Σ|x|·|w|), the accuracy of the SIMT kernel.
-enum class GemmPrec { kBf16, kSplit };
+// GemmPrec (switches.h): kBf16 one MMA per step, kSplit two (bf16 weights) or three (affine).
 
-// The precision gemm_tiles uses: kSplit, or kBf16 with KernelSwitches::gemm_bf16 (switches.h).
+// The precision gemm_tiles uses: KernelSwitches::gemm_prec (switches.h).
 GemmPrec gemm_tc_default_precision();
 
 // Same contract as gemm_tiles (ops.h). Returns false, launching nothing, when the fast path cannot take the

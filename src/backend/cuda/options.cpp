@@ -37,6 +37,12 @@ int parse_int_in(const std::string& name, const std::string& v, int lo, int hi) 
   return x;
 }
 
+cuda::GemmPrec parse_precision(const std::string& v) {
+  if (v == "bf16") return cuda::GemmPrec::kBf16;
+  if (v == "high") return cuda::GemmPrec::kSplit;
+  fail("--cuda-opt precision={}: expected bf16 or high", v);
+}
+
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
       {"device", "CUDA device ordinal", [](CudaOptions& o, const std::string& v) { o.device = parse_int("device", v); }},
@@ -50,8 +56,8 @@ const std::vector<Field>& fields() {
       {"pdl", "programmatic dependent launch", [](CudaOptions& o, const std::string& v) { o.kernels.pdl = parse_bool("pdl", v); }},
       {"gemv_ring", "TMA ring GEMV for affine decode products",
        [](CudaOptions& o, const std::string& v) { o.kernels.gemv_ring = parse_bool("gemv_ring", v); }},
-      {"gemm_bf16", "prompt GEMMs in single bf16 (faster, less accurate)",
-       [](CudaOptions& o, const std::string& v) { o.kernels.gemm_bf16 = parse_bool("gemm_bf16", v); }},
+      {"precision", "prompt GEMM operands: bf16 (one product per multiply) or high (split bf16 hi/lo)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.gemm_prec = parse_precision(v); }},
       {"gemm_skip_empty", "expert GEMMs skip empty row tiles",
        [](CudaOptions& o, const std::string& v) { o.kernels.gemm_skip_empty = parse_bool("gemm_skip_empty", v); }},
       {"ring_early_ids", "MoE down product reads expert ids before its PDL wait",
