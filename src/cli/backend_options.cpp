@@ -10,7 +10,7 @@ namespace lily::cli {
 void add_cuda_opt(CLI::App& app, std::vector<std::string>& dst) {
   app.add_option("--cuda-opt", dst,
                  "CUDA backend option name=value, repeatable (graphs, chunk_min, profile, ba_fold, topk_fold, pdl, "
-                 "gemv_ring, precision, gemm_skip_empty, ring_early_ids, gemv_rows, moe_gemv_rows, device)");
+                 "gemv_ring, precision, gemm_wgmma, gemm_skip_empty, ring_early_ids, gemv_rows, moe_gemv_rows, device)");
   app.add_option_function<std::string>(
          "--precision", [&dst](const std::string& v) { dst.push_back("precision=" + v); },
          "CUDA prompt GEMM operands: bf16 (default, one product per multiply, as HF/vLLM run bf16) or high "

@@ -10,6 +10,11 @@
 #include "tools/bench.h"
 #include "tools/grammar_bench.h"
 #include "tools/synth.h"
+#ifdef LILY_HAVE_CUDA
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace lily::cli {
 namespace {
@@ -24,6 +29,29 @@ std::vector<std::string> split_list(const std::string& s) {
     i = j + 1;
   }
   return v;
+}
+
+// `--gemm`: the CUDA GEMM microbench (backend/cuda/gemm_bench.cu), at the routing of the first prompt length.
+int run_gemm_bench(const std::string& backend, int64_t P, int repeats, bool json) {
+  if (backend != "cuda") fail("bench --gemm needs --backend cuda (got --backend {})", backend);
+  if (P < 1 || P > 65536) fail("bench --gemm: the prompt length must be in 1..65536 (got {})", P);
+#ifdef LILY_HAVE_CUDA
+  const auto rows = cuda_gemm_bench(int(P), std::max(repeats, 10));
+  nlohmann::json j = nlohmann::json::array();
+  if (!json) fmt::print("{}\n\n| product | weights | kernel | ms | TFLOP/s |\n|---|---|---|---:|---:|\n", cuda_device_info());
+  for (const auto& r : rows) {
+    if (json)
+      j.push_back({{"shape", r.shape}, {"weights", r.weights}, {"kernel", r.kernel}, {"ms", r.ms}, {"tflops", r.tflops}});
+    else
+      fmt::print("| {} | {} | {} | {:.3f} | {:.1f} |\n", r.shape, r.weights, r.kernel, r.ms, r.tflops);
+  }
+  if (json) fmt::print("{}\n", j.dump(2));
+  return 0;
+#else
+  (void)repeats;
+  (void)json;
+  fail("bench --gemm: this build has no CUDA backend (configure with nvcc present)");
+#endif
 }
 
 Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory roofline, peak memory)", [](CLI::App& app) {
@@ -49,7 +77,7 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   app.add_option("--seed", *seed, "With --synth: random seed");
   app.add_option("--backend", *backend, "cpu | cuda");
   add_cuda_opt(app, *cuda_opts);
-  app.add_option("--prefill", *prefill, "Prompt lengths, comma separated (k = 1024)");
+  auto* prefill_opt = app.add_option("--prefill", *prefill, "Prompt lengths, comma separated (k = 1024)");
   app.add_option("--decode-context", *decode, "Context lengths for decode, comma separated");
   app.add_option("--repeats", opt->repeats, "Timed runs per figure (median reported)");
   app.add_option("--decode-tokens", opt->decode_tokens, "Single-token steps per decode run");
@@ -66,6 +94,9 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   app.add_option("--spec-depth", *spec_depth, "With --spec: drafted tokens per round, comma separated, each 1..16 or auto")
       ->capture_default_str();
   app.add_flag("--json", *json, "Print JSON on stdout");
+  auto gemm = std::make_shared<bool>(false);
+  app.add_flag("--gemm", *gemm, "Instead of a model: the prompt GEMMs alone on --backend cuda (expert products at the "
+               "routing of the first --prefill length, default 4096, and a dense 8192^3 bf16 product), TFLOP/s per kernel");
   auto grammar = std::make_shared<std::string>();
   auto tokenizer = std::make_shared<std::string>();
   auto gopt = std::make_shared<GrammarBenchOptions>();
@@ -97,6 +128,9 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
       else fmt::print("{}", rep.table());
       return 0;
     }
+    if (*gemm)
+      return run_gemm_bench(*backend, prefill_opt->count() ? parse_sizes(*prefill, "--prefill").front() : 4096,
+                            opt->repeats, *json);
     if (model->empty() == synth->empty()) fail("bench: give exactly one of --model DIR or --synth PRESET");
     BenchOptions o = *opt;
     o.backend = *backend;

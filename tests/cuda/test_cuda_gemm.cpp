@@ -1,7 +1,8 @@
-// Tensor-core GEMM (gemm_tc) against a double-precision CPU reference: dense rows and gathered expert tile
+// Tensor-core GEMMs (gemm_tc, and the Hopper gemm_wgmma) against a double-precision CPU reference: dense rows and gathered expert tile
 // maps, bf16 and MLX affine 4/8-bit weights (groups 32/64/128), both precisions, = and +=.
 // Error bound per output: c · Σ_i |x_i|·|w_i| (the row's own scale), c from the rounding of each mode.
-// CudaGemmBench.RealShapes (LILY_CUDA_BENCH=1) prints TFLOP/s on the Qwen3.5-35B-A3B prompt shapes.
+// CudaGemmBench.RealShapes (LILY_CUDA_BENCH=1) prints TFLOP/s on the Qwen3.5-35B-A3B prompt shapes (the
+// kernels side by side: `lily bench --gemm --backend cuda`).
 #include <gtest/gtest.h>
 
 #ifndef LILY_HAVE_CUDA
@@ -14,6 +15,7 @@ TEST(CudaGemm, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #include <string>
 
 #include "backend/cuda/gemm_tc.h"
+#include "backend/cuda/gemm_wgmma.h"
 #include "cuda_test_util.h"
 #include "quant/affine/affine.h"
 
@@ -225,6 +227,105 @@ TEST(CudaGemm, DeclinesUnsupportedShapes) {
   m.bits = 3;
   EXPECT_FALSE(lily::cuda::gemm_tc(m, 8, 128, dx.p, 136, nullptr, dy.p, 8, false, nullptr, nullptr, 1, 4,
                                    GemmPrec::kSplit, nullptr));                   // 3-bit codes
+}
+
+// ---- the Hopper kernel (gemm_wgmma.cu): bf16 operands, so the bf16 bound of expect_close ----
+// Expert tile maps as the MoE block builds them, experts with 0, 1, 15, 16, 17, 127, 128 and 129 rows (and
+// 64, 65, 200), gathered and plain inputs; K not a multiple of the 64-deep stage (96, 200, 544); outputs not a
+// multiple of the 256-column unit.
+TEST(CudaGemmWgmma, ExpertTilesMatchReference) {
+  LILY_REQUIRE_GPU();
+  if (!lily::cuda::gemm_wgmma_device()) GTEST_SKIP() << "needs an sm_90 device";
+  std::mt19937 rng(21);
+  const int counts[] = {0, 1, 15, 16, 17, 127, 128, 129, 0, 64, 65, 200};
+  const int E = int(std::size(counts));
+  const int tokens = 211;
+  std::vector<int> ex, tiles;
+  for (int e = 0, o = 0; e < E; ++e) {
+    for (int r = 0; r < counts[e]; r += 64) tiles.insert(tiles.end(), {e, o + r, std::min(64, counts[e] - r)});
+    for (int r = 0; r < counts[e]; ++r) ex.push_back(e);
+    o += counts[e];
+  }
+  const int n = int(ex.size()), live = int(tiles.size() / 3);
+  for (int g = 0; g < 3; ++g) tiles.insert(tiles.end(), {1 << 20, 1 << 28, 64});  // never read
+  const int max_tiles = int(tiles.size() / 3);
+  std::vector<int> gather(n);
+  for (auto& v : gather) v = int(rng() % tokens);
+  Dev<int32_t> dt(tiles), dn(std::vector<int32_t>{live}), dg(gather);
+  const std::pair<int, int> shapes[] = {{300, 256}, {130, 96}, {72, 544}, {40, 200}};
+  for (auto [bits, gs] : kFormats)
+    for (auto [out, in] : shapes) {
+      if (bits && in % gs) continue;
+      Weights W = make_weights(bits, gs, E, out, in, rng);
+      for (bool gathered : {true, false}) {
+        const int xrows = gathered ? tokens : n;
+        auto x = randn(size_t(xrows) * in, rng);
+        std::vector<int> src(n);
+        for (int r = 0; r < n; ++r) src[r] = gathered ? gather[r] : r;
+        const Ref R = reference(W, x, in, ex, src);
+        Dev<float> dx(x), dy(size_t(n) * out);
+        const std::string what = W.name() + " wgmma tiles " + std::to_string(out) + "x" + std::to_string(in) +
+                                 (gathered ? " gathered" : "");
+        dy.poison();
+        ASSERT_TRUE(lily::cuda::gemm_wgmma(W.m, out, in, dx.p, in, gathered ? dg.p : nullptr, dy.p, out, false, dt.p, dn.p,
+                                           max_tiles, n, nullptr));
+        expect_close(dy.down(), out, R, nullptr, out, GemmPrec::kBf16, what);
+        auto y0 = randn(size_t(n) * out, rng);
+        dy.up(y0);
+        ASSERT_TRUE(lily::cuda::gemm_wgmma(W.m, out, in, dx.p, in, gathered ? dg.p : nullptr, dy.p, out, true, dt.p, dn.p,
+                                           max_tiles, n, nullptr));
+        expect_close(dy.down(), out, R, &y0, out, GemmPrec::kBf16, what + " +=");
+      }
+    }
+}
+
+// Dense rows down to M = 1, strided x and y, K tails.
+TEST(CudaGemmWgmma, DenseMatchesReference) {
+  LILY_REQUIRE_GPU();
+  if (!lily::cuda::gemm_wgmma_device()) GTEST_SKIP() << "needs an sm_90 device";
+  std::mt19937 rng(22);
+  const std::pair<int, int> shapes[] = {{130, 256}, {257, 200}, {1, 64}, {520, 544}};
+  for (auto [bits, gs] : kFormats)
+    for (auto [out, in] : shapes) {
+      if (bits && in % gs) continue;
+      Weights W = make_weights(bits, gs, 1, out, in, rng);
+      for (int T : {1, 2, 17, 63, 64, 65, 129, 300}) {
+        const int64_t ldx = in + 8, ldy = out + 3;
+        auto x = randn(size_t(T) * ldx, rng);
+        std::vector<int> ex(T, 0), src(T);
+        for (int t = 0; t < T; ++t) src[t] = t;
+        const Ref R = reference(W, x, ldx, ex, src);
+        Dev<float> dx(x), dy(size_t(T) * ldy);
+        const std::string what = W.name() + " wgmma " + std::to_string(out) + "x" + std::to_string(in) + " T=" +
+                                 std::to_string(T);
+        dy.poison();
+        ASSERT_TRUE(lily::cuda::gemm_wgmma(W.m, out, in, dx.p, ldx, nullptr, dy.p, ldy, false, nullptr, nullptr,
+                                           (T + 63) / 64, T, nullptr));
+        expect_close(dy.down(), ldy, R, nullptr, out, GemmPrec::kBf16, what);
+      }
+    }
+}
+
+// What the kernel declines (gemm_tiles then takes the mma.sync kernel).
+TEST(CudaGemmWgmma, TakesTheCoveredShapesOnly) {
+  alignas(16) static float buf[64];
+  Mat bf;
+  bf.w = reinterpret_cast<const uint16_t*>(buf);
+  bf.ld = 64;
+  EXPECT_TRUE(lily::cuda::gemm_wgmma_takes(bf, 64, buf, 64));
+  EXPECT_FALSE(lily::cuda::gemm_wgmma_takes(bf, 60, buf, 64));      // in % 8
+  EXPECT_FALSE(lily::cuda::gemm_wgmma_takes(bf, 64, buf + 1, 64));  // unaligned x
+  EXPECT_FALSE(lily::cuda::gemm_wgmma_takes(bf, 64, buf, 66));      // ldx % 4
+  Mat af = bf;
+  af.affine = true; af.q = reinterpret_cast<const uint32_t*>(buf); af.bits = 4; af.gs = 64; af.row_words = 8;
+  EXPECT_TRUE(lily::cuda::gemm_wgmma_takes(af, 64, buf, 64));
+  af.bits = 3;
+  EXPECT_FALSE(lily::cuda::gemm_wgmma_takes(af, 64, buf, 64));      // 3-bit codes
+  af.bits = 4; af.gs = 16;
+  EXPECT_FALSE(lily::cuda::gemm_wgmma_takes(af, 64, buf, 64));      // group 16
+  Mat ex = bf;
+  ex.exl3 = true;
+  EXPECT_FALSE(lily::cuda::gemm_wgmma_takes(ex, 64, buf, 64));      // EXL3: its own kernel
 }
 
 // ---- timing (LILY_CUDA_BENCH=1) ----

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/gemm_bench.h"
 #include "backend/cuda/switches.h"
 
 namespace lily {

@@ -1,9 +1,11 @@
 // Linear layers: dispatch of decode products to the multi-row product (gemv_rows.cu, 3..32 rows), the GEMV
-// (gemv.cu; a scalar fallback here for bf16 rows that are not 16-byte aligned) and of prompt products to the tiled GEMMs (tensor cores in gemm_tc.cu,
-// a SIMT kernel here for shapes the tensor-core path does not take).
+// (gemv.cu; a scalar fallback here for bf16 rows that are not 16-byte aligned) and of prompt products to the
+// tiled GEMMs (tensor cores in gemm_tc.cu, a SIMT kernel here for shapes the tensor-core path does not take;
+// the wgmma kernel of gemm_wgmma.cu first on Hopper in the bf16 mode).
 #include <algorithm>
 
 #include "backend/cuda/gemm_tc.h"
+#include "backend/cuda/gemm_wgmma.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/rows.h"
 
@@ -139,7 +141,11 @@ void gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, cons
     return;
   }
   if (max_tiles <= 0) return;
-  if (gemm_tc(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, gemm_tc_default_precision(), s))
+  const GemmPrec prec = gemm_tc_default_precision();
+  if (prec == GemmPrec::kBf16 && kernel_switches().gemm_wgmma &&
+      gemm_wgmma(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s))
+    return;  // Hopper wgmma kernel (bf16 operands)
+  if (gemm_tc(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, prec, s))
     return;  // tensor cores; the SIMT kernel below takes the shapes they cannot
   dim3 grid(cdiv(out, kGemmBN), max_tiles);
   gemm_kernel<<<grid, 256, 0, s>>>(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, T);

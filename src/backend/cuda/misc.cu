@@ -124,12 +124,14 @@ void init_attn_kernels();
 void init_gdn_kernels();
 void init_gemm_tc_kernels();
 void init_exl3_kernels();
+void init_gemm_wgmma_kernels();
 
 void init_kernels() {
   init_attn_kernels();
   init_gdn_kernels();
   init_gemm_tc_kernels();
   init_exl3_kernels();
+  init_gemm_wgmma_kernels();
   init_gemv_kernels();
 }
 

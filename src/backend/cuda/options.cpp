@@ -58,6 +58,8 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.gemv_ring = parse_bool("gemv_ring", v); }},
       {"precision", "prompt GEMM operands: bf16 (one product per multiply) or high (split bf16 hi/lo)",
        [](CudaOptions& o, const std::string& v) { o.kernels.gemm_prec = parse_precision(v); }},
+      {"gemm_wgmma", "bf16 prompt GEMMs on the Hopper wgmma + TMA kernel (off: the mma.sync kernel)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.gemm_wgmma = parse_bool("gemm_wgmma", v); }},
       {"gemm_skip_empty", "expert GEMMs skip empty row tiles",
        [](CudaOptions& o, const std::string& v) { o.kernels.gemm_skip_empty = parse_bool("gemm_skip_empty", v); }},
       {"ring_early_ids", "MoE down product reads expert ids before its PDL wait",

@@ -16,6 +16,7 @@ struct KernelSwitches {
   bool pdl = true;              // programmatic dependent launch between decode kernels
   bool gemv_ring = true;        // TMA-fed shared-memory ring for affine decode GEMVs (sm_90)
   GemmPrec gemm_prec = GemmPrec::kBf16;  // prompt GEMM operands (above)
+  bool gemm_wgmma = true;       // bf16 prompt GEMMs on the wgmma + TMA kernel (sm_90a; off: mma.sync)
   bool gemm_skip_empty = true;  // expert GEMM warps skip the MMAs of row tiles past a partial tile
   bool ring_early_ids = true;   // the MoE down+combine ring product reads its expert ids before its PDL wait
   int gemv_rows = 16;           // dense products of up to this many rows run as one GEMV per row, more as GEMMs

@@ -1,0 +1,17 @@
+// `lily bench --gemm` (gemm_bench.cu; plain C++ header): the prompt GEMMs alone — the expert products of a
+// prompt of `prompt_tokens` tokens at the Qwen3.5-35B-A3B shape (uniform top-8 routing over 256 experts) and
+// a dense 8192³ bf16 product for the card's rate — on each kernel (wgmma on Hopper, mma.sync in both
+// precisions), `repeats` timed calls each.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace lily {
+
+struct CudaGemmBenchRow {
+  std::string shape, weights, kernel;
+  double ms = 0, tflops = 0;
+};
+std::vector<CudaGemmBenchRow> cuda_gemm_bench(int prompt_tokens = 4096, int repeats = 10);
+
+}  // namespace lily
