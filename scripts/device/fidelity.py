@@ -107,6 +107,7 @@ def main():
     ap.add_argument("--dirs", default="", help="more golden folders, colon separated")
     ap.add_argument("--attn", default="", help="HF attn_implementation (default: transformers' own choice)")
     ap.add_argument("--json", default="")
+    ap.add_argument("--extra", default="", help="more lily options for every run, e.g. '--cuda-opt gemm_wgmma=0'")
     a = ap.parse_args()
     import transformers
     dirs = search_dirs(a.dirs)
@@ -129,7 +130,7 @@ def main():
                 res[key] = None
                 res[key + "_error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         for key, extra in (("lily_default", []), ("lily_high", ["--precision", "high"])):
-            t, err = lily_logits(a.lily, path, ids, extra, T)
+            t, err = lily_logits(a.lily, path, ids, extra + a.extra.split(), T)
             res[key] = metrics(t, ref, ids) if t is not None else None
             if err:
                 res[key + "_error"] = err[0]

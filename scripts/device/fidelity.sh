@@ -2,24 +2,21 @@
 # One call on the GPU machine: the fidelity table of issue 19 (scripts/device/fidelity.py) for every golden
 # model — HF transformers bf16 (and float32) against the stored float32 reference, and lily's CUDA backend in
 # the default (bf16) and the high (--precision high) prompt precision on the same 150 rows.
-# Runs the bundle of scripts/device/bundle.sh (carry .devbin; it packs lily and the -r golden), else builds
-# lily with -j16. Output: $OUT/fidelity.txt (the tables) and $OUT/fidelity.json. MODELS=a,b narrows the list.
+# Runs the bundle of scripts/device/bundle.sh (carry .devbin; it packs lily and the -r golden).
+# Output: $OUT/fidelity.txt (the tables) and $OUT/fidelity.json. MODELS=a,b narrows the list; LILY_EXTRA adds
+# lily options to every run (e.g. '--cuda-opt gemm_wgmma=0').
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/lily-fidelity}
 mkdir -p "$OUT"
 D=${DEVBIN:-.devbin}
 [ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"  # packed by bundle.sh
-if [ -x "$D/lily" ]; then
-  export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
-  LILY=$D/lily
-else
-  cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_NATIVE=OFF > "$OUT/build.log" 2>&1 &&
-    cmake --build build-dev --target lily -j16 >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-  LILY=build-dev/lily
-fi
+LILY=${LILY:-$D/lily}
+[ -x "$LILY" ] || { echo "no $LILY: run scripts/device/bundle.sh here and carry $D (or set LILY)"; exit 1; }
+export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
 export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/$D/golden${LILY_GOLDEN_EXTRA:+:$LILY_GOLDEN_EXTRA}"
 timeout "${FIDELITY_TIMEOUT:-500}" python3 scripts/device/fidelity.py --lily "$LILY" ${MODELS:+--models "$MODELS"} \
+  ${LILY_EXTRA:+"--extra=$LILY_EXTRA"} \
   --json "$OUT/fidelity.json" > "$OUT/fidelity.txt" 2> "$OUT/fidelity.err"
 RC=$?
 cat "$OUT/fidelity.txt"

@@ -165,51 +165,75 @@ TEST(CudaGemm, DenseMatchesReference) {
 }
 
 // Expert tile map as moe.cu's route_kernel builds it: experts in order, tiles of <= 64 rows, rows of an
-// expert contiguous; tiles past *n_tiles hold garbage that must not be read.
+// expert contiguous; tiles past *n_tiles hold garbage that must not be read. Row r belongs to expert ex[r] and
+// reads input row gather[r] of `tokens` (gathered) or r (plain).
+struct TileMap {
+  int E = 0, n = 0, live = 0, max_tiles = 0, tokens = 0;
+  std::vector<int> ex, gather;
+  std::unique_ptr<Dev<int32_t>> tiles, n_tiles, dgather;
+};
+TileMap make_tile_map(const std::vector<int>& counts, int tokens, std::mt19937& rng) {
+  TileMap m;
+  m.E = int(counts.size());
+  m.tokens = tokens;
+  std::vector<int> tiles;
+  for (int e = 0, o = 0; e < m.E; ++e) {
+    for (int r = 0; r < counts[e]; r += 64) tiles.insert(tiles.end(), {e, o + r, std::min(64, counts[e] - r)});
+    for (int r = 0; r < counts[e]; ++r) m.ex.push_back(e);
+    o += counts[e];
+  }
+  m.n = int(m.ex.size());
+  m.live = int(tiles.size() / 3);
+  for (int g = 0; g < 3; ++g) tiles.insert(tiles.end(), {1 << 20, 1 << 28, 64});  // never read
+  m.max_tiles = int(tiles.size() / 3);
+  m.gather.resize(size_t(m.n));
+  for (auto& v : m.gather) v = int(rng() % uint32_t(tokens));
+  m.tiles = std::make_unique<Dev<int32_t>>(tiles);
+  m.n_tiles = std::make_unique<Dev<int32_t>>(std::vector<int32_t>{m.live});
+  m.dgather = std::make_unique<Dev<int32_t>>(m.gather);
+  return m;
+}
+
+// Every weight format and shape (out, in) over the map, gathered and plain inputs: run(W, dx, gathered, R, what).
+template <typename F>
+void for_each_tile_case(const TileMap& m, const std::vector<std::pair<int, int>>& shapes, std::mt19937& rng, F&& run) {
+  for (auto [bits, gs] : kFormats)
+    for (auto [out, in] : shapes) {
+      if (bits && in % gs) continue;
+      Weights W = make_weights(bits, gs, m.E, out, in, rng);
+      for (bool gathered : {true, false}) {
+        auto x = randn(size_t(gathered ? m.tokens : m.n) * in, rng);
+        std::vector<int> src(static_cast<size_t>(m.n));
+        for (int r = 0; r < m.n; ++r) src[size_t(r)] = gathered ? m.gather[size_t(r)] : r;
+        const Ref R = reference(W, x, in, m.ex, src);
+        Dev<float> dx(x);
+        run(W, dx, gathered, R, W.name() + " tiles " + std::to_string(out) + "x" + std::to_string(in) + (gathered ? " gathered" : ""));
+      }
+    }
+}
+
 TEST(CudaGemm, ExpertTilesMatchReference) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(12);
   // experts with no rows, one tile, several tiles; partial tiles ending in each m16 tile of both row warps
-  const int counts[] = {0, 1, 64, 0, 65, 200, 3, 16, 17, 32, 33, 47, 48, 49, 63};
-  const int E = int(std::size(counts));
-  const int tokens = 97;
-  std::vector<int> ex, tiles;
-  for (int e = 0, o = 0; e < E; ++e) {
-    for (int r = 0; r < counts[e]; r += 64) tiles.insert(tiles.end(), {e, o + r, std::min(64, counts[e] - r)});
-    for (int r = 0; r < counts[e]; ++r) ex.push_back(e);
-    o += counts[e];
-  }
-  const int n = int(ex.size()), live = int(tiles.size() / 3);
-  for (int g = 0; g < 3; ++g) tiles.insert(tiles.end(), {1 << 20, 1 << 28, 64});  // never read
-  const int max_tiles = int(tiles.size() / 3);
-  std::vector<int> gather(n);
-  for (auto& v : gather) v = int(rng() % tokens);
-  Dev<int32_t> dt(tiles), dn(std::vector<int32_t>{live}), dg(gather);
-  for (auto [bits, gs] : kFormats)
-    for (auto [out, in] : {std::pair{130, 256}, std::pair{64, 128}}) {
-      Weights W = make_weights(bits, gs, E, out, in, rng);
-      for (bool gathered : {true, false}) {
-        const int xrows = gathered ? tokens : n;
-        auto x = randn(size_t(xrows) * in, rng);
-        std::vector<int> src(n);
-        for (int r = 0; r < n; ++r) src[r] = gathered ? gather[r] : r;
-        const Ref R = reference(W, x, in, ex, src);
-        Dev<float> dx(x), dy(size_t(n) * out);
-        for (GemmPrec prec : {GemmPrec::kSplit, GemmPrec::kBf16}) {
-          const std::string what = W.name() + " " + prec_name(prec) + " tiles " + std::to_string(out) + "x" +
-                                   std::to_string(in) + (gathered ? " gathered" : "");
-          dy.poison();
-          ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, gathered ? dg.p : nullptr, dy.p, out, false, dt.p,
-                                          dn.p, max_tiles, n, prec, nullptr));
-          expect_close(dy.down(), out, R, nullptr, out, prec, what);
-          auto y0 = randn(size_t(n) * out, rng);
-          dy.up(y0);
-          ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, gathered ? dg.p : nullptr, dy.p, out, true, dt.p,
-                                          dn.p, max_tiles, n, prec, nullptr));
-          expect_close(dy.down(), out, R, &y0, out, prec, what + " +=");
-        }
-      }
+  const TileMap m = make_tile_map({0, 1, 64, 0, 65, 200, 3, 16, 17, 32, 33, 47, 48, 49, 63}, 97, rng);
+  for_each_tile_case(m, {{130, 256}, {64, 128}}, rng,
+                     [&](const Weights& W, const Dev<float>& dx, bool gathered, const Ref& R, const std::string& what) {
+    const int out = W.out, in = W.in;
+    Dev<float> dy(size_t(m.n) * out);
+    for (GemmPrec prec : {GemmPrec::kSplit, GemmPrec::kBf16}) {
+      const std::string w = what + " " + prec_name(prec);
+      dy.poison();
+      ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, gathered ? m.dgather->p : nullptr, dy.p, out, false,
+                                      m.tiles->p, m.n_tiles->p, m.max_tiles, m.n, prec, nullptr));
+      expect_close(dy.down(), out, R, nullptr, out, prec, w);
+      auto y0 = randn(size_t(m.n) * out, rng);
+      dy.up(y0);
+      ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, gathered ? m.dgather->p : nullptr, dy.p, out, true,
+                                      m.tiles->p, m.n_tiles->p, m.max_tiles, m.n, prec, nullptr));
+      expect_close(dy.down(), out, R, &y0, out, prec, w + " +=");
     }
+  });
 }
 
 // Shapes the tensor-core path declines (the SIMT kernel takes them through gemm_tiles).
@@ -237,46 +261,22 @@ TEST(CudaGemmWgmma, ExpertTilesMatchReference) {
   LILY_REQUIRE_GPU();
   if (!lily::cuda::gemm_wgmma_device()) GTEST_SKIP() << "needs an sm_90 device";
   std::mt19937 rng(21);
-  const int counts[] = {0, 1, 15, 16, 17, 127, 128, 129, 0, 64, 65, 200};
-  const int E = int(std::size(counts));
-  const int tokens = 211;
-  std::vector<int> ex, tiles;
-  for (int e = 0, o = 0; e < E; ++e) {
-    for (int r = 0; r < counts[e]; r += 64) tiles.insert(tiles.end(), {e, o + r, std::min(64, counts[e] - r)});
-    for (int r = 0; r < counts[e]; ++r) ex.push_back(e);
-    o += counts[e];
-  }
-  const int n = int(ex.size()), live = int(tiles.size() / 3);
-  for (int g = 0; g < 3; ++g) tiles.insert(tiles.end(), {1 << 20, 1 << 28, 64});  // never read
-  const int max_tiles = int(tiles.size() / 3);
-  std::vector<int> gather(n);
-  for (auto& v : gather) v = int(rng() % tokens);
-  Dev<int32_t> dt(tiles), dn(std::vector<int32_t>{live}), dg(gather);
-  const std::pair<int, int> shapes[] = {{300, 256}, {130, 96}, {72, 544}, {40, 200}};
-  for (auto [bits, gs] : kFormats)
-    for (auto [out, in] : shapes) {
-      if (bits && in % gs) continue;
-      Weights W = make_weights(bits, gs, E, out, in, rng);
-      for (bool gathered : {true, false}) {
-        const int xrows = gathered ? tokens : n;
-        auto x = randn(size_t(xrows) * in, rng);
-        std::vector<int> src(n);
-        for (int r = 0; r < n; ++r) src[r] = gathered ? gather[r] : r;
-        const Ref R = reference(W, x, in, ex, src);
-        Dev<float> dx(x), dy(size_t(n) * out);
-        const std::string what = W.name() + " wgmma tiles " + std::to_string(out) + "x" + std::to_string(in) +
-                                 (gathered ? " gathered" : "");
-        dy.poison();
-        ASSERT_TRUE(lily::cuda::gemm_wgmma(W.m, out, in, dx.p, in, gathered ? dg.p : nullptr, dy.p, out, false, dt.p, dn.p,
-                                           max_tiles, n, nullptr));
-        expect_close(dy.down(), out, R, nullptr, out, GemmPrec::kBf16, what);
-        auto y0 = randn(size_t(n) * out, rng);
-        dy.up(y0);
-        ASSERT_TRUE(lily::cuda::gemm_wgmma(W.m, out, in, dx.p, in, gathered ? dg.p : nullptr, dy.p, out, true, dt.p, dn.p,
-                                           max_tiles, n, nullptr));
-        expect_close(dy.down(), out, R, &y0, out, GemmPrec::kBf16, what + " +=");
-      }
-    }
+  const TileMap m = make_tile_map({0, 1, 15, 16, 17, 127, 128, 129, 0, 64, 65, 200}, 211, rng);
+  for_each_tile_case(m, {{300, 256}, {130, 96}, {72, 544}, {40, 200}}, rng,
+                     [&](const Weights& W, const Dev<float>& dx, bool gathered, const Ref& R, const std::string& what) {
+    const int out = W.out, in = W.in;
+    Dev<float> dy(size_t(m.n) * out);
+    const std::string w = what + " wgmma";
+    dy.poison();
+    ASSERT_TRUE(lily::cuda::gemm_wgmma(W.m, out, in, dx.p, in, gathered ? m.dgather->p : nullptr, dy.p, out, false,
+                                       m.tiles->p, m.n_tiles->p, m.max_tiles, m.n, nullptr));
+    expect_close(dy.down(), out, R, nullptr, out, GemmPrec::kBf16, w);
+    auto y0 = randn(size_t(m.n) * out, rng);
+    dy.up(y0);
+    ASSERT_TRUE(lily::cuda::gemm_wgmma(W.m, out, in, dx.p, in, gathered ? m.dgather->p : nullptr, dy.p, out, true,
+                                       m.tiles->p, m.n_tiles->p, m.max_tiles, m.n, nullptr));
+    expect_close(dy.down(), out, R, &y0, out, GemmPrec::kBf16, w + " +=");
+  });
 }
 
 // Dense rows down to M = 1, strided x and y, K tails.

@@ -17,4 +17,11 @@ bool gemm_tc(const Mat& W, int out, int in, const float* x, int64_t ldx, const i
              bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, GemmPrec prec,
              cudaStream_t s);
 
+// linear() (ops.h) whose many-row products take the split precision whatever KernelSwitches::gemm_prec says
+// (EXL3 weights: as linear): for the MoE router, whose logits feed the top-k. A bf16 rounding of its input
+// flips near-tied experts, a discrete change of that row and, through the recurrent state and the keys, of
+// the rows after it (on the golden models most of the bf16 mode's KL to the reference came from it).
+void linear_split(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
+                  cudaStream_t s, const float* norm_w = nullptr, float eps = 1e-6f);
+
 }  // namespace lily::cuda

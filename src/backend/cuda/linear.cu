@@ -105,6 +105,13 @@ __global__ void __launch_bounds__(256) gemm_kernel(const Mat W, int out, int in,
 }
 
 
+void gemm_simt(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
+               bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s) {
+  dim3 grid(cdiv(out, kGemmBN), max_tiles);
+  gemm_kernel<<<grid, 256, 0, s>>>(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, T);
+  LILY_CU_LAUNCH();
+}
+
 }  // namespace
 
 void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
@@ -146,10 +153,21 @@ void gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, cons
       gemm_wgmma(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s))
     return;  // Hopper wgmma kernel (bf16 operands)
   if (gemm_tc(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, prec, s))
-    return;  // tensor cores; the SIMT kernel below takes the shapes they cannot
-  dim3 grid(cdiv(out, kGemmBN), max_tiles);
-  gemm_kernel<<<grid, 256, 0, s>>>(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, T);
-  LILY_CU_LAUNCH();
+    return;  // tensor cores; the SIMT kernel takes the shapes they cannot
+  gemm_simt(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s);
+}
+
+void linear_split(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
+                  cudaStream_t s, const float* norm_w, float eps) {
+  if (W.exl3 || T <= std::max(kGemvMaxRows, kernel_switches().gemv_rows)) {
+    linear(W, out, in, x, ldx, T, y, ldy, false, s, norm_w, eps);
+    return;
+  }
+  if (norm_w) fail_internal("linear_split: a fused RMSNorm needs the GEMV path (T <= 2)");
+  if (out <= 0) return;
+  const int mt = int(cdiv(T, kGemmBM));
+  if (!gemm_tc(W, out, in, x, ldx, nullptr, y, ldy, false, nullptr, nullptr, mt, T, GemmPrec::kSplit, s))
+    gemm_simt(W, out, in, x, ldx, nullptr, y, ldy, false, nullptr, nullptr, mt, T, s);
 }
 
 void linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,

@@ -5,6 +5,7 @@
 // a tile list whose live length is read on the device. Steps of 2..rows_moe rows (KernelSwitches) take the same
 // sort with tiles of kRowsTile rows into the multi-row products (gemv_rows.cu): each chosen expert is read
 // once per tile, SwiGLU fused into the gate‖up product.
+#include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/rows.h"
 
@@ -211,7 +212,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   ta.E = m.E; ta.k = m.k; ta.norm_topk = m.norm_topk; ta.shared = m.shared_in_stack; ta.shared_gated = m.gate_in_router;
   ta.idx = sc.idx; ta.w = sc.w;
   if (!(T == 1 && m.topk_counter && gemv_topk(m.router, ldl, H, u, sc.logits, nw, eps, ta, m.topk_counter, s))) {
-    linear(m.router, ldl, H, u, H, T, sc.logits, ldl, false, s, nw, eps);
+    linear_split(m.router, ldl, H, u, H, T, sc.logits, ldl, s, nw, eps);  // fp32-class logits for the top-k
     launch_pdl(topk_kernel, dim3(T), dim3(32), 0, s, sc.logits, int64_t(ldl), ta);
     LILY_CU_LAUNCH();
   }
