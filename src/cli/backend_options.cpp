@@ -13,8 +13,8 @@ void add_cuda_opt(CLI::App& app, std::vector<std::string>& dst) {
                  "gemv_ring, precision, gemm_wgmma, gemm_skip_empty, ring_early_ids, gemv_rows, moe_gemv_rows, device)");
   app.add_option_function<std::string>(
          "--precision", [&dst](const std::string& v) { dst.push_back("precision=" + v); },
-         "CUDA prompt GEMM operands: bf16 (default, one product per multiply, as HF/vLLM run bf16) or high "
-         "(split bf16 hi/lo, ~fp32 results, slower)")
+         "CUDA prompt GEMM operands: high (default: split bf16 hi/lo, ~fp32 results) or bf16 (one product per "
+         "multiply, as HF/vLLM run bf16: faster prompts, larger logit differences)")
       ->check(CLI::IsMember({"bf16", "high"}));
 }
 

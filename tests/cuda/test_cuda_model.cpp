@@ -193,12 +193,12 @@ TEST_P(CudaGolden, AffineMatchesCpuBackend) {
   }
 }
 
-// The default prompt precision (bf16 GEMM operands) against the issue's fidelity bar. HF transformers 5.17
-// running the golden model in bf16 against its own float32 reference on the H200 (150 teacher-forced rows;
-// the issue's table, and scripts/device/fidelity.py for the -mtp models' main logits): mean KL(reference ‖
-// bf16) and top-1 flips. The bar: our prompt logits' mean KL to the float32 reference at
-// most a quarter of HF bf16's, no more flips than HF bf16, perplexity within 0.05% (the CUDA-vs-CPU bar; the
-// CPU backend equals the reference to ~1e-5). Decode rows run the GEMVs and must not depend on the mode.
+// The bf16 prompt precision (`--precision bf16`) against HF transformers 5.17 running the golden model in bf16
+// against its own float32 reference on the H200 (150 teacher-forced rows; the issue's table, and
+// scripts/device/fidelity.py for the -mtp models' main logits): mean KL(reference ‖ bf16) and top-1 flips.
+// Held: no worse than HF bf16 on both. The issue's bar for making it the default (KL at most a quarter of HF's,
+// ppl within 0.05%) is printed, not held: on the H200 it failed on every golden model (bench/RESULTS.md), so the
+// split mode stays the default. Decode rows run the GEMVs and must not depend on the mode.
 struct HfBf16 {
   const char* name;
   double kl;
@@ -207,16 +207,18 @@ struct HfBf16 {
 };
 class CudaGoldenBf16 : public ::testing::TestWithParam<HfBf16> {};
 
-TEST_P(CudaGoldenBf16, DefaultPrecisionWithinFidelityBar) {
+TEST_P(CudaGoldenBf16, Bf16PrecisionNoWorseThanHfBf16) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const HfBf16 hf = GetParam();
   const std::string dir = find_golden(hf.name);
   if (dir.empty()) GTEST_SKIP() << hf.name << " not present";
-  ASSERT_EQ(CudaOptions{}.kernels.gemm_prec, cuda::GemmPrec::kBf16) << "bf16 operands are the default";
+  ASSERT_EQ(CudaOptions{}.kernels.gemm_prec, cuda::GemmPrec::kSplit) << "the split mode is the default";
   auto w = ModelWeights::load(dir);
   auto g = read_golden(dir);
   const int64_t T = int64_t(g.prompt.size()), V = w->cfg.vocab;
-  auto be = make_cuda_backend(w);
+  CudaOptions bo;
+  bo.kernels.gemm_prec = cuda::GemmPrec::kBf16;
+  auto be = make_cuda_backend(w, bo);
   auto st = be->new_state(T + 8);
   std::vector<float> logits(size_t(T * V));
   forward_step(*be, *st, g.prompt, T, logits.data());
@@ -226,15 +228,16 @@ TEST_P(CudaGoldenBf16, DefaultPrecisionWithinFidelityBar) {
   const int flips = int(T - std::llround(r.top1_agreement * double(T)));
   const double ppl_ref = cudatest::perplexity(g.logits.data(), g.prompt, V);
   const double ppl = cudatest::perplexity(logits.data(), g.prompt, V);
-  EXPECT_LE(r.kl_mean, hf.kl / 4) << hf.name << ": mean KL to the float32 reference (HF bf16: " << hf.kl << ")";
+  EXPECT_LE(r.kl_mean, hf.kl) << hf.name << ": mean KL to the float32 reference (HF bf16: " << hf.kl << ")";
   EXPECT_LE(flips, hf.flips) << hf.name << ": top-1 flips (HF bf16: " << hf.flips << ")";
-  EXPECT_LT(std::abs(ppl / ppl_ref - 1), 5e-4) << hf.name << " perplexity " << ppl << " vs " << ppl_ref;
-  std::printf("[%s] default precision, prompt: mean KL %.3g (bar %.3g, HF bf16 %.3g), p99 %.3g, top-1 flips %d / %lld "
-              "(HF bf16 %d), perplexity %.6g vs reference %.6g\n",
-              hf.name, r.kl_mean, hf.kl / 4, hf.kl, r.kl_p99, flips, (long long)T, hf.flips, ppl, ppl_ref);
+  const bool bar = r.kl_mean <= hf.kl / 4 && flips <= hf.flips && std::abs(ppl / ppl_ref - 1) < 5e-4;
+  std::printf("[%s] bf16 precision, prompt: mean KL %.3g (HF bf16 %.3g, the default's bar %.3g), p99 %.3g, top-1 flips "
+              "%d / %lld (HF bf16 %d), perplexity %.6g vs reference %.6g (%+.2e): issue bar %s\n",
+              hf.name, r.kl_mean, hf.kl, hf.kl / 4, r.kl_p99, flips, (long long)T, hf.flips, ppl, ppl_ref,
+              ppl / ppl_ref - 1, bar ? "met" : "not met");
 
   // decode rows: the same logits in both precisions (GEMV paths)
-  auto hi = make_cuda_backend(w, cudatest::high_precision_options());
+  auto hi = make_cuda_backend(w);
   const int64_t n = std::min<int64_t>(T, 24);
   std::vector<float> a(size_t(n * V)), b(size_t(n * V));
   for (int pass = 0; pass < 2; ++pass) {

@@ -1,7 +1,7 @@
 // Linear layers: dispatch of decode products to the multi-row product (gemv_rows.cu, 3..32 rows), the GEMV
 // (gemv.cu; a scalar fallback here for bf16 rows that are not 16-byte aligned) and of prompt products to the
 // tiled GEMMs (tensor cores in gemm_tc.cu, a SIMT kernel here for shapes the tensor-core path does not take;
-// the wgmma kernel of gemm_wgmma.cu first on Hopper in the bf16 mode).
+// with KernelSwitches::gemm_wgmma the wgmma kernel of gemm_wgmma.cu first on Hopper in the bf16 mode).
 #include <algorithm>
 
 #include "backend/cuda/gemm_tc.h"

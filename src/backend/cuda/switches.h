@@ -8,15 +8,16 @@ namespace lily::cuda {
 // Operands of the prompt (many-row) GEMMs; decode products (GEMVs) always take fp32 activations.
 //   kBf16:  activations rounded to bf16 once (affine weights dequantised to bf16, EXL3 inputs to fp16): one
 //           product per multiply, |error| <= ~2^-8 · Σ|x|·|w| per output, as HF / vLLM / llama.cpp run bf16.
+//           The CLI's `--precision bf16`: ~1.4x faster prompts, but short of the fidelity bar (bench/RESULTS.md).
 //   kSplit: activations (and affine weights) split into bf16 hi + lo parts, two (three) products per multiply:
-//           ~fp32-class results (|error| ~ 2^-17 · Σ|x|·|w|). The CLI's `--precision high`.
+//           ~fp32-class results (|error| ~ 2^-17 · Σ|x|·|w|). The default (`--precision high`).
 enum class GemmPrec { kBf16, kSplit };
 
 struct KernelSwitches {
   bool pdl = true;              // programmatic dependent launch between decode kernels
   bool gemv_ring = true;        // TMA-fed shared-memory ring for affine decode GEMVs (sm_90)
-  GemmPrec gemm_prec = GemmPrec::kBf16;  // prompt GEMM operands (above)
-  bool gemm_wgmma = true;       // bf16 prompt GEMMs on the wgmma + TMA kernel (sm_90a; off: mma.sync)
+  GemmPrec gemm_prec = GemmPrec::kSplit;  // prompt GEMM operands (above)
+  bool gemm_wgmma = false;      // bf16 prompt GEMMs on the wgmma + TMA kernel (sm_90a; off: mma.sync, faster today)
   bool gemm_skip_empty = true;  // expert GEMM warps skip the MMAs of row tiles past a partial tile
   bool ring_early_ids = true;   // the MoE down+combine ring product reads its expert ids before its PDL wait
   int gemv_rows = 16;           // dense products of up to this many rows run as one GEMV per row, more as GEMMs
