@@ -21,7 +21,7 @@ using namespace lily;
 
 namespace {
 
-const char* const kMtpGoldens[] = {"qwen3_5_moe_text-a-mtp", "qwen3_next-a-mtp"};
+const char* const kMtpGoldens[] = {"qwen3_5_moe_text-a-mtp", "qwen3_next-a-mtp", "qwen3_5_text-a-mtp"};
 
 using test::random_ids;
 

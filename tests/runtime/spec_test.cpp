@@ -25,7 +25,7 @@ using namespace lily;
 namespace {
 
 const char* const kAll[] = {"qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r", "qwen3_5_moe_text-a-mtp",
-                            "qwen3_next-a-mtp"};
+                            "qwen3_next-a-mtp", "qwen3_5_text-a-mtp"};
 
 struct Model {
   std::shared_ptr<const ModelWeights> w;
@@ -141,7 +141,7 @@ class RecordingDrafter final : public DrafterWrapper {
 // h') drafts what the reference MTP head drafts from the same context, every round. (The goldens' random
 // MTP heads agree with their main models only by chance, so acceptance itself says little here.)
 TEST(Spec, MtpDraftsInTheLoopEqualTheReference) {
-  for (const char* name : {"qwen3_5_moe_text-a-mtp", "qwen3_next-a-mtp"}) {
+  for (const char* name : {"qwen3_5_moe_text-a-mtp", "qwen3_next-a-mtp", "qwen3_5_text-a-mtp"}) {
     SCOPED_TRACE(name);
     Model m = open(name);
     cpu::CpuBackend ref_be(m.w);
