@@ -210,7 +210,7 @@ class CudaGoldenBf16 : public ::testing::TestWithParam<HfBf16> {};
 TEST_P(CudaGoldenBf16, Bf16PrecisionNoWorseThanHfBf16) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const HfBf16 hf = GetParam();
-  const std::string dir = find_golden(hf.name);
+  const std::string dir = test::golden_dir(hf.name);
   if (dir.empty()) GTEST_SKIP() << hf.name << " not present";
   ASSERT_EQ(CudaOptions{}.kernels.gemm_prec, cuda::GemmPrec::kSplit) << "the split mode is the default";
   auto w = ModelWeights::load(dir);

@@ -127,7 +127,9 @@ TEST(CudaRows, DenseProductsMatchReference) {
             auto r = ref_row(W, 0, x.data() + size_t(t) * in, out, I);
             for (int o = 0; o < ny; ++o) ref.push_back(r[size_t(o)] + (variant == 1 ? y0[size_t(t) * ny + o] : 0.0));
           }
-          EXPECT_LT(rel_err(dy.down(), ref), 1e-5)
+          // x as bf16 hi + lo leaves ~2^-17 of each element (rms ~4e-6 of a product); SwiGLU compounds the
+          // errors of its two products (silu(g)·u), so its bound is twice the plain one.
+          EXPECT_LT(rel_err(dy.down(), ref), variant == 2 ? 2e-5 : 1e-5)
               << W.name << " " << out << "x" << in << " T=" << T << " variant " << variant;
         }
 }
