@@ -147,10 +147,11 @@ TEST(AffineInt8, BatchEqualsSeparateCalls) {
 TEST(AffineInt8, KernelsMatchScalarAndExactWithinBound) {
   std::mt19937 rng(17);
   struct Shape { int64_t out, in; };
-  // out: not multiples of the 4- or 2-row blocks; in: full 128-code steps plus 32/64/96 tails.
+  // out: not multiples of the 4- or 2-row blocks; in: full 128-code steps plus 32/64/96 tails, and whole
+  // 512-input spans (the 4-bit gemv's fast path) alone or with a 128/32-input tail.
   // (rows: the 4-, 2- and 16-row blocks and their remainders; tokens: the tiles' 12 and remainders)
   const Shape shapes[] = {{1, 64}, {2, 96}, {3, 128}, {16, 288}, {17, 160}, {63, 224}, {64, 352}, {65, 1056},
-                          {129, 4096}};
+                          {129, 4096}, {40, 512}, {19, 640}, {33, 1536}, {18, 2080}};
   const auto kns = kernels();
   std::printf("int8 kernels on this CPU:");
   for (const auto& kn : kns) std::printf(" %s,", kn.name().c_str());

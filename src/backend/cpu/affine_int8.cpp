@@ -314,7 +314,7 @@ void quantise(const quant::AffineWeight& w, const float* x, int64_t T, Int8Isa i
 }
 
 // Row blocks [b0, b1) (R = rows_per_block(isa) rows each) of y[T, w.out] = x · Wᵀ: the ymm and scalar
-// kernels (AVX-512 VNNI runs its own: gemv_rows_avx512 / tile_rows_avx512).
+// kernels (AVX-512 VNNI runs its own: gemv_blocks_avx512 / tile_rows_avx512).
 void run_blocks(const quant::AffineWeight& w, const Quantised& qa, int64_t T, float* y, Int8Isa isa, int64_t b0,
                 int64_t b1) {
   const Acts& a = qa.a;
@@ -411,12 +411,13 @@ void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa, Int8Ti
       const int64_t e = std::min(b1, start[j + 1]);
       const Int8Job& jb = jobs[j];
       if (isa == Int8Isa::Avx512Vnni) {
-        for (int64_t blk = b - start[j]; blk < e - start[j]; ++blk) {
-          const int64_t o0 = blk * int8_detail::kTileRows;
-          const auto& a = qs[size_t(qi[j])]->a;
-          if (tiles[j]) int8_detail::tile_rows_avx512(*jb.w, a, o0, jb.y + o0, jb.w->out);
-          else int8_detail::gemv_rows_avx512(*jb.w, a, o0, jb.y + o0, jb.w->out);
-        }
+        const auto& a = qs[size_t(qi[j])]->a;
+        if (!tiles[j]) int8_detail::gemv_blocks_avx512(*jb.w, a, b - start[j], e - start[j], jb.y, jb.w->out);
+        else
+          for (int64_t blk = b - start[j]; blk < e - start[j]; ++blk) {
+            const int64_t o0 = blk * int8_detail::kTileRows;
+            int8_detail::tile_rows_avx512(*jb.w, a, o0, jb.y + o0, jb.w->out);
+          }
       } else {
         run_blocks(*jb.w, *qs[size_t(qi[j])], jb.T, jb.y, isa, b - start[j], e - start[j]);
       }

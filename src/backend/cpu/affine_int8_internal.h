@@ -69,15 +69,20 @@ void params_transposed(const quant::AffineWeight& w, int64_t o0, bool simd, floa
 //   acc = 0;  acc ← fma(float(I_b), s_g(b) · d_b, acc) for the input blocks b in order (I_b: the exact integer
 //   sum of block b's 32 code × activation products);  acc ← fma(bias_g, Σx_g, acc) for the groups in order.
 // tile_rows_avx512: the codes unpacked once into a tile, 12 tokens at a time (prompts);
-// gemv_rows_avx512: from the packed rows, 1–2 tokens at a time (decode).
+// gemv_blocks_avx512: the row blocks [blk0, blk1) (rows [16 blk0, 16 blk1) ∩ [0, w.out); y points at column
+// 0) from the packed rows, 1–2 tokens at a time (decode).
 void tile_rows_avx512(const quant::AffineWeight& w, const Acts& a, int64_t o0, float* y, int64_t ys);
-void gemv_rows_avx512(const quant::AffineWeight& w, const Acts& a, int64_t o0, float* y, int64_t ys);
+void gemv_blocks_avx512(const quant::AffineWeight& w, const Acts& a, int64_t blk0, int64_t blk1, float* y, int64_t ys);
 
 }  // namespace lily::cpu::int8_detail
 
 #if LILY_X86
 LILY_INT8_ZMM_BEGIN
 namespace lily::cpu::int8_detail {
+
+// One 16-group slab of params_transposed: groups [g0, g0 + 16) ∩ [0, w.groups()) of the scales and biases
+// of rows o0 .. o0+15 as floats into s, b [group - g0][16] (the AVX-512 transposes).
+void params_slab(const quant::AffineWeight& w, int64_t o0, int64_t g0, float* s, float* b);
 
 // v[r] lane j ← v[j] lane r (16 × 16 dwords): dwords, then qwords interleaved within 128-bit lanes (u[4i + c]
 // lane L: column 4L + c of rows 4i..4i+3), then the 128-bit lanes transposed 4 × 4. Fully unrolled so that

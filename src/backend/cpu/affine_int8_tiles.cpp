@@ -125,18 +125,39 @@ inline __m512i load_params16(const void* src, int64_t i, __mmask16 m) {
   return _mm512_castps_si512(_mm512_cvtph_ps(h));
 }
 
-// Branch-free per row (rows past w.out load with an empty mask), so that the loops unroll and v stays in
-// registers through the transpose.
+// One 16-group slab: groups [g0, g0 + 16) ∩ [0, G) of the scales and biases of rows o0 .. o0+15 into
+// s, b [group - g0][16]. Branch-free per row (rows past w.out load with an empty mask), so that the loops
+// unroll and v stays in registers through the transpose. bf16: one transpose of (bias << 16 | scale) pairs.
 template <DType D>
-void params_transposed_zmm(const quant::AffineWeight& w, int64_t o0, float* s, float* b) {
-  const int64_t G = w.groups(), n = std::min<int64_t>(kTileRows, w.out - o0);
-  for (int which = 0; which < 2; ++which) {
-    const void* src = which ? w.biases : w.scales;
-    float* dst = which ? b : s;
-    for (int64_t g0 = 0; g0 < G; g0 += 16) {
-      const int64_t ng = std::min<int64_t>(16, G - g0);
-      const __mmask16 m = __mmask16((1u << ng) - 1);
-      __m512i v[16];
+void params_slab_zmm(const quant::AffineWeight& w, int64_t o0, int64_t g0, float* s, float* b) {
+  const int64_t G = w.groups(), n = std::min<int64_t>(kTileRows, w.out - o0), ng = std::min<int64_t>(16, G - g0);
+  const __mmask16 m = __mmask16((1u << ng) - 1);
+  __m512i v[16];
+  if constexpr (D == DType::BF16) {
+    const __m512i pairs = _mm512_setr_epi32(0x00200000, 0x00210001, 0x00220002, 0x00230003, 0x00240004, 0x00250005,
+                                            0x00260006, 0x00270007, 0x00280008, 0x00290009, 0x002A000A, 0x002B000B,
+                                            0x002C000C, 0x002D000D, 0x002E000E, 0x002F000F);  // word 2j: s_j, 2j+1: b_j
+    const uint16_t* ps = static_cast<const uint16_t*>(w.scales);
+    const uint16_t* pb = static_cast<const uint16_t*>(w.biases);
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) {
+      const int64_t i = (o0 + std::min<int64_t>(r, n - 1)) * G + g0;
+      const __mmask16 mr = r < n ? m : __mmask16(0);
+      v[r] = _mm512_permutex2var_epi16(_mm512_castsi256_si512(_mm256_maskz_loadu_epi16(mr, ps + i)), pairs,
+                                       _mm512_castsi256_si512(_mm256_maskz_loadu_epi16(mr, pb + i)));
+    }
+    transpose16(v);
+    const __m512i hi = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      if (j >= ng) break;
+      _mm512_storeu_si512(s + j * kTileRows, _mm512_slli_epi32(v[j], 16));
+      _mm512_storeu_si512(b + j * kTileRows, _mm512_and_si512(v[j], hi));
+    }
+  } else {
+    for (int which = 0; which < 2; ++which) {
+      const void* src = which ? w.biases : w.scales;
+      float* dst = which ? b : s;
 #pragma GCC unroll 16
       for (int r = 0; r < 16; ++r)
         v[r] = load_params16<D>(src, (o0 + std::min<int64_t>(r, n - 1)) * G + g0, r < n ? m : __mmask16(0));
@@ -144,18 +165,26 @@ void params_transposed_zmm(const quant::AffineWeight& w, int64_t o0, float* s, f
 #pragma GCC unroll 16
       for (int j = 0; j < 16; ++j) {
         if (j >= ng) break;
-        _mm512_storeu_si512(dst + (g0 + j) * kTileRows, v[j]);
+        _mm512_storeu_si512(dst + j * kTileRows, v[j]);
       }
     }
   }
 }
 
-void params_transposed_zmm(const quant::AffineWeight& w, int64_t o0, float* s, float* b) {
+}  // namespace
+
+void params_slab(const quant::AffineWeight& w, int64_t o0, int64_t g0, float* s, float* b) {
   switch (w.scale_dtype) {
-    case DType::F32: return params_transposed_zmm<DType::F32>(w, o0, s, b);
-    case DType::BF16: return params_transposed_zmm<DType::BF16>(w, o0, s, b);
-    default: return params_transposed_zmm<DType::F16>(w, o0, s, b);
+    case DType::F32: return params_slab_zmm<DType::F32>(w, o0, g0, s, b);
+    case DType::BF16: return params_slab_zmm<DType::BF16>(w, o0, g0, s, b);
+    default: return params_slab_zmm<DType::F16>(w, o0, g0, s, b);
   }
+}
+
+namespace {
+
+void params_transposed_zmm(const quant::AffineWeight& w, int64_t o0, float* s, float* b) {
+  for (int64_t g0 = 0; g0 < w.groups(); g0 += 16) params_slab(w, o0, g0, s + g0 * kTileRows, b + g0 * kTileRows);
 }
 
 struct TileArgs {
