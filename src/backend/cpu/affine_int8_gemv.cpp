@@ -226,7 +226,6 @@ void gemv_pass(const quant::AffineWeight& w, const Acts& a, int64_t t0, int64_t 
   float* const params1 = params[0] + params_n;
   const int8_t* xq[NT];
   for (int t = 0; t < NT; ++t) xq[t] = a.q + (t0 + t) * in;
-  const size_t es = dtype_size(w.scale_dtype);
   Fold prev;  // the previous block's fold, run between this block's rows
   for (int64_t blk = blk0; blk < blk1; ++blk) {
     const int64_t o0 = blk * kTileRows, n = std::min<int64_t>(kTileRows, w.out - o0);
@@ -245,11 +244,6 @@ void gemv_pass(const quant::AffineWeight& w, const Acts& a, int64_t t0, int64_t 
     cur.s = (blk & 1) ? params1 : params[0];
     cur.y = y;
     cur.ys = ys;
-    // This block's parameters, for its fold during the next block's rows: 16 · G contiguous values each.
-    for (size_t i = 0; i < size_t(n * G) * es; i += 64) {
-      _mm_prefetch(static_cast<const char*>(w.scales) + size_t(o0 * G) * es + i, _MM_HINT_T0);
-      _mm_prefetch(static_cast<const char*>(w.biases) + size_t(o0 * G) * es + i, _MM_HINT_T0);
-    }
     const uint8_t* base = reinterpret_cast<const uint8_t*>(w.packed) + o0 * row_bytes;
     for (int64_t r = 0; r < kTileRows; ++r) {
       int32_t* lr = lb + r * nq * 16;
