@@ -13,7 +13,7 @@
 //     lanes, folded like the tiles.
 // The fold is shuffle-bound and issues no weight loads, the row pass is bound by the weight stream: the fold
 // of a block runs in steps between the rows of the next block's row pass, so that the two overlap (on Zen 4
-// with the 0.8B model's weights, 1.05-1.08x against folding each block right after its rows).
+// with the 0.8B model's weights, 1.04-1.07x against folding each block right after its rows).
 #include <algorithm>
 #include <cstring>
 #include <vector>
