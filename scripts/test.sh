@@ -1,8 +1,44 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test (ctest). GPU tests skip when no GPU is present.
+#   scripts/test.sh                 the release build in build/
+#   scripts/test.sh --sanitize      every CPU test under ASan + UBSan: a clang build in build-san/
+#                                   (CUDA off; the fuzz targets of scripts/fuzz.sh share it)
+#   scripts/test.sh --sanitize=ci   the same build, the subset CI runs (SANITIZE_CI: every module)
+# Arguments after -- go to ctest (e.g. -- -R Sampler).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh build
+
+# The sanitizer subset CI runs: at least one suite of every module (core, io, model, quant, backend,
+# runtime, text, server, tools, cli), leaving out the slow model-scale ones (they run under
+# `--sanitize`): what fits the CI budget on 2 cores.
+SANITIZE_CI='^(Config|BadInput|Layout|State|Kernels|ThreadPool|Sampler|DeviceDecode|Scheduler|Affine|Exl3Decode|QuantLoad|Tokenizer|Template|ChatTemplate|OutputParser|Utf8|Cli|ChatFormat|Units|Http|Gguf)'
+
+mode=release
+ctest_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize) mode=sanitize ;;
+    --sanitize=ci) mode=sanitize-ci ;;
+    --) shift; ctest_args+=("$@"); break ;;
+    *) echo "usage: scripts/test.sh [--sanitize | --sanitize=ci] [-- CTEST_ARGS...]" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+if [ "$mode" = release ]; then
+  scripts/setup.sh build
+  scripts/fetch-assets.sh
+  cd build
+  ctest --output-on-failure -j "$(nproc)" --timeout 900 "${ctest_args[@]}"
+  exit
+fi
+
+# Sanitizer build: clang (faster to build than GCC here, and libFuzzer's compiler), RelWithDebInfo.
+LILY_CMAKE_ARGS="-DLILY_FUZZ=ON -DLILY_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo" CC=clang CXX=clang++ \
+  scripts/setup.sh build-san
 scripts/fetch-assets.sh
-cd build
-ctest --output-on-failure -j "$(nproc)" --timeout 900
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+cd build-san
+[ "$mode" = sanitize-ci ] && ctest_args=(-R "$SANITIZE_CI" "${ctest_args[@]}")
+ctest --output-on-failure -j "$(nproc)" --timeout 1800 "${ctest_args[@]}"

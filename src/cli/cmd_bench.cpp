@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "runtime/spec.h"
 #include "tools/bench.h"
+#include "tools/bench_sampler.h"
 #include "tools/grammar_bench.h"
 #include "tools/synth.h"
 #ifdef LILY_HAVE_CUDA
@@ -69,6 +70,8 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   auto cuda_opts = std::make_shared<std::vector<std::string>>();
   auto streams = std::make_shared<std::string>();
   auto verify = std::make_shared<std::string>();
+  auto sampler = std::make_shared<bool>(false);
+  auto vocab = std::make_shared<std::string>("151936,248320");
   app.add_option("--model", *model, "Model directory");
   app.add_option("--synth", *synth, "Build a random model of this preset in memory instead (" + synth_preset_list() + ")");
   app.add_option("--format", *format, "With --synth: bf16 | affine4 | affine8 | exl3");
@@ -106,7 +109,17 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   app.add_option("--documents", gopt->documents, "With --grammar: timed documents");
   app.add_option("--warmup", gopt->warmup, "With --grammar: documents that fill the mask cache first");
   app.add_option("--max-tokens", gopt->max_tokens, "With --grammar: token budget per document");
+  app.add_flag("--sampler", *sampler, "Instead: host sampler time per token against the full sort (one core)");
+  app.add_option("--vocab", *vocab, "With --sampler: vocabulary sizes, comma separated");
   return [=]() -> int {
+    if (*sampler) {
+      SamplerBenchOptions so;
+      so.vocab = parse_sizes(*vocab, "--vocab");
+      auto rows = run_sampler_bench(so);
+      if (*json) fmt::print("{}\n", sampler_bench_json(rows).dump(2));
+      else fmt::print("{}", sampler_bench_table(rows));
+      return 0;
+    }
     if (!grammar->empty()) {
       if (tokenizer->empty()) fail("bench: --grammar needs --tokenizer DIR");
       GrammarBenchOptions g = *gopt;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "core/error.h"
 
@@ -23,10 +24,37 @@ std::string TensorInfo::shape_str() const {
   return s + "]";
 }
 
-SafeTensorsFile::SafeTensorsFile(const std::string& path) {
-  file_ = std::make_unique<MappedFile>(path);
-  const uint8_t* p = file_->data();
-  size_t size = file_->size();
+namespace {
+
+// Parses JSON, refusing an object that holds a key twice (nlohmann keeps the last one silently).
+// `dup(level, key)` reports it: level 1 for the top-level object, 2 for an object inside it, ...
+template <typename Dup>
+nlohmann::json parse_unique_keys(const char* b, const char* e, Dup&& dup) {
+  std::vector<std::set<std::string, std::less<>>> open;  // keys of each open object
+  std::vector<std::string> path;                          // the key each open object sits under
+  std::string last_key;
+  auto cb = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& v) {
+    using E = nlohmann::json::parse_event_t;
+    if (ev == E::object_start) {
+      open.emplace_back();
+      path.push_back(last_key);
+    } else if (ev == E::object_end) {
+      open.pop_back();
+      path.pop_back();
+    } else if (ev == E::key) {
+      last_key = v.get<std::string>();
+      if (!open.back().insert(last_key).second) dup(open.size(), path.back(), last_key);
+    } else if (ev == E::array_start) {
+      last_key.clear();
+    }
+    return true;
+  };
+  return nlohmann::json::parse(b, e, cb);
+}
+
+}  // namespace
+
+SafeTensorsHeader parse_safetensors(const uint8_t* p, size_t size, const std::string& path) {
   if (size < 8) fail("{}: too small to be a safetensors file ({} bytes)", path, size);
   uint64_t hlen = 0;
   for (int i = 0; i < 8; ++i) hlen |= uint64_t(p[i]) << (8 * i);
@@ -34,18 +62,23 @@ SafeTensorsFile::SafeTensorsFile(const std::string& path) {
   if (hlen > (uint64_t(100) << 20)) fail("{}: header length {} is implausibly large", path, hlen);
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(reinterpret_cast<const char*>(p + 8), reinterpret_cast<const char*>(p + 8 + hlen));
+    header = parse_unique_keys(reinterpret_cast<const char*>(p + 8), reinterpret_cast<const char*>(p + 8 + hlen),
+                               [&](size_t level, const std::string& parent, const std::string& key) {
+                                 if (level == 1) fail("{}: tensor '{}' appears twice in the header", path, key);
+                                 fail("{}: '{}': key '{}' appears twice", path, parent, key);
+                               });
   } catch (const nlohmann::json::exception& e) {
     fail("{}: header is not valid JSON: {}", path, e.what());
   }
   if (!header.is_object()) fail("{}: header is not a JSON object", path);
+  SafeTensorsHeader h;
   const uint8_t* base = p + 8 + hlen;
   size_t data_size = size - 8 - hlen;
   struct Span { size_t b, e; const std::string* name; };
   std::vector<Span> spans;
   for (auto& [name, v] : header.items()) {
     if (name == "__metadata__") {
-      metadata_ = v;
+      h.metadata = v;
       continue;
     }
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
@@ -78,8 +111,7 @@ SafeTensorsFile::SafeTensorsFile(const std::string& path) {
            dtype_name(t.dtype), numel * dtype_size(t.dtype));
     t.data = base + b;
     t.nbytes = size_t(e - b);
-    auto [it, inserted] = tensors_.emplace(name, std::move(t));
-    if (!inserted) fail("{}: tensor '{}' appears twice", path, name);
+    auto it = h.tensors.emplace(name, std::move(t)).first;
     spans.push_back({size_t(b), size_t(e), &it->first});
   }
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.b < b.b; });
@@ -90,43 +122,80 @@ SafeTensorsFile::SafeTensorsFile(const std::string& path) {
       fail("{}: tensors '{}' and '{}' overlap in the data section", path, *last->name, *s.name);
     if (!last || s.e > last->e) last = &s;
   }
+  return h;
+}
+
+SafeTensorsFile::SafeTensorsFile(const std::string& path) {
+  file_ = std::make_unique<MappedFile>(path);
+  auto h = parse_safetensors(file_->data(), file_->size(), path);
+  tensors_ = std::move(h.tensors);
+  metadata_ = std::move(h.metadata);
+}
+
+std::vector<std::pair<std::string, std::string>> parse_safetensors_index(std::string_view text, const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = parse_unique_keys(text.data(), text.data() + text.size(),
+                          [&](size_t level, const std::string& parent, const std::string& key) {
+                            if (level == 2 && parent == "weight_map")
+                              fail("{}: tensor '{}' appears twice in weight_map", path, key);
+                            fail("{}: key '{}' appears twice{}", path, key, parent.empty() ? "" : " in '" + parent + "'");
+                          });
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not valid JSON: {}", path, e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    fail("{}: missing object field 'weight_map'", path);
+  std::vector<std::pair<std::string, std::string>> map;
+  for (auto& [name, f] : j["weight_map"].items()) {
+    if (!f.is_string()) fail("{}: weight_map['{}'] is not a file name", path, name);
+    auto s = f.get<std::string>();
+    if (s.empty() || s.find('/') != std::string::npos || s.find("..") != std::string::npos)
+      fail("{}: weight_map['{}'] = '{}' is not a plain file name", path, name, s);
+    map.emplace_back(name, std::move(s));
+  }
+  return map;
+}
+
+std::map<std::string, const TensorInfo*> link_shards(const std::string& index_path,
+                                                     const std::vector<std::pair<std::string, std::string>>& weight_map,
+                                                     const std::vector<ShardView>& shards) {
+  std::map<std::string, const ShardView*, std::less<>> holder;  // tensor name -> the shard holding it
+  for (auto& sh : shards)
+    for (auto& [name, t] : *sh.tensors) {
+      auto [it, fresh] = holder.emplace(name, &sh);
+      if (!fresh) fail("tensor '{}' appears twice: in {} and in {}", name, it->second->path, sh.path);
+    }
+  std::map<std::string, const TensorInfo*> out;
+  for (auto& [name, shard] : weight_map) {
+    auto it = holder.find(name);
+    if (it == holder.end() || it->second->name != shard) {
+      std::string where = shard;
+      for (auto& sh : shards)
+        if (sh.name == shard) where = sh.path;
+      if (it != holder.end())
+        fail("{}: index names tensor '{}' in {} but {} holds it", index_path, name, where, it->second->path);
+      fail("{}: index names tensor '{}' in {} but that file does not hold it", index_path, name, where);
+    }
+    out[name] = &it->second->tensors->at(name);
+  }
+  return out;
 }
 
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   if (!fs::is_directory(dir)) fail("{}: not a directory", dir);
   fs::path single = fs::path(dir) / "model.safetensors";
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  std::vector<std::string> shards;
   if (fs::exists(index)) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_text_file(index.string()));
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}: not valid JSON: {}", index.string(), e.what());
+    auto weight_map = parse_safetensors_index(read_text_file(index.string()), index.string());
+    std::vector<ShardView> shards;
+    std::set<std::string, std::less<>> seen;
+    for (auto& [name, shard] : weight_map) {
+      if (!seen.insert(shard).second) continue;
+      files_.push_back(std::make_unique<SafeTensorsFile>((fs::path(dir) / shard).string()));
+      shards.push_back({shard, files_.back()->path(), &files_.back()->tensors()});
     }
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
-      fail("{}: missing object field 'weight_map'", index.string());
-    for (auto& [name, f] : j["weight_map"].items()) {
-      if (!f.is_string()) fail("{}: weight_map['{}'] is not a file name", index.string(), name);
-      auto s = f.get<std::string>();
-      if (s.find('/') != std::string::npos || s.find("..") != std::string::npos)
-        fail("{}: weight_map['{}'] = '{}' is not a plain file name", index.string(), name, s);
-      if (std::find(shards.begin(), shards.end(), s) == shards.end()) shards.push_back(s);
-    }
-    for (auto& s : shards) files_.push_back(std::make_unique<SafeTensorsFile>((fs::path(dir) / s).string()));
-    for (auto& [name, f] : j["weight_map"].items()) {
-      auto fname = (fs::path(dir) / f.get<std::string>()).string();
-      bool found = false;
-      for (auto& file : files_)
-        if (file->path() == fname) {
-          auto it = file->tensors().find(name);
-          if (it == file->tensors().end())
-            fail("{}: index names tensor '{}' in {} but that file does not hold it", index.string(), name, fname);
-          tensors_[name] = &it->second;
-          found = true;
-        }
-      LILY_ASSERT(found);
-    }
+    tensors_ = link_shards(index.string(), weight_map, shards);
   } else if (fs::exists(single)) {
     files_.push_back(std::make_unique<SafeTensorsFile>(single.string()));
     for (auto& [name, t] : files_[0]->tensors()) tensors_[name] = &t;

@@ -1,12 +1,14 @@
 // safetensors reader: 8-byte little-endian header length, JSON header, raw little-endian data.
 // Files are memory-mapped; the header is validated (dtype names, shapes, offsets in bounds, no two
-// tensors overlapping, sizes matching shape x dtype). A Checkpoint is a directory holding
-// model.safetensors or a sharded model.safetensors.index.json.
+// tensors overlapping, no name twice, sizes matching shape x dtype). A Checkpoint is a directory holding
+// model.safetensors or a sharded model.safetensors.index.json (no tensor in two shards).
 #pragma once
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -27,6 +29,29 @@ struct TensorInfo {
   int64_t numel() const;
   std::string shape_str() const;
 };
+
+// A validated header; tensors point into the image it was parsed from.
+struct SafeTensorsHeader {
+  std::map<std::string, TensorInfo> tensors;
+  nlohmann::json metadata;
+};
+// Parses the safetensors image of `size` bytes at `p`; `path` names it in errors (InputError).
+SafeTensorsHeader parse_safetensors(const uint8_t* p, size_t size, const std::string& path);
+
+// model.safetensors.index.json: the weight map as (tensor, shard file name) in file order; shard names
+// are plain file names. `path` names the file in errors.
+std::vector<std::pair<std::string, std::string>> parse_safetensors_index(std::string_view text, const std::string& path);
+
+// One loaded shard: its plain file name (as the index names it), its path and its tensors.
+struct ShardView {
+  std::string name, path;
+  const std::map<std::string, TensorInfo>* tensors;
+};
+// Resolves each weight-map entry to its shard's tensor. A tensor held by two shards, or named by the
+// index in a shard that does not hold it -> InputError naming the tensor and the files.
+std::map<std::string, const TensorInfo*> link_shards(const std::string& index_path,
+                                                     const std::vector<std::pair<std::string, std::string>>& weight_map,
+                                                     const std::vector<ShardView>& shards);
 
 class SafeTensorsFile {
  public:

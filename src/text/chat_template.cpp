@@ -1,20 +1,12 @@
 #include "text/chat_template.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "core/error.h"
+#include "core/mapped_file.h"
 
 namespace lily::text {
 
 namespace {
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) fail("cannot open {}", p.string());
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_text(const std::filesystem::path& p) { return read_text_file(p.string()); }
 }  // namespace
 
 ChatTemplate ChatTemplate::from_string(std::string source, std::string name, nlohmann::ordered_json special_tokens) {

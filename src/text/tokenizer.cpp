@@ -8,16 +8,15 @@
 #include <array>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <queue>
 #include <shared_mutex>
-#include <sstream>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "text/utf8.h"
 
 namespace lily::text {
@@ -176,13 +175,7 @@ struct StringHash {
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
 
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) fail("cannot open {}", p.string());
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_file(const std::filesystem::path& p) { return read_text_file(p.string()); }
 
 }  // namespace
 

@@ -5,7 +5,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
+#include <set>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -113,7 +116,9 @@ int64_t numel(const std::vector<int64_t>& ne) {
 
 size_t tensor_bytes(TensorType t, const std::vector<int64_t>& ne) {
   if (ne.empty()) return row_bytes(t, 1);
-  return row_bytes(t, ne[0]) * size_t(numel(ne) / ne[0]);
+  size_t rows = 1;
+  for (size_t d = 1; d < ne.size(); ++d) rows *= size_t(ne[d]);
+  return row_bytes(t, ne[0]) * rows;
 }
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -231,30 +236,51 @@ void write_file(const std::string& path, const std::vector<KV>& kvs, const std::
 
 namespace {
 
+// Reads the header from a stream of `size` bytes; every length is checked against the bytes left
+// before anything is allocated for it.
 class In {
  public:
-  In(const std::string& path) : path_(path), f_(path, std::ios::binary) {
-    if (!f_) fail("{}: cannot open", path);
-  }
+  In(std::istream& f, uint64_t size, const std::string& where) : f_(f), size_(size), where_(where) {}
   void bytes(void* p, size_t n) {
+    if (n > left()) fail("{}: truncated GGUF header (needs {} more bytes at offset {}, {} left)", where_, n, pos_, left());
     f_.read(static_cast<char*>(p), std::streamsize(n));
-    if (size_t(f_.gcount()) != n) fail("{}: truncated GGUF header", path_);
+    if (size_t(f_.gcount()) != n) fail("{}: truncated GGUF header", where_);
+    pos_ += n;
   }
   template <typename T> T pod() { T v; bytes(&v, sizeof v); return v; }
   std::string str() {
     uint64_t n = pod<uint64_t>();
-    if (n > (1ull << 30)) fail("{}: corrupt GGUF string length {}", path_, n);
+    if (n > left()) fail("{}: GGUF string of {} bytes at offset {} runs past the end ({} left)", where_, n, pos_, left());
     std::string s(n, '\0');
     bytes(s.data(), n);
     return s;
   }
-  size_t pos() { return size_t(f_.tellg()); }
-  const std::string& path() const { return path_; }
+  // An array count whose elements take at least `min_elem` bytes each.
+  uint64_t count(uint64_t n, size_t min_elem) {
+    if (n > left() / min_elem) fail("{}: GGUF array of {} elements at offset {} runs past the end", where_, n, pos_);
+    return n;
+  }
+  uint64_t pos() const { return pos_; }
+  uint64_t left() const { return size_ - pos_; }
+  const std::string& where() const { return where_; }
 
  private:
-  std::string path_;
-  std::ifstream f_;
+  std::istream& f_;
+  uint64_t size_, pos_ = 0;
+  std::string where_;
 };
+
+size_t value_size(ValueType t) {
+  switch (t) {
+    case ValueType::U8: case ValueType::I8: case ValueType::BOOL: return 1;
+    case ValueType::U16: case ValueType::I16: return 2;
+    case ValueType::U32: case ValueType::I32: case ValueType::F32: return 4;
+    case ValueType::U64: case ValueType::I64: case ValueType::F64: return 8;
+    case ValueType::STRING: return 8;  // at least the length
+    case ValueType::ARRAY: return 12;  // at least the type and the count
+  }
+  return 0;
+}
 
 template <typename T> T scalar(In& in, ValueType t) {
   switch (t) {
@@ -269,22 +295,51 @@ template <typename T> T scalar(In& in, ValueType t) {
     case ValueType::F32: return T(in.pod<float>());
     case ValueType::F64: return T(in.pod<double>());
     case ValueType::BOOL: return T(in.pod<uint8_t>() != 0);
-    default: fail("{}: unexpected GGUF value type {}", in.path(), uint32_t(t));
+    default: fail("{}: unexpected GGUF value type {}", in.where(), uint32_t(t));
   }
+}
+
+// Integers are kept as the variant's types do: signed ones as int32, unsigned ones as uint32 (64-bit
+// ones as uint64); values that do not fit are refused rather than wrapped.
+template <typename T> T narrow(In& in, ValueType t) {
+  int64_t v = 0;
+  switch (t) {
+    case ValueType::U64: {
+      const uint64_t u = in.pod<uint64_t>();
+      if (u > uint64_t(std::numeric_limits<int64_t>::max())) fail("{}: GGUF integer {} out of range", in.where(), u);
+      v = int64_t(u);
+      break;
+    }
+    case ValueType::I64: v = in.pod<int64_t>(); break;
+    default: v = scalar<int64_t>(in, t);
+  }
+  if (v < int64_t(std::numeric_limits<T>::min()) || v > int64_t(std::numeric_limits<T>::max()))
+    fail("{}: GGUF integer {} does not fit the value's type", in.where(), v);
+  return T(v);
+}
+
+float real(In& in, ValueType t) {
+  if (t == ValueType::F32) return in.pod<float>();
+  const double d = in.pod<double>();
+  if (std::isfinite(d) && std::fabs(d) > double(std::numeric_limits<float>::max()))
+    fail("{}: GGUF float {} out of the float32 range", in.where(), d);
+  return float(d);
 }
 
 Value read_value(In& in, ValueType t) {
   switch (t) {
     case ValueType::STRING: return in.str();
     case ValueType::BOOL: return in.pod<uint8_t>() != 0;
-    case ValueType::F32: case ValueType::F64: return scalar<float>(in, t);
-    case ValueType::U64: case ValueType::I64: return scalar<uint64_t>(in, t);
-    case ValueType::I32: case ValueType::I8: case ValueType::I16: return scalar<int32_t>(in, t);
-    case ValueType::U8: case ValueType::U16: case ValueType::U32: return scalar<uint32_t>(in, t);
+    case ValueType::F32: case ValueType::F64: return real(in, t);
+    case ValueType::U64: return in.pod<uint64_t>();
+    case ValueType::I64: return uint64_t(in.pod<int64_t>());
+    case ValueType::I32: case ValueType::I8: case ValueType::I16: return narrow<int32_t>(in, t);
+    case ValueType::U8: case ValueType::U16: case ValueType::U32: return narrow<uint32_t>(in, t);
     case ValueType::ARRAY: {
       auto et = in.pod<ValueType>();
-      uint64_t n = in.pod<uint64_t>();
-      if (n > (1ull << 28)) fail("{}: corrupt GGUF array length {}", in.path(), n);
+      const size_t es = value_size(et);
+      if (es == 0 || et == ValueType::ARRAY) fail("{}: GGUF array of unsupported element type {}", in.where(), uint32_t(et));
+      const uint64_t n = in.count(in.pod<uint64_t>(), es);
       if (et == ValueType::STRING) {
         std::vector<std::string> v;
         v.reserve(n);
@@ -293,55 +348,98 @@ Value read_value(In& in, ValueType t) {
       }
       if (et == ValueType::BOOL) {
         std::vector<bool> v;
+        v.reserve(n);
         for (uint64_t i = 0; i < n; ++i) v.push_back(in.pod<uint8_t>() != 0);
         return v;
       }
       if (et == ValueType::F32 || et == ValueType::F64) {
         std::vector<float> v;
-        for (uint64_t i = 0; i < n; ++i) v.push_back(scalar<float>(in, et));
+        v.reserve(n);
+        for (uint64_t i = 0; i < n; ++i) v.push_back(real(in, et));
         return v;
       }
       std::vector<int32_t> v;
-      for (uint64_t i = 0; i < n; ++i) v.push_back(scalar<int32_t>(in, et));
+      v.reserve(n);
+      for (uint64_t i = 0; i < n; ++i) v.push_back(narrow<int32_t>(in, et));
       return v;
     }
   }
-  fail("{}: unknown GGUF value type {}", in.path(), uint32_t(t));
+  fail("{}: unknown GGUF value type {}", in.where(), uint32_t(t));
+}
+
+File parse_header(std::istream& is, uint64_t size, const std::string& where) {
+  In in(is, size, where);
+  char magic[4];
+  in.bytes(magic, 4);
+  if (std::memcmp(magic, "GGUF", 4) != 0) fail("{}: not a GGUF file (bad magic)", where);
+  File f;
+  f.path = where;
+  f.file_size = size;
+  f.version = in.pod<uint32_t>();
+  if (f.version != 3) fail("{}: GGUF version {} (only 3 is read)", where, f.version);
+  const uint64_t nt = in.pod<uint64_t>(), nkv = in.pod<uint64_t>();
+  for (uint64_t i = 0; i < nkv; ++i) {
+    KV kv;
+    kv.key = in.str();
+    kv.value = read_value(in, in.pod<ValueType>());
+    if (kv.key == "general.alignment") {
+      auto* a = std::get_if<uint32_t>(&kv.value);
+      if (!a || *a == 0 || (*a & (*a - 1)) != 0 || *a > (1u << 20))
+        fail("{}: general.alignment must be a power of two up to 2^20", where);
+      f.alignment = *a;
+    }
+    f.kvs.push_back(std::move(kv));
+  }
+  std::set<std::string, std::less<>> names;
+  for (uint64_t i = 0; i < nt; ++i) {
+    TensorInfo t;
+    t.name = in.str();
+    if (!names.insert(t.name).second) fail("{}: tensor '{}' appears twice", where, t.name);
+    uint32_t nd = in.pod<uint32_t>();
+    if (nd == 0 || nd > 4) fail("{}: tensor '{}' has {} dimensions", where, t.name, nd);
+    uint64_t elems = 1;
+    for (uint32_t d = 0; d < nd; ++d) {
+      const uint64_t e = in.pod<uint64_t>();
+      if (e > (uint64_t(1) << 40) || (e != 0 && elems > (uint64_t(1) << 50) / e))
+        fail("{}: tensor '{}' has an implausible size (dimension {} = {})", where, t.name, d, e);
+      elems *= e;
+      t.ne.push_back(int64_t(e));
+    }
+    t.type = in.pod<TensorType>();
+    if (std::string(type_name(t.type)) == "?")
+      fail("{}: tensor '{}' has a ggml type ({}) this reader does not decode", where, t.name, uint32_t(t.type));
+    if (t.ne[0] % block_size(t.type) != 0)
+      fail("{}: tensor '{}' has rows of {} values, not a multiple of the {} block of {}", where, t.name, t.ne[0],
+           type_name(t.type), block_size(t.type));
+    t.offset = in.pod<uint64_t>();
+    if (t.offset % f.alignment != 0)
+      fail("{}: tensor '{}' offset {} is not a multiple of the alignment {}", where, t.name, t.offset, f.alignment);
+    f.tensors.push_back(std::move(t));
+  }
+  f.data_start = align_up(in.pos(), f.alignment);
+  for (auto& t : f.tensors)
+    if (t.offset > size || f.data_start + t.offset > size || t.nbytes() > size - f.data_start - t.offset)
+      fail("{}: tensor '{}' ({} bytes at data offset {}) runs past the end of the file ({} bytes)", where, t.name,
+           t.nbytes(), t.offset, size);
+  return f;
 }
 
 }  // namespace
 
 File File::read(const std::string& path) {
-  In in(path);
-  char magic[4];
-  in.bytes(magic, 4);
-  if (std::memcmp(magic, "GGUF", 4) != 0) fail("{}: not a GGUF file (bad magic)", path);
-  File f;
-  f.path = path;
-  f.version = in.pod<uint32_t>();
-  if (f.version != 3) fail("{}: GGUF version {} (only 3 is read)", path, f.version);
-  uint64_t nt = in.pod<uint64_t>(), nkv = in.pod<uint64_t>();
-  for (uint64_t i = 0; i < nkv; ++i) {
-    KV kv;
-    kv.key = in.str();
-    kv.value = read_value(in, in.pod<ValueType>());
-    if (kv.key == "general.alignment")
-      if (auto* a = std::get_if<uint32_t>(&kv.value)) f.alignment = *a;
-    f.kvs.push_back(std::move(kv));
-  }
-  for (uint64_t i = 0; i < nt; ++i) {
-    TensorInfo t;
-    t.name = in.str();
-    uint32_t nd = in.pod<uint32_t>();
-    if (nd == 0 || nd > 4) fail("{}: tensor '{}' has {} dimensions", path, t.name, nd);
-    for (uint32_t d = 0; d < nd; ++d) t.ne.push_back(int64_t(in.pod<uint64_t>()));
-    t.type = in.pod<TensorType>();
-    if (block_size(t.type) == 0 || std::string(type_name(t.type)) == "?")
-      fail("{}: tensor '{}' has a ggml type ({}) this reader does not decode", path, t.name, uint32_t(t.type));
-    t.offset = in.pod<uint64_t>();
-    f.tensors.push_back(std::move(t));
-  }
-  f.data_start = align_up(in.pos(), f.alignment);
+  std::ifstream is(path, std::ios::binary);
+  if (!is) fail("{}: cannot open", path);
+  is.seekg(0, std::ios::end);
+  const auto end = is.tellg();
+  if (end < 0) fail("{}: cannot determine the size", path);
+  is.seekg(0, std::ios::beg);
+  return parse_header(is, uint64_t(end), path);
+}
+
+File File::parse(std::string_view image, const std::string& where) {
+  std::istringstream is{std::string(image)};
+  File f = parse_header(is, image.size(), where);
+  f.image = image;
   return f;
 }
 
@@ -358,11 +456,16 @@ const TensorInfo* File::tensor(const std::string& name) const {
 }
 
 std::vector<float> File::read_f32(const TensorInfo& t) const {
-  std::ifstream f(path, std::ios::binary);
-  f.seekg(std::streamoff(data_start + t.offset));
   std::vector<uint8_t> raw(t.nbytes());
-  f.read(reinterpret_cast<char*>(raw.data()), std::streamsize(raw.size()));
-  if (size_t(f.gcount()) != raw.size()) fail("{}: tensor '{}' runs past the end of the file", path, t.name);
+  if (image.data() != nullptr) {
+    if (data_start + t.offset + raw.size() > image.size()) fail("{}: tensor '{}' runs past the end of the file", path, t.name);
+    std::memcpy(raw.data(), image.data() + data_start + t.offset, raw.size());
+  } else {
+    std::ifstream f(path, std::ios::binary);
+    f.seekg(std::streamoff(data_start + t.offset));
+    f.read(reinterpret_cast<char*>(raw.data()), std::streamsize(raw.size()));
+    if (size_t(f.gcount()) != raw.size()) fail("{}: tensor '{}' runs past the end of the file", path, t.name);
+  }
   std::vector<float> out(size_t(numel(t.ne)));
   decode(t.type, raw.data(), int64_t(out.size()), out.data());
   return out;

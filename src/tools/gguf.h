@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -70,8 +71,14 @@ struct File {
   size_t data_start = 0;
   size_t alignment = 32;
   std::string path;
+  uint64_t file_size = 0;
+  std::string_view image;  // the bytes parse() read (empty for read())
 
-  static File read(const std::string& path);  // throws InputError naming the file and what is wrong
+  // Throws InputError naming the file and what is wrong: truncation, lengths past the end, integers
+  // that do not fit, bad alignment, duplicate tensor names, tensors past the end of the file.
+  static File read(const std::string& path);
+  // The same from a GGUF image in memory (`where` names it in errors); `image` must outlive the File.
+  static File parse(std::string_view image, const std::string& where);
   const Value* find(const std::string& key) const;
   const TensorInfo* tensor(const std::string& name) const;
   // Reads a tensor and decodes it to float32 (ne[0] fastest).

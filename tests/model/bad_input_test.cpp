@@ -1,6 +1,7 @@
 // Bad input: every case ends in an InputError naming the cause, and `lily` exits with code 2.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -231,6 +232,62 @@ TEST_F(DenseBadInput, UnsupportedActivation) {
   write_config(cfg_);
   write_model([](auto&) {});
   expect_error("hidden_act \"gelu\" is not supported");
+}
+
+// Opening a FIFO for reading waits for a writer: the loader must refuse it instead of hanging.
+TEST_F(BadInput, FifoAsWeights) {
+  write_config(cfg_);
+  ASSERT_EQ(::mkfifo((dir_ / "model.safetensors").c_str(), 0600), 0);
+  expect_error("model.safetensors: is a FIFO, not a regular file");
+}
+
+TEST_F(BadInput, FifoAsConfig) {
+  write_model([](auto&) {});
+  ASSERT_EQ(::mkfifo((dir_ / "config.json").c_str(), 0600), 0);
+  expect_error("config.json: is a FIFO, not a regular file");
+}
+
+TEST_F(BadInput, DirectoryAsWeights) {
+  write_config(cfg_);
+  fs::create_directory(dir_ / "model.safetensors");
+  expect_error("model.safetensors: is a directory, not a regular file");
+}
+
+// nlohmann keeps the last of two equal keys, so without a check the first entry vanished and its bytes
+// looked like an overlap with a neighbour.
+TEST_F(BadInput, DuplicateTensorInHeader) {
+  write_config(cfg_);
+  write_raw(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[16,32]},)"
+            R"("a":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
+            std::string(32, '\0'));
+  expect_error("tensor 'a' appears twice in the header");
+}
+
+TEST_F(BadInput, DuplicateTensorAcrossShards) {
+  write_config(cfg_);
+  Checkpoint ck(src_);
+  std::vector<TensorToWrite> first, second;
+  json index = {{"metadata", json::object()}, {"weight_map", json::object()}};
+  size_t i = 0;
+  for (auto& [name, ti] : ck.tensors()) {
+    (i++ % 2 ? second : first).push_back({name, ti->dtype, ti->shape, ti->data, ti->nbytes});
+    index["weight_map"][name] = i % 2 ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  second.push_back(first.front());  // the first shard's first tensor stored again in the second
+  write_safetensors((dir_ / "model-00001-of-00002.safetensors").string(), first);
+  write_safetensors((dir_ / "model-00002-of-00002.safetensors").string(), second);
+  std::ofstream(dir_ / "model.safetensors.index.json") << index.dump(1);
+  expect_error("tensor '" + first.front().name + "' appears twice: in " + (dir_ / "model-00001-of-00002.safetensors").string() +
+               " and in " + (dir_ / "model-00002-of-00002.safetensors").string());
+}
+
+TEST_F(BadInput, DuplicateTensorInIndex) {
+  write_config(cfg_);
+  write_model([](auto&) {});
+  fs::rename(dir_ / "model.safetensors", dir_ / "shard.safetensors");
+  std::ofstream(dir_ / "model.safetensors.index.json")
+      << R"({"weight_map": {"model.norm.weight": "shard.safetensors", "model.norm.weight": "shard.safetensors"}})";
+  expect_error("tensor 'model.norm.weight' appears twice in weight_map");
 }
 
 TEST_F(BadInput, TokenOutsideVocab) {

@@ -257,7 +257,7 @@ TEST(Tokenizer, Throughput) {
   }
   std::printf("tokenizer: %.1f MB of English in %.3f s of CPU = %.1f MB/s on one core (%zu tokens)\n", text.size() / 1e6, s, mbps, ids.size());
   EXPECT_EQ(t->decode(ids), text);
-#ifdef NDEBUG
+#if defined(NDEBUG) && !defined(LILY_SANITIZED)
   EXPECT_GT(mbps, 5.0);
 #endif
 }

