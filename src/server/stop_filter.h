@@ -16,7 +16,8 @@ class StopFilter {
   // stop string is found, returns the text before it and stopped() turns true; later input is ignored.
   std::string push(std::string_view bytes);
   // End of generation: the held-back text (a partial stop-string match is ordinary text), with any
-  // ill-formed UTF-8 replaced by U+FFFD.
+  // ill-formed UTF-8 replaced by U+FFFD. A complete stop string still held (it waited on a longer one
+  // starting earlier) ends the text there and turns stopped() true.
   std::string finish();
 
   bool stopped() const { return stopped_; }
@@ -25,6 +26,8 @@ class StopFilter {
   size_t held_bytes() const { return pending_.size(); }
 
  private:
+  std::string stop_at(size_t pos, const std::string& which);
+
   std::vector<std::string> stops_;
   std::string pending_;
   std::string matched_;

@@ -457,6 +457,7 @@ const TensorInfo* File::tensor(const std::string& name) const {
 
 std::vector<float> File::read_f32(const TensorInfo& t) const {
   std::vector<uint8_t> raw(t.nbytes());
+  if (raw.empty()) return {};  // a dimension is 0
   if (image.data() != nullptr) {
     if (data_start + t.offset + raw.size() > image.size()) fail("{}: tensor '{}' runs past the end of the file", path, t.name);
     std::memcpy(raw.data(), image.data() + data_start + t.offset, raw.size());

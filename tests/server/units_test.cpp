@@ -46,6 +46,30 @@ TEST(StopFilter, EarliestOfSeveralAndEveryPieceSize) {
   }
 }
 
+// Found by fuzz/fuzz_stop_filter: a stop string that completes while a longer one starting earlier may
+// still complete must wait, or the stop (and the text released) depends on how the tokens split it.
+TEST(StopFilter, LongerStopStartingEarlierWaitsToResolve) {
+  for (size_t step : {1, 2, 3, 4}) {
+    const std::string text = "xabcdy";
+    std::vector<std::string> pieces;
+    for (size_t i = 0; i < text.size(); i += step) pieces.push_back(text.substr(i, step));
+    StopFilter f({"abcd", "bc"});
+    EXPECT_EQ(feed(f, pieces), "x") << step;
+    EXPECT_EQ(f.matched(), "abcd") << step;
+  }
+  StopFilter g({"abcd", "bc"});
+  EXPECT_EQ(g.push("xab"), "x");
+  EXPECT_EQ(g.push("c"), "");  // "bc" is complete, "abcd" may still be
+  EXPECT_FALSE(g.stopped());
+  EXPECT_EQ(g.push("z"), "a");  // "abcd" failed: "bc" wins
+  EXPECT_TRUE(g.stopped());
+  EXPECT_EQ(g.matched(), "bc");
+  StopFilter h({"abcd", "bc"});
+  EXPECT_EQ(h.push("xabc"), "x");
+  EXPECT_EQ(h.finish(), "a");  // the generation ended first: the complete one stops it
+  EXPECT_TRUE(h.stopped());
+}
+
 TEST(StopFilter, HoldsIncompleteUtf8) {
   StopFilter f({});
   const std::string s = "a\xe4\xbd\xa0" "b";  // a你b
