@@ -1,27 +1,29 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (fuzz/, clang with ASan + UBSan) in build-san/ (the build
-# `scripts/test.sh --sanitize` uses) and runs each for SECONDS (default 600), one after the other,
-# starting from the seeds in fuzz/corpus/<target>/ and the inputs earlier runs kept in
-# build-san/corpus/<target>/. A crash, hang (> 10 s), leak, sanitizer report or out-of-memory (> 2 GB)
-# stops that target; its input is saved in build-san/artifacts/<target>/.
+# Builds the libFuzzer targets (fuzz/, clang with ASan + UBSan) in build-fuzz/ and runs each for
+# SECONDS (default 600), one after the other, starting from the seeds in fuzz/corpus/<target>/ and the
+# inputs earlier runs kept in build-fuzz/corpus/<target>/. A crash, hang (> 10 s), leak, sanitizer
+# report or out-of-memory (> 2 GB) stops that target; its input is saved in build-fuzz/artifacts/<target>/
+# (replay: build-fuzz/fuzz/fuzz_TARGET FILE).
 # Prints one line per target (executions, exec/s, outcome) and exits 1 when any target failed.
 # Usage: scripts/fuzz.sh [SECONDS] [TARGET...]     (targets: the names after fuzz_, default all)
 #   FUZZ_JOBS=N   run N targets at a time (default 1)
 #   FUZZ_NICE=N   niceness of the fuzzers (default 0)
+#   FUZZ_RUNS=N   also stop a target after N executions (the long run: FUZZ_RUNS=10000000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-600}
 shift || true
-B=build-san
+B=build-fuzz
 
 if ! command -v clang++ >/dev/null 2>&1; then
-  echo "fuzz: clang++ not found; run scripts/setup.sh (it installs clang and libclang-rt-14-dev)" >&2
+  echo "fuzz: clang++ not found; run scripts/setup.sh (it installs clang, libclang-rt-14-dev and lld)" >&2
   exit 2
 fi
 scripts/fetch-assets.sh  # the real Qwen3 tokenizer and template some targets load
 GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
-CC=clang CXX=clang++ cmake -S . -B "$B" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLILY_FUZZ=ON -DLILY_CUDA=OFF >/dev/null
+CC=clang CXX=clang++ cmake -S . -B "$B" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLILY_FUZZ=ON -DLILY_TESTS=OFF \
+  -DLILY_CUDA=OFF >/dev/null
 cmake --build "$B" --target fuzz_all -j "$(nproc)"
 
 if [ $# -gt 0 ]; then
@@ -39,10 +41,11 @@ node -e 'process.stdout.write(require(process.argv[1]).chat_template)' \
 run_one() {
   local t=$1 bin="$B/fuzz/fuzz_$1" work="$B/corpus/$1" art="$B/artifacts/$1/" log="$B/logs/$1.log"
   mkdir -p "$work" "$art"
-  local dict=()
-  [ -f "fuzz/dict/$t.dict" ] && dict=(-dict="fuzz/dict/$t.dict")
+  local extra=()
+  [ -f "fuzz/dict/$t.dict" ] && extra=(-dict="fuzz/dict/$t.dict")
+  [ -n "${FUZZ_RUNS:-}" ] && extra+=(-runs="$FUZZ_RUNS")
   local rc=0
-  nice -n "${FUZZ_NICE:-0}" "$bin" "$work" "fuzz/corpus/$t" "${dict[@]}" -max_total_time="$SECONDS_PER_TARGET" \
+  nice -n "${FUZZ_NICE:-0}" "$bin" "$work" "fuzz/corpus/$t" "${extra[@]}" -max_total_time="$SECONDS_PER_TARGET" \
     -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$art" >"$log" 2>&1 || rc=$?
   local execs rate
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)

@@ -9,7 +9,7 @@ PKGS=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
       libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev libreadline-dev
       libgtest-dev libgmock-dev libbenchmark-dev chromium
-      clang libclang-rt-14-dev)
+      clang libclang-rt-14-dev lld)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

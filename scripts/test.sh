@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test (ctest). GPU tests skip when no GPU is present.
 #   scripts/test.sh                 the release build in build/
-#   scripts/test.sh --sanitize      every CPU test under ASan + UBSan: a clang build in build-san/
-#                                   (CUDA off; the fuzz targets of scripts/fuzz.sh share it)
+#   scripts/test.sh --sanitize      every CPU test under ASan + UBSan: a build in build-san/ (CUDA off)
 #   scripts/test.sh --sanitize=ci   the same build, the subset CI runs (SANITIZE_CI: every module)
 # Arguments after -- go to ctest (e.g. -- -R Sampler).
 set -euo pipefail
@@ -33,9 +32,8 @@ if [ "$mode" = release ]; then
   exit
 fi
 
-# Sanitizer build: clang (faster to build than GCC here, and libFuzzer's compiler), RelWithDebInfo.
-LILY_CMAKE_ARGS="-DLILY_FUZZ=ON -DLILY_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo" CC=clang CXX=clang++ \
-  scripts/setup.sh build-san
+# Sanitizer build: the project's compiler (the CPU kernels use GCC target pragmas), -O2 -g.
+LILY_CMAKE_ARGS="-DLILY_SANITIZE=ON -DLILY_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo" scripts/setup.sh build-san
 scripts/fetch-assets.sh
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
