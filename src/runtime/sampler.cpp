@@ -51,6 +51,14 @@ struct Before {
 // strict: > target); v.size() when the whole of v does not. `cum` is advanced past the elements before
 // the position. v is reordered: [0, pos) holds the elements before it (in any order) and the window
 // around pos is sorted. Large v is bisected with nth_element (linear on average), not sorted.
+// Greedy: the highest logit, the lowest id on ties.
+int32_t greedy(std::span<const float> l) {
+  size_t best = 0;
+  for (size_t i = 1; i < l.size(); ++i)
+    if (l[i] > l[best]) best = i;
+  return int32_t(best);
+}
+
 template <typename C>
 size_t locate(std::vector<C>& v, double& cum, double target, bool strict) {
   auto reached = [&](double c) { return strict ? c > target : c >= target; };
@@ -314,13 +322,7 @@ void Sampler::materialise() {
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   const std::span<const float> l = penalised(logits, history);
   LILY_ASSERT(!l.empty());
-  if (p_.temperature == 0.0f) {
-    // Greedy: highest logit, lowest id on ties.
-    size_t best = 0;
-    for (size_t i = 1; i < l.size(); ++i)
-      if (l[i] > l[best]) best = i;
-    return int32_t(best);
-  }
+  if (p_.temperature == 0.0f) return greedy(l);
   select(l, false);
   if (sorted_) {
     double total = 0;
@@ -368,12 +370,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
 std::vector<std::pair<int32_t, double>> Sampler::distribution(std::span<const float> logits, std::span<const int32_t> history) {
   const std::span<const float> l = penalised(logits, history);
   LILY_ASSERT(!l.empty());
-  if (p_.temperature == 0.0f) {
-    size_t best = 0;
-    for (size_t i = 1; i < l.size(); ++i)
-      if (l[i] > l[best]) best = i;
-    return {{int32_t(best), 1.0}};
-  }
+  if (p_.temperature == 0.0f) return {{greedy(l), 1.0}};
   select(l, true);
   double total = 0;
   for (auto& c : kept_sorted_) total += c.e / z_;

@@ -1,0 +1,25 @@
+// What the request-parser targets share: the body parsed as JSON (nullopt when it is not JSON) and the
+// checks every accepted request's sampling fields must pass.
+#pragma once
+#include <optional>
+
+#include "fuzz_common.h"
+#include "server/openai_common.h"
+
+namespace lily::fuzz {
+
+inline std::optional<server::json> request_body(const uint8_t* data, size_t size) {
+  auto text = as_text(data, size);
+  auto body = server::json::parse(text.begin(), text.end(), nullptr, false);
+  if (body.is_discarded()) return std::nullopt;
+  return body;
+}
+
+// Throws InputError when the sampler would refuse the parameters (a finding only if it is not one).
+inline void check_sampling(const server::OpenAiSampling& c, const server::RequestLimits& limits) {
+  validate(c.sampling);
+  LILY_FUZZ_REQUIRE(c.stops.size() <= limits.stop_strings);
+  for (auto& s : c.stops) LILY_FUZZ_REQUIRE(!s.empty());
+}
+
+}  // namespace lily::fuzz
