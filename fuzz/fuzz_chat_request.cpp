@@ -12,18 +12,14 @@ std::shared_ptr<const lily::text::Tokenizer> g_tok;
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const auto dir = lily::fuzz::qwen3_dir("fuzz_chat_request");
-  g_chat = lily::server::load_chat_format(dir, "");
-  g_tok = lily::text::Tokenizer::load(dir);
+  g_chat = lily::server::load_chat_format(lily::fuzz::qwen3_dir("fuzz_chat_request"), "");
+  g_tok = lily::fuzz::qwen3_tokenizer("fuzz_chat_request");
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto body = lily::fuzz::request_body(data, size);
-  if (!body) return 0;
-  const lily::server::RequestLimits limits;
-  try {
-    auto cr = lily::server::parse_chat_request(*body, limits);
+  return lily::fuzz::check_request(data, size, [](const lily::server::json& body, const lily::server::RequestLimits& limits) {
+    auto cr = lily::server::parse_chat_request(body, limits);
     lily::fuzz::check_sampling(cr.common, limits);
     LILY_FUZZ_REQUIRE(cr.messages.is_array() && !cr.messages.empty() && cr.kwargs.is_object());
     LILY_FUZZ_REQUIRE(cr.top_logprobs >= 0 && cr.top_logprobs <= 20);
@@ -31,7 +27,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto ids = g_tok->encode(prompt, true);
     for (int32_t id : ids) LILY_FUZZ_REQUIRE(id >= 0 && id < g_tok->vocab_size());
     (void)g_chat->output(prompt, cr.tools);
-  } catch (const lily::InputError&) {
-  }
-  return 0;
+  });
 }

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "text/tokenizer.h"
 
 namespace lily::fuzz {
 
@@ -38,6 +39,11 @@ inline std::string qwen3_dir(const char* target) {
   }
   std::fprintf(stderr, "%s: %s/tokenizer.json missing; run scripts/fetch-assets.sh\n", target, dir.c_str());
   std::exit(2);
+}
+
+// The real Qwen3 tokenizer (what the server and the demo model use).
+inline std::shared_ptr<const text::Tokenizer> qwen3_tokenizer(const char* target) {
+  return text::Tokenizer::load(qwen3_dir(target));
 }
 
 }  // namespace lily::fuzz

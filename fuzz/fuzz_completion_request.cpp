@@ -9,21 +9,15 @@ std::shared_ptr<const lily::text::Tokenizer> g_tok;
 }
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const auto dir = lily::fuzz::qwen3_dir("fuzz_completion_request");
-  g_tok = lily::text::Tokenizer::load(dir);
+  g_tok = lily::fuzz::qwen3_tokenizer("fuzz_completion_request");
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto body = lily::fuzz::request_body(data, size);
-  if (!body) return 0;
-  const lily::server::RequestLimits limits;
-  try {
-    auto r = lily::server::parse_completion_request(*body, limits);
+  return lily::fuzz::check_request(data, size, [](const lily::server::json& body, const lily::server::RequestLimits& limits) {
+    auto r = lily::server::parse_completion_request(body, limits);
     lily::fuzz::check_sampling(r.common, limits);
     LILY_FUZZ_REQUIRE(r.logprobs >= -1);
     if (r.prompt_is_text) (void)g_tok->encode(r.prompt_text, true);
-  } catch (const lily::InputError&) {
-  }
-  return 0;
+  });
 }

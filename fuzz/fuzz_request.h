@@ -15,6 +15,20 @@ inline std::optional<server::json> request_body(const uint8_t* data, size_t size
   return body;
 }
 
+// Runs check(body, limits) on the input parsed as JSON (inputs that are not JSON are skipped) with the
+// server's default limits; InputError is the expected way out of a check.
+template <class Check>
+int check_request(const uint8_t* data, size_t size, Check&& check) {
+  auto body = request_body(data, size);
+  if (!body) return 0;
+  const server::RequestLimits limits;
+  try {
+    check(*body, limits);
+  } catch (const InputError&) {
+  }
+  return 0;
+}
+
 // Throws InputError when the sampler would refuse the parameters (a finding only if it is not one).
 inline void check_sampling(const server::OpenAiSampling& c, const server::RequestLimits& limits) {
   validate(c.sampling);

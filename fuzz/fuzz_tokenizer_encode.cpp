@@ -10,8 +10,7 @@ std::shared_ptr<const lily::text::Tokenizer> g_tok;
 }
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const auto dir = lily::fuzz::qwen3_dir("fuzz_tokenizer_encode");
-  g_tok = lily::text::Tokenizer::load(dir);
+  g_tok = lily::fuzz::qwen3_tokenizer("fuzz_tokenizer_encode");
   return 0;
 }
 
