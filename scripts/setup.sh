@@ -8,7 +8,7 @@ BUILD=${1:-build}
 PKGS=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
       libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev libreadline-dev
-      libgtest-dev libgmock-dev libbenchmark-dev chromium
+      libgtest-dev libgmock-dev libbenchmark-dev chromium python3
       clang libclang-rt-14-dev lld)
 missing=()
 for p in "${PKGS[@]}"; do

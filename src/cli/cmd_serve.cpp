@@ -21,6 +21,9 @@ struct ServeArgs {
   int64_t ctx_size = 32768, cache_mem = 2048, prefill_chunk = 2048, max_tokens = 4096, step_tokens = 0;
   std::vector<std::string> cuda_opts;
   SpecArgs spec;
+
+  std::vector<std::string> cors_origins, allow_hosts;
+  server::ServerOptions so;  // limits and timeouts, at their defaults until flags set them
 };
 
 Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --model: the random-weight demo model)",
@@ -44,6 +47,24 @@ Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --mo
   app.add_option("--model-id", a->model_id, "Model name reported by /v1/models (default: directory name)");
   app.add_option("--web-dir", a->web_dir, "Directory of the chat page (default: web/ of the source tree)");
   add_spec_options(app, a->spec);  // the default of requests that set no `spec` / `spec_depth`
+
+  auto& so = a->so;
+  auto& lim = so.limits;
+  app.add_option("--cors-origin", a->cors_origins, "Browser origin allowed to call the API (repeatable; '*': any). Default: none");
+  app.add_option("--allow-host", a->allow_hosts,
+                 "Host name accepted in requests besides IP addresses and localhost when there is no --api-key (repeatable; '*': any)");
+  app.add_option("--request-timeout", so.request_timeout_s, "Wall-clock seconds one generation may take, queue included (0: no limit)")->capture_default_str();
+  app.add_option("--max-connections", so.max_connections, "Open connections; more are answered 503 at once")->capture_default_str();
+  app.add_option("--read-timeout", so.read_timeout_s, "Seconds from a request's first byte to the end of its body (408 after)")->capture_default_str();
+  app.add_option("--idle-timeout", so.idle_timeout_s, "Seconds a keep-alive connection may wait for its next request")->capture_default_str();
+  app.add_option("--limit-body", so.max_body_bytes, "Request body bytes after decoding (chunked, gzip, deflate, br); beyond: 413")->capture_default_str();
+  app.add_option("--limit-depth", lim.json.depth, "Nesting depth of a JSON body")->capture_default_str();
+  app.add_option("--limit-keys", lim.json.object_keys, "Keys in one JSON object")->capture_default_str();
+  app.add_option("--limit-items", lim.json.array_items, "Items in one JSON array")->capture_default_str();
+  app.add_option("--limit-string", lim.json.string_bytes, "Bytes of one JSON string")->capture_default_str();
+  app.add_option("--limit-tools", lim.tools, "Tools in one request")->capture_default_str();
+  app.add_option("--limit-stop", lim.stop_strings, "Stop strings in one request")->capture_default_str();
+  app.add_option("--limit-logit-bias", lim.logit_bias, "logit_bias entries in one request")->capture_default_str();
   return [a]() -> int {
     namespace fs = std::filesystem;
     // Signals go to one waiting thread, which stops the server cleanly.
@@ -84,7 +105,9 @@ Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --mo
     auto chat = tok ? server::load_chat_format(tok_dir, a->chat_template) : nullptr;
     if (!a->chat_template.empty() && !chat) fail("--chat-template '{}': could not be loaded", a->chat_template);
 
-    server::ServerOptions so;
+    server::ServerOptions so = a->so;
+    so.cors_origins = a->cors_origins;
+    so.allowed_hosts = a->allow_hosts;
     so.host = a->host;
     so.port = a->port;
     so.api_key = a->api_key;

@@ -55,7 +55,15 @@ class TemplateFormat : public ChatFormat {
 
   std::string render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                      const nlohmann::ordered_json& kwargs, bool add_generation_prompt) const override {
-    return tpl_.render(messages, tools.empty() ? nlohmann::ordered_json() : tools, add_generation_prompt, kwargs);
+    try {
+      return tpl_.render(messages, tools.empty() ? nlohmann::ordered_json() : tools, add_generation_prompt, kwargs);
+    } catch (const InputError& e) {
+      // Errors name the template by its file; a client is told only the line and column.
+      std::string m = e.what();
+      const std::string& name = tpl_.name();
+      for (size_t at; !name.empty() && (at = m.find(name)) != std::string::npos;) m.replace(at, name.size(), "template");
+      throw InputError(m);
+    }
   }
 
   std::unique_ptr<OutputStream> output(const std::string& prompt, const nlohmann::ordered_json& tools) const override {

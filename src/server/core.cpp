@@ -1,11 +1,13 @@
 #include "server/core.h"
 
 #include <algorithm>
+#include <chrono>
 #include <ctime>
 #include <random>
 
 #include <fmt/format.h>
 
+#include "server/json_body.h"
 #include "text/utf8.h"
 
 namespace lily::server {
@@ -55,16 +57,27 @@ void Core::route(const std::string& method, const std::string& path, Handler h, 
   routes_.push_back(std::move(r));
 }
 
+// Exact paths first, then the longest matching prefix.
 const Core::Route* Core::find(const std::string& method, const std::string& path) const {
-  for (auto& r : routes_)
-    if (r.method == method && (r.prefix ? path.size() > r.path.size() && starts_with(path, r.path) : path == r.path)) return &r;
-  return nullptr;
+  const Route* best = nullptr;
+  for (auto& r : routes_) {
+    if (r.method != method) continue;
+    if (!r.prefix && path == r.path) return &r;
+    if (r.prefix && path.size() > r.path.size() && starts_with(path, r.path) && (!best || r.path.size() > best->path.size()))
+      best = &r;
+  }
+  return best;
 }
 
 const Core::Route* Core::find_any(const std::string& path) const {
-  for (auto& r : routes_)
-    if (r.prefix ? path.size() > r.path.size() && starts_with(path, r.path) : path == r.path) return &r;
+  for (const char* m : {"POST", "GET", "PUT", "PATCH", "DELETE"})
+    if (const Route* r = find(m, path)) return r;
   return nullptr;
+}
+
+bool Core::quick(const std::string& method, const std::string& path) const {
+  const Route* r = find(method, path);
+  return r && r->opt.quick;
 }
 
 json Core::error_body(const Route* r, const ApiError& e) const {
@@ -78,30 +91,122 @@ void Core::send_error(const Route* r, HttpResponse& res, const ApiError& e) cons
   res.set(dump_json(error_body(r, e)), "application/json");
 }
 
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string o(s);
+  for (char& c : o)
+    if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
+  return o;
+}
+
+bool is_ipv4(const std::string& s) {
+  int parts = 0, digits = 0;
+  for (char c : s) {
+    if (c == '.') {
+      if (!digits) return false;
+      ++parts;
+      digits = 0;
+    } else if (c >= '0' && c <= '9' && digits < 3) {
+      ++digits;
+    } else {
+      return false;
+    }
+  }
+  return parts == 3 && digits;
+}
+
+}  // namespace
+
+bool Core::host_allowed(const std::string& host_header) const {
+  std::string h = lower(host_header);
+  if (h.empty()) return true;  // HTTP/1.0 without Host
+  if (h.front() == '[') return h.find(']') != std::string::npos;  // an IPv6 literal
+  if (size_t colon = h.rfind(':'); colon != std::string::npos) {
+    std::string port = h.substr(colon + 1);
+    if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos) return false;
+    h = h.substr(0, colon);
+  }
+  if (!h.empty() && h.back() == '.') h.pop_back();
+  if (is_ipv4(h) || h == "localhost" || (h.size() > 10 && h.substr(h.size() - 10) == ".localhost")) return true;
+  if (h == lower(opt.host)) return true;
+  for (auto& a : opt.allowed_hosts)
+    if (a == "*" || lower(a) == h) return true;
+  return false;
+}
+
+void Core::allow_origin(const HttpRequest& req, HttpResponse& res) const {
+  std::string origin = req.header("Origin");
+  if (origin.empty() || opt.cors_origins.empty()) return;
+  for (auto& o : opt.cors_origins) {
+    if (o == "*") {
+      res.headers.set("Access-Control-Allow-Origin", "*");
+      return;
+    }
+    if (lower(o) == lower(origin) && origin.find_first_of("\r\n") == std::string::npos) {
+      res.headers.set("Access-Control-Allow-Origin", origin);
+      res.headers.set("Vary", "Origin");
+      return;
+    }
+  }
+}
+
 bool Core::screen(const HttpRequest& head, HttpResponse& res) {
+  allow_origin(head, res);
   if (head.method == "OPTIONS") {
-    res.headers.set("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-    res.headers.set("Access-Control-Allow-Headers", "Authorization, Content-Type");
     res.status = 204;
     res.set("", "text/plain");
+    res.headers.set("Allow", "GET, POST, OPTIONS");
+    if (res.headers.has("Access-Control-Allow-Origin")) {
+      res.headers.set("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.headers.set("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key, Anthropic-Version, OpenAI-Beta");
+      res.headers.set("Access-Control-Max-Age", "600");
+    }
     return true;
   }
-  const auto& key = opt.api_key;
-  if (key.empty()) return false;
-  // Open without a key: routes marked open, and the chat page's static files.
   const Route* r = find(head.method, head.path);
-  bool open = r ? r->opt.open : head.method == "GET" && !starts_with(head.path, "/v1");
-  if (open) return false;
-  std::string auth = head.header("Authorization"), xkey = head.header("x-api-key");
-  bool bearer = starts_with(auth, "Bearer ") && same_secret(std::string_view(auth).substr(7), key);
-  if (bearer || (head.headers.has("x-api-key") && same_secret(xkey, key))) return false;
-  send_error(r, res, ApiError{401, "Incorrect or missing API key (send 'Authorization: Bearer KEY')", "authentication_error", "",
-                              "invalid_api_key"});
-  return true;
+  if (opt.api_key.empty() && !host_allowed(head.header("Host"))) {
+    send_error(r, res,
+               ApiError{403,
+                        fmt::format("Host '{}' is not a name of this server: without --api-key it answers only IP addresses, "
+                                    "localhost and the names given with --allow-host (a DNS-rebinding guard)",
+                                    text::utf8_sanitize(head.header("Host").substr(0, 200))),
+                        "invalid_request_error", "", "host_not_allowed"});
+    return true;
+  }
+  if (!opt.api_key.empty() && !(r && r->opt.open)) {
+    const auto& key = opt.api_key;
+    std::string auth = head.header("Authorization"), xkey = head.header("x-api-key");
+    bool bearer = starts_with(auth, "Bearer ") && same_secret(std::string_view(auth).substr(7), key);
+    if (!bearer && !(head.headers.has("x-api-key") && same_secret(xkey, key))) {
+      send_error(r, res, ApiError{401, "Incorrect or missing API key (send 'Authorization: Bearer KEY')", "authentication_error", "",
+                                  "invalid_api_key"});
+      return true;
+    }
+  }
+  if (!r) {
+    send_error(r, res, ApiError{404, fmt::format("Unknown route: {} {}", text::utf8_sanitize(head.method), text::utf8_sanitize(head.path)),
+                                "invalid_request_error", "", "not_found"});
+    return true;
+  }
+  if (r->opt.json_body && (head.method == "POST" || head.method == "PUT" || head.method == "PATCH")) {
+    std::string ct = head.header("Content-Type");
+    std::string media = lower(ct.substr(0, ct.find(';')));
+    while (!media.empty() && (media.back() == ' ' || media.back() == '\t')) media.pop_back();
+    while (!media.empty() && (media.front() == ' ' || media.front() == '\t')) media.erase(0, 1);
+    if (media != "application/json") {
+      send_error(r, res, ApiError{415, fmt::format("The request body must be JSON sent as 'Content-Type: application/json' (got '{}')",
+                                                   text::utf8_sanitize(ct.substr(0, 100))),
+                                  "invalid_request_error", "", "unsupported_media_type"});
+      return true;
+    }
+  }
+  return false;
 }
 
 void Core::dispatch(HttpRequest& req, HttpResponse& res) {
   const Route* r = find(req.method, req.path);
+  allow_origin(req, res);
   try {
     if (!r)
       throw ApiError{404, fmt::format("Unknown route: {} {}", req.method, text::utf8_sanitize(req.path)), "invalid_request_error",
@@ -122,7 +227,10 @@ void Core::dispatch(HttpRequest& req, HttpResponse& res) {
   }
 }
 
-void Core::refuse(const HttpRequest& req, HttpResponse& res, const ApiError& e) { send_error(find_any(req.path), res, e); }
+void Core::refuse(const HttpRequest& req, HttpResponse& res, const ApiError& e) {
+  allow_origin(req, res);
+  send_error(find_any(req.path), res, e);
+}
 
 void Core::record_status(int status) {
   std::lock_guard lk(stat_mu_);
@@ -140,13 +248,9 @@ Core::HttpCounts Core::http_counts() const {
 }
 
 json Core::parse_body(const HttpRequest& req) const {
-  try {
-    json b = json::parse(req.body);
-    if (!b.is_object()) bad("", "the request body must be a JSON object", "invalid_json");
-    return b;
-  } catch (const json::parse_error& e) {
-    bad("", fmt::format("the request body is not valid JSON: {}", text::utf8_sanitize(e.what())), "invalid_json");
-  }
+  json b = parse_json(req.body, opt.limits.json);
+  if (!b.is_object()) bad("", "the request body must be a JSON object", "invalid_json");
+  return b;
 }
 
 void Core::need_text(const char* what) const {
@@ -181,6 +285,9 @@ int64_t Core::max_tokens(std::optional<int64_t> asked, size_t prompt, const char
 std::shared_ptr<GenJob> Core::submit(GenParams gp, std::vector<std::string> stops, std::unique_ptr<OutputStream> parser,
                                      int top_logprobs, bool progress) {
   auto job = std::make_shared<GenJob>(std::move(gp), tok, std::move(stops), std::move(parser), top_logprobs, progress);
+  job->stats = stream_stats_;
+  if (opt.request_timeout_s > 0)
+    job->set_deadline(GenJob::Clock::now() + std::chrono::microseconds(int64_t(opt.request_timeout_s * 1e6)));
   if (!sched.submit(job))
     throw ApiError{503, "The server is busy: every slot is in use and the queue is full; retry later", "server_error", "",
                    "server_busy"};
@@ -222,12 +329,18 @@ void Core::stream(HttpResponse& res, std::shared_ptr<GenJob> job, std::vector<st
     };
     for (auto& h : head)
       if (!write(h)) return;
+    auto quiet_since = GenJob::Clock::now();
     for (;;) {
-      auto ev = j.channel.pop(keepalive);
+      auto ev = j.channel.pop(std::min(keepalive, 250));
+      j.check_deadline();
       if (!ev) {
-        if (!write(": keep-alive\n\n")) return;
+        if (GenJob::Clock::now() - quiet_since >= std::chrono::milliseconds(keepalive)) {
+          if (!write(": keep-alive\n\n")) return;
+          quiet_since = GenJob::Clock::now();
+        }
         continue;
       }
+      quiet_since = GenJob::Clock::now();
       std::vector<std::string> out;
       bool final = on_event(*ev, out);
       for (auto& s : out)
@@ -238,12 +351,16 @@ void Core::stream(HttpResponse& res, std::shared_ptr<GenJob> job, std::vector<st
 }
 
 Event Core::wait(const HttpRequest& req, GenJob& job, const std::function<void(Event&)>& on_event) const {
+  // The client and the deadline are checked every 100 ms, events flowing or not.
+  auto next_check = GenJob::Clock::now();
   for (;;) {
     auto ev = job.channel.pop(100);
-    if (!ev) {
+    if (GenJob::Clock::now() >= next_check) {
+      next_check = GenJob::Clock::now() + std::chrono::milliseconds(100);
+      job.check_deadline();
       if (req.client_gone && req.client_gone()) job.cancel();
-      continue;
     }
+    if (!ev) continue;
     if (ev->kind == Event::Final) {
       if (ev->result.finish_reason == "error") throw result_error(ev->result);
       return std::move(*ev);

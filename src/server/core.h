@@ -28,10 +28,20 @@ struct ServerOptions {
   std::string api_key;             // empty: no authentication
   std::string model_id = "lily";
   std::string web_dir;             // chat page files; empty: searched next to the executable
-  size_t max_body_bytes = size_t(8) << 20;  // larger bodies get 413
+  size_t max_body_bytes = size_t(8) << 20;  // after transfer and content decoding; larger bodies get 413
   int keepalive_ms = 2000;         // SSE comment after this much silence
   int64_t default_max_tokens = 4096;
   SpecParams spec;                 // speculative decoding of requests that set none (`spec`, `spec_depth`)
+
+  // Browser origins allowed to call the API (CORS); "*" allows any. Empty: none (same-origin only).
+  std::vector<std::string> cors_origins;
+  // Host header names accepted besides IP literals, localhost and `host`, when there is no API key
+  // (a keyless server refuses other names: DNS rebinding).
+  std::vector<std::string> allowed_hosts;
+  double request_timeout_s = 0;    // a generation's wall-clock limit; 0: none. Ends it as "length"
+  int max_connections = 512;       // open connections (beyond: 503 at once)
+  int read_timeout_s = 30;         // one request's head and body, from its first byte
+  int idle_timeout_s = 15;         // a keep-alive connection between requests
   RequestLimits limits;
   SchedulerOptions sched;
 };
@@ -53,8 +63,10 @@ std::string dump_json(const json& j);
 std::string random_id(const char* prefix);
 
 struct RouteOptions {
-  ErrorBody errors;   // empty: openai_error_body
-  bool open = false;  // served without the API key
+  ErrorBody errors;        // empty: openai_error_body
+  bool open = false;       // served without the API key
+  bool json_body = true;   // POST/PUT/PATCH bodies must be Content-Type: application/json (415 otherwise)
+  bool quick = false;      // cheap and non-blocking: may run on the transport's I/O thread
 };
 
 class Core {
@@ -75,9 +87,10 @@ class Core {
   void route(const std::string& method, const std::string& path, Handler h, RouteOptions o = {});
 
   // ---- the transport's entry points ----
-  // After the request head, before the body is read: CORS preflight and the API key. True when `res`
-  // is the whole answer.
+  // After the request head, before the body is read: CORS preflight, the Host check, the API key, the
+  // route and its content type. True when `res` is the whole answer.
   bool screen(const HttpRequest& head, HttpResponse& res);
+  bool quick(const std::string& method, const std::string& path) const;
   // The whole request: the route's handler; whatever it throws becomes the route's error envelope.
   void dispatch(HttpRequest& req, HttpResponse& res);
   // A request the transport refused (malformed, too large), in the envelope of the route it was for.
@@ -117,6 +130,7 @@ class Core {
     std::map<std::string, uint64_t> by_endpoint, by_status;
   };
   HttpCounts http_counts() const;
+  const StreamStats& stream_stats() const { return *stream_stats_; }
 
  private:
   struct Route {
@@ -129,8 +143,12 @@ class Core {
   const Route* find_any(const std::string& path) const;  // any method: for the envelope of refusals
   json error_body(const Route* r, const ApiError& e) const;
   void send_error(const Route* r, HttpResponse& res, const ApiError& e) const;
+  bool host_allowed(const std::string& host) const;
+  // CORS headers for a request from an allowed Origin.
+  void allow_origin(const HttpRequest& req, HttpResponse& res) const;
 
   std::vector<Route> routes_;
+  std::shared_ptr<StreamStats> stream_stats_ = std::make_shared<StreamStats>();
   mutable std::mutex stat_mu_;
   HttpCounts counts_;
 };

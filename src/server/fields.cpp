@@ -1,6 +1,7 @@
 #include "server/fields.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include <fmt/format.h>
 
@@ -21,6 +22,7 @@ std::optional<double> number(const json& b, const char* k) {
 std::optional<int64_t> integer(const json& b, const char* k) {
   auto* v = field(b, k);
   if (!v) return std::nullopt;
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) bad(k, fmt::format("'{}' is out of range", k));
   if (v->is_number_integer()) return v->get<int64_t>();
   if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() && std::fabs(v->get<double>()) < 9e15)
     return int64_t(v->get<double>());

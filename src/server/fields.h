@@ -24,9 +24,21 @@ struct FieldError : InputError {
   throw FieldError(std::move(param), message, std::move(code));
 }
 
-// Limits on what one request may ask for, beyond the size of its body.
+// Limits on the shape of a JSON body (server/json_body.h enforces them while parsing).
+struct JsonLimits {
+  size_t depth = 64;                      // nested objects and arrays
+  size_t object_keys = 4096;              // keys in one object
+  size_t array_items = size_t(1) << 20;   // items in one array
+  size_t string_bytes = size_t(4) << 20;  // one string or key
+};
+
+// Limits on what one request may ask for, beyond the size of its body. FieldError names the field.
 struct RequestLimits {
-  size_t stop_strings = 16;
+  JsonLimits json;
+  size_t tools = 128;              // tool definitions
+  size_t stop_strings = 16;        // stop strings
+  size_t stop_string_bytes = 256;  // bytes of one stop string
+  size_t logit_bias = 1024;        // logit_bias entries
 };
 
 // The value of `k` in object `b`; null when absent or JSON null.

@@ -27,7 +27,16 @@ GenJob::GenJob(GenParams p, std::shared_ptr<const text::Tokenizer> tok, std::vec
     : Job(std::move(p)), tok_(std::move(tok)), filter_(std::move(stops)), parser_(std::move(parser)),
       top_logprobs_(top_logprobs), progress_(progress) {}
 
+bool GenJob::check_deadline() {
+  if (expired_) return true;
+  if (!deadline_ || Clock::now() < *deadline_) return false;
+  expired_ = true;
+  cancel();
+  return true;
+}
+
 void GenJob::on_prefill(int64_t done, int64_t total) {
+  check_deadline();
   if (!progress_) return;
   Event e;
   e.kind = Event::Progress;
@@ -52,6 +61,8 @@ void GenJob::on_prompt_logits(int64_t first, int64_t rows, std::span<const float
 }
 
 bool GenJob::on_token(int32_t t, std::span<const float> logits) {
+  last_token_ = Clock::now();
+  if (!first_token_) first_token_ = last_token_;
   std::string_view bytes;
   if (tok_ && t < tok_->vocab_size() && !tok_->is_special(t)) bytes = tok_->token_bytes(t);
   if (top_logprobs_ >= 0) {
@@ -66,7 +77,7 @@ bool GenJob::on_token(int32_t t, std::span<const float> logits) {
   if (!txt.empty()) e.delta = split(txt);
   release(e, false);
   if (!e.delta.empty() || !e.items.empty()) channel.push(std::move(e));
-  return !filter_.stopped();
+  return !filter_.stopped() && !check_deadline();
 }
 
 void GenJob::on_finish(const GenResult& r) {
@@ -79,6 +90,12 @@ void GenJob::on_finish(const GenResult& r) {
   Event f;
   f.kind = Event::Final;
   f.result = r;
+  if (expired_ && (r.finish_reason == "cancelled" || r.finish_reason == "stop") && !filter_.stopped()) f.result.finish_reason = "length";
+  if (first_token_) f.stream_ms = std::chrono::duration<double, std::milli>(*last_token_ - *first_token_).count();
+  if (stats && ids_.size() > 1) {
+    stats->intervals += uint64_t(ids_.size() - 1);
+    stats->micros += uint64_t(f.stream_ms * 1e3);
+  }
   f.reasoning_tokens = reasoning_tokens_;
   f.tool_calls = parser_ ? parser_->tool_calls() : 0;
   f.ids = ids_;

@@ -66,11 +66,15 @@ std::string metrics(const Core& core) {
   metric("lily_cached_tokens_total", "counter", "Prompt tokens restored from the prompt cache", s.cached_tokens);
   metric("lily_generated_tokens_total", "counter", "Tokens generated", s.generated_tokens);
   metric("lily_prefill_seconds_total", "counter", "Seconds spent in prefill", s.prefill_seconds);
-  metric("lily_decode_seconds_total", "counter", "Seconds spent in decode steps", s.decode_seconds);
+  metric("lily_decode_seconds_total", "counter", "Seconds of model decode steps (shared by the requests of a step)", s.decode_seconds);
   metric("lily_prefill_tokens_per_second", "gauge", "Prefill throughput over all requests",
          s.prefill_seconds > 0 ? double(s.prefilled_tokens) / s.prefill_seconds : 0.0);
-  metric("lily_decode_tokens_per_second", "gauge", "Decode throughput over all requests",
-         s.decode_seconds > 0 ? double(s.generated_tokens) / s.decode_seconds : 0.0);
+  const auto& ss = core.stream_stats();
+  const double stream_s = double(ss.micros.load()) * 1e-6;
+  metric("lily_response_decode_seconds_total", "counter",
+         "Wall seconds from the first to the last generated token of each finished response", stream_s);
+  metric("lily_decode_tokens_per_second", "gauge", "Tokens per second a client receives after its first token, over all responses",
+         stream_s > 0 ? double(ss.intervals.load()) / stream_s : 0.0);
   metric("lily_requests_active", "gauge", "Requests holding a slot", s.active);
   metric("lily_queue_depth", "gauge", "Requests waiting for a slot", s.queued);
   metric("lily_prompt_cache_hits_total", "counter", "Prompt cache lookups that found a prefix", s.cache.hits);
@@ -118,7 +122,7 @@ void register_misc_routes(Core& core) {
         auto s = core.sched.stats();
         res.set(dump_json(json{{"status", "ok"}, {"slots_active", s.active}, {"queue", s.queued}}), "application/json");
       },
-      RouteOptions{.errors = {}, .open = true});
+      RouteOptions{.errors = {}, .open = true, .json_body = false, .quick = true});
   core.route("GET", "/metrics", [&core](const HttpRequest&, HttpResponse& res) { res.set(metrics(core), "text/plain; version=0.0.4"); });
   core.route("POST", "/tokenize", [&core](const HttpRequest& req, HttpResponse& res) { tokenize(core, req, res); });
   core.route("POST", "/detokenize", [&core](const HttpRequest& req, HttpResponse& res) { detokenize(core, req, res); });

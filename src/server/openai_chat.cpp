@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "server/json_body.h"
 #include "text/utf8.h"
 
 namespace lily::server {
@@ -10,7 +11,7 @@ namespace {
 
 constexpr int kMaxForcedCalls = 8;  // tool_choice required / named with parallel_tool_calls
 
-json normalize_messages(const json& b) {
+json normalize_messages(const json& b, const RequestLimits& limits) {
   auto* m = field(b, "messages");
   if (!m || !m->is_array() || m->empty()) bad("messages", "'messages' must be a non-empty array");
   json out = json::array();
@@ -30,18 +31,21 @@ json normalize_messages(const json& b) {
       if (cnt->is_string()) {
         content = cnt->get<std::string>();
       } else if (cnt->is_array()) {
-        for (auto& part : *cnt) {
+        for (size_t j = 0; j < cnt->size(); ++j) {
+          const json& part = (*cnt)[j];
+          const std::string pw = fmt::format("{}.content[{}]", where, j);
           if (part.is_string()) {
             content += part.get<std::string>();
             continue;
           }
           if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
-            bad(where + ".content", where + ".content parts must be objects with a 'type'");
+            bad(pw, pw + " must be an object with a string 'type'");
           std::string t = part["type"];
-          if ((t == "text" || t == "input_text") && part.contains("text") && part["text"].is_string())
-            content += part["text"].get<std::string>();
-          else
-            bad(where + ".content", fmt::format("{}: content part type '{}' is not supported (text only)", where, t));
+          if (t != "text" && t != "input_text")
+            bad(pw + ".type", fmt::format("{}: content part type '{}' is not supported (text only)", pw, t));
+          auto* tx = field(part, "text");
+          if (!tx || !tx->is_string()) bad(pw + ".text", fmt::format("{}.text must be a string", pw));
+          content += tx->get<std::string>();
         }
       } else {
         bad(where + ".content", where + ".content must be a string or an array of text parts");
@@ -64,9 +68,9 @@ json normalize_messages(const json& b) {
           json args = tc["function"].value("arguments", json("{}"));
           if (args.is_string()) {
             try {
-              fn["arguments"] = json::parse(args.get<std::string>());
-            } catch (const json::parse_error&) {
-              fn["arguments"] = args;
+              fn["arguments"] = parse_json(args.get<std::string>(), limits.json);
+            } catch (const FieldError&) {
+              fn["arguments"] = args;  // not JSON (or beyond the limits): the template gets the text
             }
           } else {
             fn["arguments"] = args;
@@ -87,11 +91,13 @@ json normalize_messages(const json& b) {
   return out;
 }
 
-json parse_tools(const json& b, OutputConstraint& force) {
+json parse_tools(const json& b, const RequestLimits& limits, OutputConstraint& force) {
   json tools = json::array();
   auto* t = field(b, "tools");
   if (t) {
     if (!t->is_array()) bad("tools", "'tools' must be an array");
+    if (t->size() > limits.tools)
+      bad("tools", fmt::format("'tools' may hold at most {} tools (got {})", limits.tools, t->size()), "limit_exceeded");
     for (size_t i = 0; i < t->size(); ++i) {
       const json& x = (*t)[i];
       if (!x.is_object() || x.value("type", "function") != "function" || !x.contains("function") || !x["function"].is_object() ||
@@ -216,7 +222,7 @@ void chat_completions(Core& core, Structured* structured, const HttpRequest& req
         out.push_back(Core::sse(openai_error_body(Core::result_error(ev.result))));
       } else if (ev.result.finish_reason != "cancelled") {
         json last = chunk(json::object(), nullptr, finish_reason(ev));
-        last["timings"] = timings_json(ev.result);
+        last["timings"] = timings_json(ev);
         out.push_back(Core::sse(last));
         if (include_usage) {
           json u = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created_at}, {"model", model},
@@ -263,7 +269,7 @@ void chat_completions(Core& core, Structured* structured, const HttpRequest& req
   if (cr.return_tokens) choice["tokens"] = fin.ids;
   json out = {{"id", id}, {"object", "chat.completion"}, {"created", created_at}, {"model", model},
               {"system_fingerprint", "lily"}, {"choices", json::array({choice})},
-              {"usage", usage_json(r, fin.reasoning_tokens)}, {"timings", timings_json(r)}};
+              {"usage", usage_json(r, fin.reasoning_tokens)}, {"timings", timings_json(fin)}};
   res.set(dump_json(out), "application/json");
 }
 
@@ -297,9 +303,9 @@ ChatRequest parse_chat_request(const json& b, const RequestLimits& limits) {
     }
     cr.constraint.where = "response_format.json_schema.schema";
   }
-  cr.messages = normalize_messages(b);
+  cr.messages = normalize_messages(b, limits);
   OutputConstraint force;
-  cr.tools = parse_tools(b, force);
+  cr.tools = parse_tools(b, limits, force);
   if (force.kind != OutputConstraint::None) {
     if (cr.constraint.kind != OutputConstraint::None) bad("response_format", "a forced tool call cannot be combined with response_format");
     force.where = "tools";

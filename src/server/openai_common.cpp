@@ -1,6 +1,7 @@
 #include "server/openai_common.h"
 
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 
@@ -45,7 +46,7 @@ OpenAiSampling parse_openai_sampling(const json& b, const RequestLimits& limits)
     if (s->is_string()) {
       c.stops.push_back(s->get<std::string>());
     } else if (s->is_array()) {
-      if (s->size() > limits.stop_strings) bad("stop", fmt::format("'stop' may hold at most {} strings", limits.stop_strings));
+      if (s->size() > limits.stop_strings) bad("stop", fmt::format("'stop' may hold at most {} strings", limits.stop_strings), "limit_exceeded");
       for (auto& x : *s) {
         if (!x.is_string()) bad("stop", "'stop' must be a string or an array of strings");
         c.stops.push_back(x.get<std::string>());
@@ -53,14 +54,21 @@ OpenAiSampling parse_openai_sampling(const json& b, const RequestLimits& limits)
     } else {
       bad("stop", "'stop' must be a string or an array of strings");
     }
+    for (auto& x : c.stops)
+      if (x.size() > limits.stop_string_bytes)
+        bad("stop", fmt::format("a stop string may be at most {} bytes (got {})", limits.stop_string_bytes, x.size()), "limit_exceeded");
     std::erase_if(c.stops, [](const std::string& x) { return x.empty(); });
   }
   if (auto* lb = field(b, "logit_bias")) {
     if (!lb->is_object()) bad("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+    if (lb->size() > limits.logit_bias)
+      bad("logit_bias", fmt::format("'logit_bias' may hold at most {} entries (got {})", limits.logit_bias, lb->size()), "limit_exceeded");
     for (auto& [k, v] : lb->items()) {
       char* end = nullptr;
+      errno = 0;
       long id = std::strtol(k.c_str(), &end, 10);
-      if (k.empty() || *end || id < 0 || id > INT32_MAX) bad("logit_bias", fmt::format("logit_bias key '{}' is not a token id", k));
+      if (k.empty() || *end || errno || id < 0 || id > INT32_MAX)
+        bad("logit_bias", fmt::format("logit_bias key '{}' is not a token id", k.substr(0, 40)));
       if (!v.is_number() || std::fabs(v.get<double>()) > 100) bad("logit_bias", "logit_bias values must be numbers in [-100, 100]");
       c.logit_bias.emplace_back(int32_t(id), float(v.get<double>()));
     }
@@ -118,7 +126,8 @@ json usage_json(const GenResult& r, int reasoning_tokens) {
           {"completion_tokens_details", {{"reasoning_tokens", reasoning_tokens}}}};
 }
 
-json timings_json(const GenResult& r) {
+json timings_json(const Event& fin) {
+  const GenResult& r = fin.result;
   int64_t n = r.prompt_tokens - r.cached_tokens;
   auto rate = [](double n, double ms) { return ms > 0 ? n * 1e3 / ms : 0.0; };
   json t = {{"cache_n", r.cached_tokens},
@@ -126,8 +135,8 @@ json timings_json(const GenResult& r) {
           {"prompt_ms", r.prefill_ms},
           {"prompt_per_second", rate(double(n), r.prefill_ms)},
           {"predicted_n", r.completion_tokens},
-          {"predicted_ms", r.decode_ms},
-          {"predicted_per_second", rate(double(r.completion_tokens), r.decode_ms)},
+          {"predicted_ms", fin.stream_ms},
+          {"predicted_per_second", rate(fin.ids.size() > 1 ? double(fin.ids.size() - 1) : 0.0, fin.stream_ms)},
           {"ttft_ms", r.ttft_ms},
           {"queue_ms", r.queue_ms}};
   if (!r.spec.mode.empty()) {  // llama.cpp's draft counts, and ours per position

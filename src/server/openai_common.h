@@ -37,8 +37,9 @@ SpecParams request_spec(const OpenAiSampling& c, const Core& core);
 void check_model(const json& body, const std::string& served);
 
 json usage_json(const GenResult& r, int reasoning_tokens);
-// llama.cpp's `timings` object.
-json timings_json(const GenResult& r);
+// llama.cpp's `timings` object, from a job's Final event. predicted_ms is the wall time from the first
+// generated token to the last (what the client saw), predicted_per_second the token gaps over it.
+json timings_json(const Event& fin);
 
 // A token's bytes as a JSON array of byte values, and as text (ill-formed UTF-8 shown as U+FFFD).
 json bytes_json(const std::string& b);

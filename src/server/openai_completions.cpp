@@ -150,7 +150,7 @@ void completions(Core& core, const HttpRequest& req, HttpResponse& res) {
   json choice = {{"index", 0}, {"text", full}, {"logprobs", lpj}, {"finish_reason", r.finish_reason}};
   if (cr.return_tokens) choice["tokens"] = fin.ids;
   json out = {{"id", id}, {"object", "text_completion"}, {"created", created_at}, {"model", model},
-              {"choices", json::array({choice})}, {"usage", usage_json(r, 0)}, {"timings", timings_json(r)}};
+              {"choices", json::array({choice})}, {"usage", usage_json(r, 0)}, {"timings", timings_json(fin)}};
   res.set(dump_json(out), "application/json");
 }
 

@@ -1,5 +1,6 @@
-// The HTTP server: the core (server/core.h) with every API registered on it, behind the transport.
-// HTTP threads parse and answer requests; every model step runs on the Scheduler's thread.
+// The HTTP server: the core (server/core.h) with every API registered on it, behind the transport
+// (server/http_server.h). HTTP threads parse and answer requests; every model step runs on the
+// Scheduler's thread.
 #pragma once
 #include <memory>
 #include <string>
@@ -9,11 +10,8 @@
 #include "runtime/scheduler.h"
 #include "server/chat_format.h"
 #include "server/core.h"
+#include "server/http_server.h"
 #include "text/tokenizer.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace lily::server {
 
@@ -36,7 +34,7 @@ class Server {
  private:
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<Core> core_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpServer> http_;
   std::thread thread_;
   int port_ = 0;
 };

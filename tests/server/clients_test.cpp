@@ -5,13 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <cstdlib>
-#include <regex>
 
 #include <fmt/format.h>
 
+#include "serve_process.h"
 #include "server_fixture.h"
 
 namespace lily::server::test {
@@ -19,17 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Runs a shell command, returns its exit status and output (stdout + stderr).
-int run(const std::string& cmd, std::string& out) {
-  out.clear();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+int run(const std::string& cmd, std::string& out) { return run_command(cmd, out); }
 
 bool have(const std::string& prog) {
   std::string out;
@@ -99,39 +88,10 @@ TEST(Clients, ChatPageStreamsInHeadlessChromium) {
 }
 
 TEST(Clients, LilyServeBinary) {
-  const char* bin = std::getenv("LILY_BIN");
-  std::string lily = bin ? bin : std::string(LILY_BINARY_DIR) + "/lily";
-  if (!fs::exists(lily)) GTEST_SKIP() << "no lily binary at " << lily;
-  int pipefd[2];
-  ASSERT_EQ(pipe(pipefd), 0);
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    dup2(pipefd[1], 1);
-    close(pipefd[0]);
-    std::string model = golden_dir("qwen3_5_moe_text-a");
-    execl(lily.c_str(), lily.c_str(), "serve", "--model", model.c_str(), "--port", "0", "--ctx-size", "1024",
-          "--parallel", "2", "--cache-mem", "64", (char*)nullptr);
-    _exit(127);
-  }
-  close(pipefd[1]);
-  std::string out;
-  int port = 0;
-  char buf[512];
-  std::regex re(R"(listening on http://127\.0\.0\.1:(\d+))");
-  for (int i = 0; i < 200 && port == 0; ++i) {
-    ssize_t n = read(pipefd[0], buf, sizeof buf);
-    if (n <= 0) break;
-    out.append(buf, size_t(n));
-    std::smatch m;
-    if (std::regex_search(out, m, re)) port = std::stoi(m[1]);
-  }
-  close(pipefd[0]);
-  if (port == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    FAIL() << "lily serve did not start: " << out;
-  }
+  if (!fs::exists(lily_binary())) GTEST_SKIP() << "no lily binary at " << lily_binary();
+  ServeProcess srv({"--model", golden_dir("qwen3_5_moe_text-a"), "--ctx-size", "1024", "--parallel", "2", "--cache-mem", "64"});
+  ASSERT_GT(srv.port(), 0) << "lily serve did not start: " << srv.output();
+  const int port = srv.port();
   auto c = client(port);
   auto h = c.Get("/health");
   ASSERT_TRUE(h);
@@ -139,10 +99,7 @@ TEST(Clients, LilyServeBinary) {
   json r = post_json(port, "/v1/completions", {{"prompt", {1, 2, 3}}, {"max_tokens", 3}, {"temperature", 0}});
   EXPECT_EQ(r["usage"]["completion_tokens"], 3) << r.dump();
   EXPECT_EQ(json::parse(c.Get("/v1/models")->body)["data"][0]["id"], "qwen3_5_moe_text-a");
-  kill(pid, SIGTERM);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "exit status " << st;
+  EXPECT_EQ(srv.stop(), 0);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #pragma once
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -30,10 +31,12 @@ struct Running {
 
 inline std::string tokenizer_dir() { return find_demo_tokenizer_dir(); }
 
+// `before_start` may add routes to the server's core.
 inline std::unique_ptr<Running> start_server(std::shared_ptr<const ModelWeights> w,
                                              std::shared_ptr<const text::Tokenizer> tok,
                                              const std::string& tok_dir, ServerOptions so, int64_t ctx = 4096,
-                                             int64_t prefill_chunk = 64) {
+                                             int64_t prefill_chunk = 64,
+                                             const std::function<void(Server&)>& before_start = {}) {
   auto r = std::make_unique<Running>();
   r->engine = Engine::from_weights(std::move(w), EngineOptions{"cpu", ctx, prefill_chunk});
   r->tok = tok;
@@ -42,6 +45,7 @@ inline std::unique_ptr<Running> start_server(std::shared_ptr<const ModelWeights>
   so.sched.ctx_size = ctx;
   auto chat = tok ? load_chat_format(tok_dir, "") : nullptr;
   r->server = std::make_unique<Server>(*r->engine, tok, chat, so);
+  if (before_start) before_start(*r->server);
   r->server->start();
   return r;
 }
