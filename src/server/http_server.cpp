@@ -343,7 +343,10 @@ void HttpServer::process(Conn& c) {
       size_t k = 0;
       while (k < c.in.size() && (c.in[k] == '\r' || c.in[k] == '\n')) ++k;
       c.in.erase(0, k);
-      if (c.in.empty()) return;
+      if (c.in.empty()) {
+        if (c.in.capacity() > (64 << 10)) std::string().swap(c.in);  // an idle connection keeps no big buffer
+        return;
+      }
       c.state = Conn::Reading;
       c.deadline = now_ms() + opt_.read_timeout_ms;
       c.head.reset();
@@ -499,17 +502,27 @@ void HttpServer::expire(int64_t now) {
 }
 
 void HttpServer::take_back() {
-  std::vector<std::pair<Conn*, After>> back;
+  std::vector<Returned> back;
   {
     std::lock_guard lk(mu_);
     back.swap(returned_);
   }
-  for (auto [c, next] : back) {
+  for (auto& [c, next, out] : back) {
     if (next == Drop) {
       close_conn(*c);
       continue;
     }
-    if (next == Drain) {
+    if (!out.empty()) {
+      c->out = std::move(out);
+      c->out_off = 0;
+      c->close_after = next == Drain;
+      c->state = Conn::Writing;
+      c->deadline = now_ms() + opt_.write_timeout_ms;
+      flush(*c);
+      if (c->state == Conn::Idle && !c->in.empty()) process(*c);
+      continue;
+    }
+    if (next == Drain) {  // a stream, written and shut down by its worker
       c->state = Conn::Draining;
       c->in.clear();
       c->deadline = now_ms() + 2000;
@@ -557,26 +570,27 @@ void HttpServer::serve(Task& t) {
   HttpResponse res;
   core_.dispatch(t.req, res);  // answers every exception itself
   core_.record_status(res.status);
-  bool ok;
+  Returned back{&c, keep ? Keep : Drain, {}};
   if (res.stream) {
+    // A stream is written here, as it is generated; its job ends if the client stops reading.
     bool chunked = minor >= 1 && !t.head_only;
     if (!chunked) keep = false;
-    ok = write_all(fd, response_head(res, minor, keep, chunked, std::string::npos), opt_.write_timeout_ms);
+    bool ok = write_all(fd, response_head(res, minor, keep, chunked, std::string::npos), opt_.write_timeout_ms);
     if (ok && !t.head_only) {
       SocketSink sink(fd, chunked, opt_.write_timeout_ms);
       res.stream(sink);
       ok = sink.finish();
     }
     res.stream = nullptr;  // ends the job if it has not ended
+    if (ok && !keep) ::shutdown(fd, SHUT_WR);
+    back.next = !ok ? Drop : keep ? Keep : Drain;
   } else {
-    std::string out = response_head(res, minor, keep, false, res.body.size());
-    if (!t.head_only) out += res.body;
-    ok = write_all(fd, out, opt_.write_timeout_ms);
+    back.out = response_head(res, minor, keep, false, res.body.size());
+    if (!t.head_only) back.out += res.body;
   }
-  if (ok && !keep) ::shutdown(fd, SHUT_WR);
   {
     std::lock_guard lk(mu_);
-    returned_.emplace_back(&c, !ok ? Drop : keep ? Keep : Drain);
+    returned_.push_back(std::move(back));
     --busy_;
   }
   uint64_t one = 1;

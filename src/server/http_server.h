@@ -80,7 +80,12 @@ class HttpServer {
   std::vector<std::unique_ptr<Worker>> worker_state_;
   std::vector<Worker*> idle_;  // most recently idle last: tasks go to warm threads (caches, malloc arenas)
   enum After { Keep, Drain, Drop };
-  std::vector<std::pair<Conn*, After>> returned_;  // from workers: connection, what comes next
+  struct Returned {
+    Conn* conn;
+    After next;
+    std::string out;  // a whole reply for the I/O thread to write first (slow readers hold no worker)
+  };
+  std::vector<Returned> returned_;  // from workers
   std::vector<std::unique_ptr<Conn>> graveyard_;   // I/O thread: closed this round
   int busy_ = 0;
   std::vector<std::thread> workers_;
