@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/recording_job.h"
+#include "../support/run_command.h"
 #include "../support/sampling_backend.h"
 #include "runtime/generate.h"
 #include "runtime/demo_model.h"
@@ -32,15 +33,7 @@ namespace fs = std::filesystem;
 
 using CollectJob = lily::test_support::RecordingJob;
 
-int run(const std::string& cmd, std::string& out) {
-  out.clear();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  return pclose(p);
-}
+using lily::test_support::run_command;
 
 // The demo architecture, narrower: the 151K-row head dominates each step.
 std::shared_ptr<ModelWeights> narrow_demo(const text::Tokenizer& tok) {
@@ -109,7 +102,7 @@ TEST(StructuredOutput, TwoHundredDemoCompletionsValidate) {
   if (std::system("node --version > /dev/null 2>&1") != 0 || !fs::exists(node_modules))
     GTEST_SKIP() << "node or the ajv npm package is missing (scripts/fetch-assets.sh installs it); documents parse";
   std::string log;
-  int rc = run(fmt::format("node '{}' '{}'", (fs::path(LILY_SOURCE_DIR) / "tests/runtime/validate_json.mjs").string(), out.string()), log);
+  int rc = run_command(fmt::format("node '{}' '{}'", (fs::path(LILY_SOURCE_DIR) / "tests/runtime/validate_json.mjs").string(), out.string()), log);
   EXPECT_EQ(rc, 0) << log;
   EXPECT_NE(log.find("200 valid, 0 invalid"), std::string::npos) << log;
 }

@@ -12,20 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "../support/run_command.h"
+
 namespace lily::server::test {
 
-// Runs a shell command; returns its exit status (-1 when it did not exit normally) and its output
-// (stdout + stderr) in `out`.
-inline int run_command(const std::string& cmd, std::string& out) {
-  out.clear();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+using test_support::run_command;
 
 inline std::string lily_binary() {
   const char* bin = std::getenv("LILY_BIN");
