@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Hostile requests against a running `lily serve` (Python 3.11 stdlib only).
 
-Generates mutated valid requests (every field of the chat / completions / tokenize bodies with wrong
-types and extreme values), broken JSON, and broken HTTP framing, sends each on its own raw socket and
+Generates mutated valid requests (every field of the chat / completions / Anthropic messages / count_tokens /
+responses / tokenize bodies with wrong types and extreme values; hostile JSON schemas in response_format,
+text.format and tool parameters; wrong tool_choice values), broken JSON, and broken HTTP framing, sends each
+on its own raw socket and
 checks the answer: never a status >= 500, never a reset or a connection closed without an answer,
 the server alive at the end and, with --pid, its RSS back within --rss-tolerance of its value after a
 warm-up round of the same requests.
@@ -42,6 +44,11 @@ CHAT_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temp
                "chat_template_kwargs", "enable_thinking", "cache_prompt", "return_tokens", "user", "metadata"]
 COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "echo",
                      "logprobs", "suffix", "logit_bias", "stream", "stream_options", "cache_prompt", "return_tokens"]
+ANTHROPIC_FIELDS = ["model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences",
+                    "stream", "tools", "tool_choice", "thinking", "metadata"]
+RESPONSES_FIELDS = ["model", "input", "instructions", "previous_response_id", "tools", "tool_choice",
+                    "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "reasoning", "text", "metadata",
+                    "stream", "store"]
 
 
 def chat_base(rng):
@@ -52,6 +59,24 @@ def chat_base(rng):
 
 def completion_base(rng):
     return {"prompt": rng.choice(["The sky is", [1, 2, 3], [[5, 6]], ["Once"]]), "max_tokens": rng.choice([1, 2]), "temperature": 0}
+
+
+def anthropic_base(rng):
+    return {"model": "claude-x", "max_tokens": rng.choice([1, 2, 3]), "temperature": 0,
+            "messages": [{"role": "user", "content": rng.choice(["Hi", [{"type": "text", "text": "Why?"}]])}]}
+
+
+def responses_base(rng):
+    return {"model": "gpt-x", "max_output_tokens": rng.choice([1, 2, 3]), "temperature": 0,
+            "input": rng.choice(["Hi", [{"role": "user", "content": [{"type": "input_text", "text": "Why?"}]}]])}
+
+
+# api: (valid body, its fields, path)
+APIS = {"chat": (chat_base, CHAT_FIELDS, "/v1/chat/completions"),
+        "completions": (completion_base, COMPLETION_FIELDS, "/v1/completions"),
+        "anthropic": (anthropic_base, ANTHROPIC_FIELDS, "/v1/messages"),
+        "responses": (responses_base, RESPONSES_FIELDS, "/v1/responses"),
+        "count_tokens": (anthropic_base, ANTHROPIC_FIELDS, "/v1/messages/count_tokens")}
 
 
 def dumps(v):
@@ -91,14 +116,13 @@ def post_raw(path, body, extra=b"", content_type=b"application/json"):
 
 def field_mutations(rng, api):
     """A valid body of `api` with one field set to a hostile value (JSON or raw text)."""
-    base = chat_base(rng) if api == "chat" else completion_base(rng)
-    fields = CHAT_FIELDS if api == "chat" else COMPLETION_FIELDS
-    path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+    make, fields, path = APIS[api]
+    base = make(rng)
     f = rng.choice(fields)
     kind = rng.random()
     if kind < 0.55:
         base[f] = rng.choice(JSON_VALUES)
-        if f == "stream" and base[f] is True:
+        if f == "stream" and base[f] is True and "max_tokens" in base:
             base["max_tokens"] = 2
         return f"{api}.{f}=json", http("POST", path, dumps(base))
     body = dumps(base)[:-1]
@@ -131,8 +155,63 @@ def message_mutations(rng):
     return "chat.messages", http("POST", "/v1/chat/completions", dumps(b))
 
 
+def hostile_schemas():
+    chain = {"d0": {"type": "integer"}}
+    for k in range(1, 40):
+        sub = {"allOf": [{"$ref": f"#/$defs/d{k - 1}"}]}
+        chain[f"d{k}"] = {"type": "object", "properties": {"a": sub, "b": sub}}
+    deep = {"type": "integer"}
+    for _ in range(60):
+        deep = {"type": "array", "items": deep, "maxItems": 4096}
+    return [{"$ref": "#"}, {"allOf": [{"$ref": "#"}]}, {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+            {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+            {"$defs": chain, "$ref": "#/$defs/d39"}, deep, {"$ref": "http://evil.example/s.json"}, {"$ref": "#/$defs/missing"},
+            {"$ref": 5}, {"type": "array", "minItems": 4096, "items": {"type": "array", "minItems": 4096, "items": {"type": "string", "minLength": 4096}}},
+            {"type": "string", "maxLength": 99999999}, {"type": "string", "minLength": -1}, {"type": "string", "minLength": 1.5},
+            {"type": "array", "minItems": 3, "maxItems": 1}, {"type": "array", "items": False, "minItems": 1}, {"enum": []},
+            {"enum": list(range(3000))}, {"type": []}, {"type": "strin"}, {"type": ["object", 5]}, {"anyOf": []}, {"oneOf": 5},
+            {"allOf": [5]}, {"properties": 5}, {"required": [5]}, {"required": "a"}, {"additionalProperties": "x"},
+            {"properties": {("k%d" % i): {"type": "string", "maxLength": 4096} for i in range(200)}}, {"const": [[[[[]]]]]},
+            {"type": "object", "properties": {"\u00e9": {}, "\u0000\"": {}}, "required": ["\"", ""]}, True, False, 5, "s", [], None]
+
+
+def structured_mutations(rng):
+    """Hostile structured-output requests: response_format / text.format schemas, tool_choice and tool schemas."""
+    schema = rng.choice(hostile_schemas())
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}}
+    choice = rng.choice(["required", "none", "auto", "any", {"type": "function", "function": {"name": "f"}},
+                         {"type": "function", "function": {"name": "g"}}, {"type": "function"}, {"type": "tool", "name": "f"},
+                         {"type": "any", "disable_parallel_tool_use": "yes"}, {"type": "function", "name": "f"}, 7, [], None])
+    api = rng.choice(["chat", "responses", "anthropic", "count_tokens"])
+    make, _, path = APIS[api]
+    b = make(rng)
+    kind = rng.random()
+    if api == "chat":
+        if kind < 0.5:
+            b["response_format"] = rng.choice([{"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}},
+                                               {"type": "json_schema", "json_schema": schema}, {"type": "json_schema"},
+                                               {"type": "json_object", "schema": schema}, {"type": schema}, schema])
+        else:
+            tool["function"]["parameters"] = schema if kind < 0.75 else tool["function"]["parameters"]
+            b["tools"], b["tool_choice"] = [tool], choice
+    elif api == "responses":
+        if kind < 0.5:
+            b["text"] = rng.choice([{"format": {"type": "json_schema", "name": "x", "schema": schema}}, {"format": schema},
+                                    {"format": {"type": "json_schema"}}, {"format": {"type": schema}}])
+        else:
+            t = {"type": "function", "name": "f", "parameters": schema if kind < 0.75 else {"type": "object"}}
+            b["tools"], b["tool_choice"] = [t], choice
+    else:
+        t = {"name": "f", "input_schema": schema if kind < 0.6 else {"type": "object"}}
+        b["tools"], b["tool_choice"] = [t], choice
+    if rng.random() < 0.2:
+        b["stream"] = True
+    return f"{api}.structured", http("POST", path, dumps(b))
+
+
 def structural(rng):
-    path = rng.choice(["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"])
+    path = rng.choice(["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+                       "/v1/responses", "/tokenize", "/detokenize"])
     depth = rng.choice([63, 65, 200, 5000])
     bodies = [b"", b"{", b"}", b"[1,2]", b'"str"', b"null", b"42", b"{not json}", b'{"a":1,}', b'{"a":1}{"b":2}',
               b"\xef\xbb\xbf{}", b'{"a":1} trailing', b"{/*c*/}", b'{"messages":[' + b"[" * depth + b"]" * depth + b"]}",
@@ -192,6 +271,13 @@ def framing(rng):
         b"GET /../../etc/passwd HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
         b"GET /%2e%2e/%2e%2e/etc/passwd HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
         b"GET /v1/models/%ff%fe HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        b"GET /v1/responses/%ff%fe HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        b"DELETE /v1/responses/resp_missing HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        http("POST", "/v1/messages", dumps({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}),
+             headers={"anthropic-version": "\xff"}),
+        http("POST", "/v1/responses", dumps({"input": [{"type": "function_call", "call_id": "c", "name": "f",
+                                                          "arguments": "{" + ",".join('"k%d":1' % i for i in range(5000)) + "}"}],
+                                               "max_output_tokens": 1})),
         b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
         b"GET /health?" + b"q=%ff&" * 500 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
         b"POST " + p + b"%ff HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
@@ -229,13 +315,15 @@ def _bomb():
 BOMB = b""
 
 
-GENERATORS = {"chat": 0.35, "completions": 0.2, "messages": 0.15, "structural": 0.1, "framing": 0.2}
+GENERATORS = {"chat": 0.2, "completions": 0.12, "anthropic": 0.08, "count_tokens": 0.04, "responses": 0.08, "structured": 0.1,
+              "messages": 0.1, "structural": 0.08, "framing": 0.2}
 
 
 def hostile_requests(rng, n, only=None):
     """n (name, bytes, kind) items; kind 'hangup' closes after sending part of the request."""
-    make = {"chat": lambda: field_mutations(rng, "chat"), "completions": lambda: field_mutations(rng, "completions"),
-            "messages": lambda: message_mutations(rng), "structural": lambda: structural(rng), "framing": lambda: framing(rng)}
+    make = {api: (lambda api=api: field_mutations(rng, api)) for api in APIS}
+    make.update({"messages": lambda: message_mutations(rng), "structured": lambda: structured_mutations(rng),
+                 "structural": lambda: structural(rng), "framing": lambda: framing(rng)})
     gens = [(w, make[k]) for k, w in GENERATORS.items() if not only or k in only]
     total = sum(w for w, _ in gens)
     gens = [(w / total, g) for w, g in gens]

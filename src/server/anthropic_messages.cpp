@@ -123,11 +123,12 @@ json convert_messages(const json& b) {
   return out;
 }
 
-json convert_tools(const json& b) {
+json convert_tools(const json& b, const RequestLimits& limits) {
   json tools = json::array();
   auto* t = field(b, "tools");
   if (!t) return tools;
   if (!t->is_array()) bad("tools", "tools: must be an array");
+  check_count("tools", t->size(), limits.tools, "tools");
   for (size_t i = 0; i < t->size(); ++i) {
     const std::string w = at("tools", i);
     const json& x = (*t)[i];
@@ -153,7 +154,7 @@ MessagesRequest parse_messages_request(const json& b, const RequestLimits& limit
   MessagesRequest r;
   if (!need(b, "model", "").is_string()) bad("model", "model: must be a string");
   r.messages = convert_messages(b);
-  r.tools = convert_tools(b);
+  r.tools = convert_tools(b, limits);
   r.kwargs = json::object();
   if (auto* th = field(b, "thinking")) {
     if (!th->is_object()) bad("thinking", "thinking: must be an object");
@@ -209,9 +210,12 @@ MessagesRequest parse_messages_request(const json& b, const RequestLimits& limit
   r.sampling.top_k = int(std::min<int64_t>(top_k, 1 << 30));
   if (auto* s = field(b, "stop_sequences")) {
     if (!s->is_array()) bad("stop_sequences", "stop_sequences: must be an array of strings");
-    if (s->size() > limits.stop_strings) bad("stop_sequences", fmt::format("stop_sequences: at most {} strings", limits.stop_strings));
+    check_count("stop_sequences", s->size(), limits.stop_strings, "strings");
     for (auto& x : *s) {
       if (!x.is_string()) bad("stop_sequences", "stop_sequences: must be an array of strings");
+      if (x.get_ref<const std::string&>().size() > limits.stop_string_bytes)
+        bad("stop_sequences", fmt::format("stop_sequences: a stop sequence may be at most {} bytes (got {})", limits.stop_string_bytes,
+                                          x.get_ref<const std::string&>().size()), "limit_exceeded");
       if (!x.get<std::string>().empty()) r.stops.push_back(x.get<std::string>());
     }
   }

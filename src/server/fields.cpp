@@ -7,6 +7,10 @@
 
 namespace lily::server {
 
+void check_count(const std::string& param, size_t count, size_t limit, const char* what) {
+  if (count > limit) bad(param, fmt::format("'{}' may hold at most {} {} (got {})", param, limit, what, count), "limit_exceeded");
+}
+
 const json* field(const json& b, const char* k) {
   auto it = b.find(k);
   return it == b.end() || it->is_null() ? nullptr : &*it;

@@ -41,6 +41,9 @@ struct RequestLimits {
   size_t logit_bias = 1024;        // logit_bias entries
 };
 
+// FieldError (limit_exceeded) naming `param` when a request holds more than `limit` of something.
+void check_count(const std::string& param, size_t count, size_t limit, const char* what);
+
 // The value of `k` in object `b`; null when absent or JSON null.
 const json* field(const json& b, const char* k);
 // Typed reads of `k`: nothing when absent or null, FieldError(k) when of the wrong type.

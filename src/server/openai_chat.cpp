@@ -96,8 +96,7 @@ json parse_tools(const json& b, const RequestLimits& limits, OutputConstraint& f
   auto* t = field(b, "tools");
   if (t) {
     if (!t->is_array()) bad("tools", "'tools' must be an array");
-    if (t->size() > limits.tools)
-      bad("tools", fmt::format("'tools' may hold at most {} tools (got {})", limits.tools, t->size()), "limit_exceeded");
+    check_count("tools", t->size(), limits.tools, "tools");
     for (size_t i = 0; i < t->size(); ++i) {
       const json& x = (*t)[i];
       if (!x.is_object() || x.value("type", "function") != "function" || !x.contains("function") || !x["function"].is_object() ||

@@ -46,7 +46,7 @@ OpenAiSampling parse_openai_sampling(const json& b, const RequestLimits& limits)
     if (s->is_string()) {
       c.stops.push_back(s->get<std::string>());
     } else if (s->is_array()) {
-      if (s->size() > limits.stop_strings) bad("stop", fmt::format("'stop' may hold at most {} strings", limits.stop_strings), "limit_exceeded");
+      check_count("stop", s->size(), limits.stop_strings, "strings");
       for (auto& x : *s) {
         if (!x.is_string()) bad("stop", "'stop' must be a string or an array of strings");
         c.stops.push_back(x.get<std::string>());
@@ -61,8 +61,7 @@ OpenAiSampling parse_openai_sampling(const json& b, const RequestLimits& limits)
   }
   if (auto* lb = field(b, "logit_bias")) {
     if (!lb->is_object()) bad("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
-    if (lb->size() > limits.logit_bias)
-      bad("logit_bias", fmt::format("'logit_bias' may hold at most {} entries (got {})", limits.logit_bias, lb->size()), "limit_exceeded");
+    check_count("logit_bias", lb->size(), limits.logit_bias, "entries");
     for (auto& [k, v] : lb->items()) {
       char* end = nullptr;
       errno = 0;

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "server/json_body.h"
+
 namespace lily::server {
 
 namespace {
@@ -38,7 +40,7 @@ std::string content_text(const json& c, const std::string& where) {
 
 // Input items -> the template's messages. Consecutive assistant-side items (reasoning, an assistant
 // message, function calls) form one assistant turn, as chat completions would send it.
-json convert_input(const json& in) {
+json convert_input(const json& in, const RequestLimits& limits) {
   json out = json::array();
   if (in.is_string()) {
     out.push_back({{"role", "user"}, {"content", in.get<std::string>()}});
@@ -77,16 +79,20 @@ json convert_input(const json& in) {
           close();
           t = open();
         }
-        (*t)["content"] = (*t)["content"].get<std::string>() + text;
+        (*t)["content"].get_ref<std::string&>() += text;
       } else {
         close();
         out.push_back({{"role", role}, {"content", text}});
       }
     } else if (type == "function_call") {
       const std::string args = need_string(x, "arguments", w);
-      json parsed = json::parse(args, nullptr, false);
+      json parsed = args;  // not JSON (or beyond the limits): the template gets the text
+      try {
+        parsed = parse_json(args, limits.json);
+      } catch (const FieldError&) {
+      }
       json call = {{"id", need_string(x, "call_id", w)}, {"type", "function"},
-                   {"function", {{"name", need_string(x, "name", w)}, {"arguments", parsed.is_discarded() ? json(args) : parsed}}}};
+                   {"function", {{"name", need_string(x, "name", w)}, {"arguments", std::move(parsed)}}}};
       json* t = open();
       if (!(*t).contains("tool_calls")) (*t)["tool_calls"] = json::array();
       (*t)["tool_calls"].push_back(std::move(call));
@@ -117,12 +123,12 @@ json convert_input(const json& in) {
 
 }  // namespace
 
-ResponsesRequest parse_responses_request(const json& b) {
+ResponsesRequest parse_responses_request(const json& b, const RequestLimits& limits) {
   ResponsesRequest r;
   if (auto* m = field(b, "model"); m && !m->is_string()) bad("model", "'model' must be a string");
   auto* in = field(b, "input");
   if (!in) bad("input", "'input' is required");
-  r.input = convert_input(*in);
+  r.input = convert_input(*in, limits);
   if (auto* ins = field(b, "instructions")) {
     if (!ins->is_string()) bad("instructions", "'instructions' must be a string");
     r.instructions = ins->get<std::string>();
@@ -136,6 +142,7 @@ ResponsesRequest parse_responses_request(const json& b) {
   r.tools_echo = json::array();
   if (auto* t = field(b, "tools")) {
     if (!t->is_array()) bad("tools", "'tools' must be an array");
+    check_count("tools", t->size(), limits.tools, "tools");
     for (size_t i = 0; i < t->size(); ++i) {
       const std::string w = at("tools", i);
       const json& x = (*t)[i];
@@ -323,7 +330,7 @@ void responses(Core& core, Structured* st, ResponseStore& store, const HttpReque
   json b = core.parse_body(req);
   core.need_text("responses");
   if (!core.chat) bad("", "this model has no chat template (give one with --chat-template FILE)", "no_chat_template");
-  auto rq = std::make_shared<ResponsesRequest>(parse_responses_request(b));
+  auto rq = std::make_shared<ResponsesRequest>(parse_responses_request(b, core.opt.limits));
   // The conversation: the stored one this continues, then the new input; instructions are not carried over.
   json conversation = json::array();
   if (!rq->previous_response_id.empty()) {

@@ -35,7 +35,7 @@ struct ResponsesRequest {
 };
 
 // A pure function of the body: FieldError naming the field ("input[2].call_id") on bad input.
-ResponsesRequest parse_responses_request(const json& body);
+ResponsesRequest parse_responses_request(const json& body, const RequestLimits& limits);
 
 void register_openai_responses(Core& core, std::shared_ptr<Structured> structured, std::shared_ptr<ResponseStore> store);
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <climits>
-#include <functional>
+#include <queue>
 
 #include <fmt/format.h>
 
@@ -42,55 +42,121 @@ Grammar::Seq Grammar::lit(std::string_view s) {
 }
 
 std::vector<int32_t> Grammar::min_lengths() const {
-  const int32_t inf = INT32_MAX / 4;
-  std::vector<int32_t> len(rules_.size(), inf);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < rules_.size(); ++r)
-      for (auto& a : rules_[r].alts) {
-        int64_t n = 0;
-        for (auto& s : a) n += s.kind == Symbol::Bytes ? 1 : len[s.index];
-        if (n < len[r]) {
-          len[r] = int32_t(std::min<int64_t>(n, inf));
-          changed = true;
+  std::vector<RuleId> all(rules_.size());
+  for (size_t r = 0; r < all.size(); ++r) all[r] = RuleId(r);
+  return min_lengths(all);
+}
+
+// Knuth's generalisation of Dijkstra: an alternative's length is known once all its rules' are; the
+// shortest known rule is final. O(symbols log rules), however the rules refer to each other.
+std::vector<int32_t> Grammar::min_lengths(const std::vector<RuleId>& rules) const {
+  const int64_t inf = INT32_MAX / 4;
+  std::vector<int32_t> len(rules_.size(), int32_t(inf));
+  struct Alt {
+    RuleId owner;
+    int64_t sum = 0;     // bytes plus the lengths of the rules known so far
+    size_t pending = 0;  // rule symbols whose length is not known yet
+  };
+  std::vector<Alt> alts;
+  std::vector<std::vector<uint32_t>> users(rules_.size());  // rule -> alternatives using it (once per use)
+  using Item = std::pair<int64_t, RuleId>;
+  std::priority_queue<Item, std::vector<Item>, std::greater<>> queue;
+  for (RuleId r : rules)
+    for (auto& a : rules_[r].alts) {
+      Alt x{r};
+      for (auto& s : a) {
+        if (s.kind == Symbol::Bytes) {
+          ++x.sum;
+        } else {
+          users[s.index].push_back(uint32_t(alts.size()));
+          ++x.pending;
         }
       }
+      if (x.pending == 0) queue.push({x.sum, r});
+      alts.push_back(x);
+    }
+  std::vector<char> done(rules_.size(), 0);
+  while (!queue.empty()) {
+    auto [d, r] = queue.top();
+    queue.pop();
+    if (done[r]) continue;
+    done[r] = 1;
+    len[r] = int32_t(std::min(d, inf));
+    for (uint32_t ai : users[r]) {
+      Alt& a = alts[ai];
+      a.sum = std::min(a.sum + len[r], inf);
+      if (--a.pending == 0 && !done[a.owner]) queue.push({a.sum, a.owner});
+    }
   }
   return len;
 }
 
-void Grammar::check() const {
-  LILY_ASSERT(root_ < rules_.size());
-  for (size_t r = 0; r < rules_.size(); ++r) {
-    if (rules_[r].alts.empty()) throw InternalError(fmt::format("grammar rule '{}' has no alternative", rules_[r].name));
-    for (auto& a : rules_[r].alts)
-      for (auto& s : a)
-        if (s.kind == Symbol::Rule && s.index >= rules_.size())
-          throw InternalError(fmt::format("grammar rule '{}' refers to an unknown rule", rules_[r].name));
+std::string Grammar::problem(RuleId from) const {
+  if (from >= rules_.size()) return fmt::format("grammar rule {} does not exist", from);
+  // The rules reachable from `from`, each checked for alternatives and known references.
+  std::vector<char> seen(rules_.size(), 0);
+  std::vector<RuleId> reach = {from};
+  seen[from] = 1;
+  for (size_t i = 0; i < reach.size(); ++i) {
+    const RuleDef& d = rules_[reach[i]];
+    if (d.alts.empty()) return fmt::format("grammar rule '{}' has no alternative", d.name);
+    for (auto& a : d.alts)
+      for (auto& s : a) {
+        if (s.kind != Symbol::Rule) continue;
+        if (s.index >= rules_.size()) return fmt::format("grammar rule '{}' refers to an unknown rule", d.name);
+        if (!seen[s.index]) {
+          seen[s.index] = 1;
+          reach.push_back(s.index);
+        }
+      }
   }
-  auto len = min_lengths();
-  for (size_t r = 0; r < rules_.size(); ++r)
-    if (len[r] >= INT32_MAX / 4) throw InternalError(fmt::format("grammar rule '{}' can never finish", rules_[r].name));
-  // Left recursion: r reaches itself through symbols that can all be empty.
-  std::vector<std::vector<uint32_t>> left(rules_.size());
-  for (size_t r = 0; r < rules_.size(); ++r)
+  auto len = min_lengths(reach);
+  for (RuleId r : reach)
+    if (len[r] >= INT32_MAX / 4) return fmt::format("grammar rule '{}' can never finish (or needs over 512 MiB of text)", rules_[r].name);
+  // Left recursion: r reaches itself through symbols that can all be empty. An explicit stack: chains
+  // of optional rules can be long.
+  auto left = [&](RuleId r) {
+    std::vector<RuleId> out;
     for (auto& a : rules_[r].alts)
       for (auto& s : a) {
         if (s.kind == Symbol::Bytes) break;
-        left[r].push_back(s.index);
+        out.push_back(s.index);
         if (len[s.index] > 0) break;
       }
-  std::vector<int> mark(rules_.size(), 0);  // 0 new, 1 on the path, 2 done
-  std::function<void(uint32_t)> visit = [&](uint32_t r) {
-    mark[r] = 1;
-    for (uint32_t n : left[r]) {
-      if (mark[n] == 1) throw InternalError(fmt::format("grammar rule '{}' is left-recursive", rules_[n].name));
-      if (mark[n] == 0) visit(n);
-    }
-    mark[r] = 2;
+    return out;
   };
-  for (uint32_t r = 0; r < rules_.size(); ++r)
-    if (mark[r] == 0) visit(r);
+  std::vector<int> mark(rules_.size(), 0);  // 0 new, 1 on the path, 2 done
+  struct Frame {
+    RuleId r;
+    std::vector<RuleId> next;
+    size_t i = 0;
+  };
+  for (RuleId start : reach) {
+    if (mark[start]) continue;
+    std::vector<Frame> path;
+    path.push_back({start, left(start)});
+    mark[start] = 1;
+    while (!path.empty()) {
+      Frame& f = path.back();
+      if (f.i == f.next.size()) {
+        mark[f.r] = 2;
+        path.pop_back();
+        continue;
+      }
+      RuleId n = f.next[f.i++];
+      if (mark[n] == 1) return fmt::format("grammar rule '{}' is left-recursive", rules_[n].name);
+      if (mark[n] == 0) {
+        mark[n] = 1;
+        path.push_back({n, left(n)});
+      }
+    }
+  }
+  return {};
+}
+
+void Grammar::check() const {
+  LILY_ASSERT(root_ < rules_.size());
+  if (std::string p = problem(root_); !p.empty()) throw InternalError(p);
 }
 
 namespace {

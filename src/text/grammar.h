@@ -59,11 +59,15 @@ class Grammar {
   const std::vector<Seq>& alts(RuleId r) const { return rules_[r].alts; }
   const std::vector<ByteSet>& byte_sets() const { return sets_; }
 
-  // Throws InternalError naming the rule when a rule has no alternative, is left-recursive, or can never
-  // finish (every derivation of it is infinite).
+  // The first problem among the rules reachable from `from`, naming the rule: one without an alternative,
+  // left-recursive, or one that can never finish (every derivation infinite, or over 512 MiB); "" if none.
+  std::string problem(RuleId from) const;
+  // InternalError with problem(root()) (a grammar built by the engine itself).
   void check() const;
   // Fewest bytes any derivation of each rule spells (after check()).
   std::vector<int32_t> min_lengths() const;
+  // The same over `rules` alone (they must refer to no rule outside them); other entries stay unknown.
+  std::vector<int32_t> min_lengths(const std::vector<RuleId>& rules) const;
   // GBNF-like text, for messages and tests.
   std::string to_string() const;
 

@@ -18,7 +18,9 @@ using RuleId = Grammar::RuleId;
 namespace {
 
 constexpr int kIndent = 16, kIntDigits = 16, kFracDigits = 16, kExpDigits = 2;
-constexpr int64_t kMaxRepeat = 4096;  // largest bounded count unrolled into rules
+constexpr int64_t kMaxRepeat = 4096;      // largest bounded count unrolled into rules
+constexpr int kMaxNesting = 256;          // schemas inside schemas, counting allOf and $ref expansions
+constexpr size_t kMaxRules = size_t(1) << 19;  // grammar rules one builder (a request's schemas) may add
 
 std::string pointer_child(const std::string& where, const std::string& key) { return where + "/" + key; }
 
@@ -30,10 +32,11 @@ struct JsonGrammarBuilder::Impl {
   std::optional<RuleId> ws_, sep_, str_char_, string_, number_, integer_, value_, object_, array_;
   std::optional<RuleId> plain_key_char_;
   const json* root = nullptr;
-  std::string root_where;
   std::map<std::string, RuleId> refs;
+  int nesting = 0;
+  size_t rules_at_start;  // the grammar's rules before this builder: kMaxRules counts the rest
 
-  explicit Impl(Grammar& gr) : g(gr) {}
+  explicit Impl(Grammar& gr) : g(gr), rules_at_start(gr.rules()) {}
 
   std::string fresh(const std::string& base) { return fmt::format("{}-{}", base, counter++); }
   Seq lit(std::string_view s) { return g.lit(s); }
@@ -179,6 +182,14 @@ struct JsonGrammarBuilder::Impl {
   }
 
   RuleId compile(const json& s, const std::string& where) {
+    struct Nest {
+      int& n;
+      explicit Nest(int& x) : n(++x) {}
+      ~Nest() { --n; }
+    } nest(nesting);
+    if (nesting > kMaxNesting)
+      bad(where, fmt::format("the schema nests deeper than {} levels (counting allOf and $ref; does it contain itself through allOf?)", kMaxNesting));
+    if (g.rules() - rules_at_start > kMaxRules) bad(where, fmt::format("the schema compiles to more than {} grammar rules", kMaxRules));
     if (s.is_boolean()) {
       if (!s.get<bool>()) bad(where, "the schema 'false' matches nothing");
       generic();
@@ -462,11 +473,11 @@ struct JsonGrammarBuilder::Impl {
 JsonGrammarBuilder::JsonGrammarBuilder(Grammar& g) : impl_(std::make_shared<Impl>(g)) {}
 
 Grammar::RuleId JsonGrammarBuilder::schema(const json& schema, const std::string& where) {
-  const json* saved = impl_->root;
   impl_->root = &schema;
   impl_->refs.clear();
   RuleId r = impl_->compile(schema, where);
-  impl_->root = saved;
+  impl_->root = nullptr;
+  if (std::string p = impl_->g.problem(r); !p.empty()) impl_->bad(where, fmt::format("the schema allows no finite JSON document ({})", p));
   return r;
 }
 

@@ -393,7 +393,7 @@ TEST(ApiRendering, MessagesAndResponsesRenderLikeChat) {
   RequestLimits limits;
   ChatRequest cr = parse_chat_request(chat, limits);
   MessagesRequest mr = parse_messages_request(anthropic, limits, false);
-  ResponsesRequest rr = parse_responses_request(responses);
+  ResponsesRequest rr = parse_responses_request(responses, limits);
   json rr_messages = json::array({{{"role", "system"}, {"content", rr.instructions}}});
   for (auto& m : rr.input) rr_messages.push_back(m);
   for (const std::string& tpl : {std::string(), std::string(LILY_TEST_DATA) + "/text/qwen3.5-style.jinja"}) {

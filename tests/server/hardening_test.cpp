@@ -14,6 +14,7 @@
 #include "raw_http.h"
 #include "serve_process.h"
 #include "server/json_body.h"
+#include "server/openai_responses.h"
 #include "server_fixture.h"
 
 namespace lily::server::test {
@@ -207,6 +208,18 @@ TEST(Hostile, JsonParsingIsLinear) {
   EXPECT_EQ(j.begin().key(), "k0");  // insertion order kept
   EXPECT_EQ(j["k99999"], 99999);
   EXPECT_LT(ms, 1500) << "100k-key object";
+  // Inside a string too: a Responses function_call's arguments are parsed the same way.
+  json input = json::array({{{"type", "function_call"}, {"call_id", "c1"}, {"name", "f"}, {"arguments", obj}},
+                            {{"type", "function_call_output"}, {"call_id", "c1"}, {"output", "ok"}}});
+  RequestLimits rl;
+  rl.json.object_keys = 200000;
+  t0 = Clock::now();
+  ResponsesRequest rr = parse_responses_request(json{{"input", input}}, rl);
+  EXPECT_LT(since_ms(t0), 1500) << "100k-key function_call arguments";
+  EXPECT_EQ(rr.input[0]["tool_calls"][0]["function"]["arguments"].size(), 100000u) << rr.input[0].dump().substr(0, 200);
+  // Beyond the limits the arguments reach the template as the text sent.
+  rr = parse_responses_request(json{{"input", input}}, RequestLimits{});
+  EXPECT_TRUE(rr.input[0]["tool_calls"][0]["function"]["arguments"].is_string());
   // Over HTTP, in a field the API ignores, on a server that allows that many keys.
   ServerOptions so;
   so.limits.json.object_keys = 200000;
@@ -522,6 +535,47 @@ TEST(Hostile, LimitsNameTheField) {
   json lb = json::object();
   for (int i = 0; i < 1025; ++i) lb[std::to_string(i)] = 1;
   expect_envelope(chat({{"logit_bias", lb}}), 400, "logit_bias", "limit_exceeded");
+  // The same limits hold for the Anthropic Messages and Responses requests.
+  json messages = {{"model", "m"}, {"max_tokens", 2}, {"messages", json::array({{{"role", "user"}, {"content", "x"}}})}};
+  auto anthropic_refuses = [&](const char* key, json value) {
+    json b = messages;
+    b[key] = std::move(value);
+    RawReply r = raw_request(port, post_bytes("/v1/messages", b.dump()));
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_EQ(parsed(r)["error"]["message"].get<std::string>().rfind(std::string(key) + ":", 0), 0u) << r.body;
+  };
+  json anthropic_tools = json::array();
+  for (int i = 0; i < 129; ++i) anthropic_tools.push_back({{"name", fmt::format("f{}", i)}, {"input_schema", {{"type", "object"}}}});
+  anthropic_refuses("tools", anthropic_tools);
+  anthropic_refuses("stop_sequences", stops);
+  anthropic_refuses("stop_sequences", json::array({std::string(300, 's')}));
+  json responses_tools = json::array();
+  for (int i = 0; i < 129; ++i) responses_tools.push_back({{"type", "function"}, {"name", fmt::format("f{}", i)}});
+  expect_envelope(raw_request(port, post_bytes("/v1/responses", json({{"input", "x"}, {"tools", responses_tools}}).dump())), 400,
+                  "tools", "limit_exceeded");
+
+  // Schemas that name no finite document or contain themselves: 400 naming the schema's field, for each
+  // API that takes one (before, {"$ref": "#"} was a 500 and {"allOf": [{"$ref": "#"}]} overflowed the stack).
+  for (const char* schema : {R"({"$ref": "#"})", R"({"allOf": [{"$ref": "#"}]})",
+                             R"({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]})"}) {
+    const json sc = json::parse(schema);
+    expect_envelope(chat({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", sc}}}}}}), 400,
+                    "response_format.json_schema.schema", "invalid_schema");
+    expect_envelope(chat({{"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", sc}}}}})},
+                          {"tool_choice", "required"}}),
+                    400, "tools", "invalid_schema");
+    expect_envelope(raw_request(port, post_bytes("/v1/responses", json({{"input", "x"}, {"max_output_tokens", 4},
+                                                                        {"text", {{"format", {{"type", "json_schema"}, {"name", "x"}, {"schema", sc}}}}}})
+                                                                     .dump())),
+                    400, "text.format.schema", "invalid_schema");
+    json b = messages;
+    b["tools"] = json::array({{{"name", "f"}, {"input_schema", sc}}});
+    b["tool_choice"] = {{"type", "any"}};
+    RawReply r = raw_request(port, post_bytes("/v1/messages", b.dump()));
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_EQ(parsed(r)["error"]["message"].get<std::string>().rfind("tools:", 0), 0u) << r.body;
+  }
+
   std::string deep = std::string(70, '[') + std::string(70, ']');
   RawReply r = raw_request(port, post_bytes("/v1/chat/completions", R"({"metadata":)" + deep + "}"));
   expect_envelope(r, 400, nullptr, "limit_exceeded");

@@ -1,9 +1,12 @@
 // Grammars over bytes, JSON Schema compilation, and token masks (the trie walk against a per-token
 // reference), on awkward cases: escapes, UTF-8 split across tokens, exponents, tokens spanning symbols.
+#include <chrono>
 #include <iostream>
 #include <map>
 #include <random>
 #include <set>
+
+#include <fmt/format.h>
 
 #include <gtest/gtest.h>
 
@@ -188,6 +191,71 @@ TEST(JsonGrammar, MalformedSchemasNameTheLocation) {
   EXPECT_NE(err(R"({"type": "array", "minItems": 3, "maxItems": 1})").find("maxItems"), std::string::npos);
   EXPECT_NE(err(R"({"type": "array", "items": false, "minItems": 1})").find("minItems"), std::string::npos);
   EXPECT_NE(err("false").find("matches nothing"), std::string::npos);
+}
+
+// Schemas a client may send that name no finite document, contain themselves, or blow up: each is an
+// InputError naming the schema, in bounded time (no InternalError, no endless recursion).
+TEST(JsonGrammar, HostileSchemasAreInputErrors) {
+  std::string chain = R"({"$defs": {"d0": {"type": "integer"})";
+  for (int k = 1; k <= 40; ++k)
+    chain += fmt::format(R"(, "d{0}": {{"type": "object", "properties": {{"a": {{"allOf": [{{"$ref": "#/$defs/d{1}"}}]}},
+                         "b": {{"allOf": [{{"$ref": "#/$defs/d{1}"}}]}}}}}})", k, k - 1);
+  chain += R"(}, "$ref": "#/$defs/d40"})";
+  const std::vector<std::pair<std::string, const char*>> cases = {
+      {R"({"$ref": "#"})", "no finite"},
+      {R"({"allOf": [{"$ref": "#"}]})", "nests deeper"},
+      {R"({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]})", "no finite"},
+      {R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})", "no finite"},
+      {R"({"type": "array", "minItems": 4096, "items": {"type": "array", "minItems": 4096, "items": {"type": "string", "minLength": 4096}}})",
+       "no finite"},
+      {chain, "grammar rules"},
+  };
+  for (auto& [s, want] : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      schema(s.c_str());
+      ADD_FAILURE() << "accepted: " << s.substr(0, 120);
+    } catch (const InputError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("schema", 0), 0u) << e.what();
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0) << s.substr(0, 120);
+  }
+  // The same in a tool's parameters.
+  ToolCallGrammarOptions o;
+  o.tools = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}])");
+  EXPECT_THROW(tool_call_grammar(o), InputError);
+}
+
+// Shortest lengths against a plain fixpoint over random grammars (rules referring forwards, backwards,
+// to themselves, and rules with no finite text).
+TEST(Grammar, MinLengthsMatchFixpoint) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    Grammar g;
+    const int n = 1 + int(rng() % 30);
+    for (int r = 0; r < n; ++r) g.rule(fmt::format("r{}", r));
+    for (int r = 0; r < n; ++r)
+      for (int a = int(rng() % 3); a >= 0; --a) {
+        Grammar::Seq seq;
+        for (int k = int(rng() % 4); k > 0; --k)
+          seq.push_back(rng() % 2 ? g.lit("x")[0] : Grammar::ref(Grammar::RuleId(rng() % uint32_t(n))));
+        g.alt(Grammar::RuleId(r), seq);
+      }
+    const int32_t inf = INT32_MAX / 4;
+    std::vector<int64_t> ref(size_t(n), inf);
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (int r = 0; r < n; ++r)
+        for (auto& a : g.alts(Grammar::RuleId(r))) {
+          int64_t len = 0;
+          for (auto& s : a) len += s.kind == Grammar::Symbol::Bytes ? 1 : ref[s.index];
+          if (len < ref[size_t(r)]) ref[size_t(r)] = std::min<int64_t>(len, inf), changed = true;
+        }
+    }
+    auto got = g.min_lengths();
+    for (int r = 0; r < n; ++r) EXPECT_EQ(got[size_t(r)], ref[size_t(r)]) << "trial " << trial << " rule " << r << "\n" << g.to_string();
+  }
 }
 
 TEST(OutputGrammar, ToolCallsAfterReasoning) {
