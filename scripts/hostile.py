@@ -71,12 +71,23 @@ def responses_base(rng):
             "input": rng.choice(["Hi", [{"role": "user", "content": [{"type": "input_text", "text": "Why?"}]}]])}
 
 
+def tokenize_base(rng):
+    return {"content": rng.choice(["Hi", "<|im_start|>x", "\u00e9" * 5]), "add_special": rng.choice([True, False]),
+            "with_pieces": rng.choice([True, False])}
+
+
+def detokenize_base(rng):
+    return {"tokens": rng.choice([[1, 2, 3], [151643], []])}
+
+
 # api: (valid body, its fields, path)
 APIS = {"chat": (chat_base, CHAT_FIELDS, "/v1/chat/completions"),
         "completions": (completion_base, COMPLETION_FIELDS, "/v1/completions"),
         "anthropic": (anthropic_base, ANTHROPIC_FIELDS, "/v1/messages"),
         "responses": (responses_base, RESPONSES_FIELDS, "/v1/responses"),
-        "count_tokens": (anthropic_base, ANTHROPIC_FIELDS, "/v1/messages/count_tokens")}
+        "count_tokens": (anthropic_base, ANTHROPIC_FIELDS, "/v1/messages/count_tokens"),
+        "tokenize": (tokenize_base, ["content", "text", "prompt", "add_special", "parse_special", "with_pieces"], "/tokenize"),
+        "detokenize": (detokenize_base, ["tokens"], "/detokenize")}
 
 
 def dumps(v):
@@ -210,8 +221,8 @@ def structured_mutations(rng):
 
 
 def structural(rng):
-    path = rng.choice(["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-                       "/v1/responses", "/tokenize", "/detokenize"])
+    path = rng.choice(["/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions", "/v1/messages",
+                       "/v1/messages/count_tokens", "/v1/responses", "/tokenize", "/detokenize"])
     depth = rng.choice([63, 65, 200, 5000])
     bodies = [b"", b"{", b"}", b"[1,2]", b'"str"', b"null", b"42", b"{not json}", b'{"a":1,}', b'{"a":1}{"b":2}',
               b"\xef\xbb\xbf{}", b'{"a":1} trailing', b"{/*c*/}", b'{"messages":[' + b"[" * depth + b"]" * depth + b"]}",
@@ -273,6 +284,13 @@ def framing(rng):
         b"GET /v1/models/%ff%fe HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
         b"GET /v1/responses/%ff%fe HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
         b"DELETE /v1/responses/resp_missing HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        b"GET /v1/responses/resp_missing?include[]=x&stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        b"GET /v1/responses/" + b"r" * 5000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        b"GET /index.html/../../../etc/passwd HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        b"GET /%2e%2e%2f%2e%2e%2fetc%2fpasswd HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        http("POST", "/v1/responses", dumps({"input": "x", "previous_response_id": "resp_" + "0" * 40, "max_output_tokens": 1})),
+        http("POST", "/v1/messages/count_tokens", dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 100000}]})),
         http("POST", "/v1/messages", dumps({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}),
              headers={"anthropic-version": "\xff"}),
         http("POST", "/v1/responses", dumps({"input": [{"type": "function_call", "call_id": "c", "name": "f",
@@ -315,8 +333,8 @@ def _bomb():
 BOMB = b""
 
 
-GENERATORS = {"chat": 0.2, "completions": 0.12, "anthropic": 0.08, "count_tokens": 0.04, "responses": 0.08, "structured": 0.1,
-              "messages": 0.1, "structural": 0.08, "framing": 0.2}
+GENERATORS = {"chat": 0.18, "completions": 0.1, "anthropic": 0.08, "count_tokens": 0.04, "responses": 0.08, "tokenize": 0.02,
+              "detokenize": 0.02, "structured": 0.1, "messages": 0.1, "structural": 0.08, "framing": 0.2}
 
 
 def hostile_requests(rng, n, only=None):

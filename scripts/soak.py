@@ -149,6 +149,7 @@ def main():
     ap.add_argument("--hangup", type=float, default=0.1, help="share of streams the client leaves early")
     ap.add_argument("--hostile", type=float, default=0.05, help="share of requests from the hostile generator")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--rss-tolerance", type=float, default=0.10, help="RSS drift allowed after the first minute")
     a = ap.parse_args()
     hostile.BOMB = hostile._bomb()
     lock = threading.Lock()
@@ -196,13 +197,17 @@ def main():
     for t in ts:
         t.start()
     last = time.monotonic()
+    samples = []  # RSS once a minute; the first is the post-warm-up baseline
     while any(t.is_alive() for t in ts):
         time.sleep(1)
         if time.monotonic() - last >= 60:
             last = time.monotonic()
+            rss = hostile.rss_kb(a.pid) if a.pid else 0
+            if time.monotonic() < t_end:
+                samples.append(rss)
             with lock:
                 print(f"soak: {last - t0:.0f} s, {st['streams']} streams, {st['tokens']} tokens, {len(st['errors'])} errors, "
-                      f"RSS {hostile.rss_kb(a.pid) / 1024 if a.pid else 0:.0f} MiB", flush=True)
+                      f"RSS {rss / 1024:.0f} MiB", flush=True)
     for t in ts:
         t.join()
     secs = time.monotonic() - t0
@@ -214,12 +219,19 @@ def main():
           f"{st['hostile']} hostile requests; statuses {statuses}")
     print(f"soak: errors {len(st['errors'])}, 5xx {st['5xx']}, TTFT p50 {pct(st['ttft'], 50) * 1e3:.0f} ms "
           f"p99 {pct(st['ttft'], 99) * 1e3:.0f} ms, {st['tokens']} completion tokens = {st['tokens'] / secs:.1f} tok/s aggregate")
+    rss_ok = True
     if a.pid:
         print(f"soak: RSS start {rss0 / 1024:.1f} MiB, end {rss1 / 1024:.1f} MiB ({(rss1 - rss0) / max(1, rss0) * 100:+.1f}%)")
+        if samples:
+            base = samples[0]
+            worst = max(abs(x - base) for x in samples[1:] + [rss1]) / max(1, base)
+            rss_ok = worst <= a.rss_tolerance
+            print(f"soak: RSS after the first minute {base / 1024:.1f} MiB; per-minute samples and the end within "
+                  f"{worst * 100:.1f}% of it ({'flat' if rss_ok else 'NOT flat'}, tolerance {a.rss_tolerance * 100:.0f}%)")
     print(f"soak: server {'alive' if alive else 'DEAD'}")
     for e in st["errors"][:15]:
         print("  error:", e)
-    sys.exit(0 if alive and not st["errors"] and not st["5xx"] else 1)
+    sys.exit(0 if alive and rss_ok and not st["errors"] and not st["5xx"] else 1)
 
 
 if __name__ == "__main__":

@@ -185,6 +185,7 @@ MessagesRequest parse_messages_request(const json& b, const RequestLimits& limit
       if (r.tools.empty()) bad("tool_choice", fmt::format("tool_choice: '{}' needs tools", t));
       r.constraint.kind = OutputConstraint::ToolCall;
       r.constraint.where = "tools";
+      r.constraint.tool_schema_where = "tools.{}.input_schema";
       r.constraint.max_calls = single ? 1 : kMaxForcedCalls;
       if (t == "tool") {
         r.constraint.only = need_string(*tc, "name", "tool_choice");

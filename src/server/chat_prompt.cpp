@@ -47,7 +47,7 @@ std::shared_ptr<TokenConstraint> output_constraint(Structured* sp, const OutputC
       case OutputConstraint::None: break;
       case OutputConstraint::JsonObject: out = s.json_output(nullptr, c.where, mode, max_tokens); break;
       case OutputConstraint::JsonSchema: out = s.json_output(c.schema, c.where, mode, max_tokens); break;
-      case OutputConstraint::ToolCall: out = s.tool_calls(tools, c.only, c.max_calls, mode, max_tokens); break;
+      case OutputConstraint::ToolCall: out = s.tool_calls(tools, c.only, c.max_calls, mode, max_tokens, c.tool_schema_where); break;
     }
   } catch (const FieldError&) {
     throw;

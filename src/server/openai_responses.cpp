@@ -187,6 +187,7 @@ ResponsesRequest parse_responses_request(const json& b, const RequestLimits& lim
       if (r.tools.empty()) bad("tool_choice", "tool_choice 'required' needs 'tools'");
       r.constraint.kind = OutputConstraint::ToolCall;
       r.constraint.where = "tools";
+      r.constraint.tool_schema_where = "tools[{}].parameters";
       r.constraint.only = only;
       r.constraint.max_calls = r.parallel_tool_calls ? kMaxForcedCalls : 1;
     }

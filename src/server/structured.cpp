@@ -43,8 +43,10 @@ std::shared_ptr<TokenConstraint> Structured::json_output(const json& schema, con
 }
 
 std::shared_ptr<TokenConstraint> Structured::tool_calls(const json& tools, const std::string& only, int max_calls,
-                                                        text::ReasoningMode mode, int64_t max_tokens) {
+                                                        text::ReasoningMode mode, int64_t max_tokens,
+                                                        const std::string& schema_where) {
   text::ToolCallGrammarOptions o;
+  o.schema_where = schema_where;
   o.syntax = syntax();
   o.tools = tools;
   o.only = only;

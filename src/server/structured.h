@@ -31,8 +31,9 @@ class Structured {
   std::shared_ptr<TokenConstraint> json_output(const nlohmann::ordered_json& schema, const std::string& where,
                                                text::ReasoningMode mode, int64_t max_tokens);
   // One to `max_calls` calls of `tools` (OpenAI shape; `only`: that function), in the template's syntax.
+  // `schema_where` names a tool's schema in errors ({}: the tool's index).
   std::shared_ptr<TokenConstraint> tool_calls(const nlohmann::ordered_json& tools, const std::string& only, int max_calls,
-                                              text::ReasoningMode mode, int64_t max_tokens);
+                                              text::ReasoningMode mode, int64_t max_tokens, const std::string& schema_where);
   // `inner` (may be null) with a thinking budget: </think> forced after `budget` reasoning tokens.
   std::shared_ptr<TokenConstraint> thinking_budget(std::shared_ptr<TokenConstraint> inner, int64_t budget, bool start_in_reasoning);
 

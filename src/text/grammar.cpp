@@ -184,7 +184,10 @@ std::string set_text(const ByteSet& s) {
     unsigned e = c;
     while (e + 1 < 256 && s.has(uint8_t(e + 1))) ++e;
     o += esc(c);
-    if (e > c) o += "-" + esc(e);
+    if (e > c) {
+      o += '-';
+      o += esc(e);
+    }
     c = e + 1;
   }
   return o + "]";

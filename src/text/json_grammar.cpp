@@ -21,6 +21,7 @@ constexpr int kIndent = 16, kIntDigits = 16, kFracDigits = 16, kExpDigits = 2;
 constexpr int64_t kMaxRepeat = 4096;      // largest bounded count unrolled into rules
 constexpr int kMaxNesting = 256;          // schemas inside schemas, counting allOf and $ref expansions
 constexpr size_t kMaxRules = size_t(1) << 19;  // grammar rules one builder (a request's schemas) may add
+constexpr size_t kMaxProperties = 4096;        // properties of one object schema (after allOf merges)
 
 std::string pointer_child(const std::string& where, const std::string& key) { return where + "/" + key; }
 
@@ -32,6 +33,7 @@ struct JsonGrammarBuilder::Impl {
   std::optional<RuleId> ws_, sep_, str_char_, string_, number_, integer_, value_, object_, array_;
   std::optional<RuleId> plain_key_char_;
   const json* root = nullptr;
+  std::string root_where;  // names the root schema in errors; a $ref target is root_where + its pointer
   std::map<std::string, RuleId> refs;
   int nesting = 0;
   size_t rules_at_start;  // the grammar's rules before this builder: kMaxRules counts the rest
@@ -151,6 +153,10 @@ struct JsonGrammarBuilder::Impl {
   }
 
   [[noreturn]] void bad(const std::string& where, const std::string& msg) { fail("{}: {}", where, msg); }
+  // Refuses a schema whose grammar would pass kMaxRules with `more` rules added.
+  void charge(const std::string& where, size_t more = 0) {
+    if (g.rules() - rules_at_start + more > kMaxRules) bad(where, fmt::format("the schema compiles to more than {} grammar rules", kMaxRules));
+  }
 
   // ---- schemas ----
 
@@ -159,14 +165,21 @@ struct JsonGrammarBuilder::Impl {
     if (ref_str.rfind("#/", 0) != 0) bad(where, fmt::format("$ref '{}' is not supported (only local references '#/...')", ref_str));
     try {
       const json& t = root->at(json::json_pointer(ref_str.substr(1)));
+      if (!t.is_object() && !t.is_boolean()) bad(where, fmt::format("$ref '{}' points to {}, not a schema", ref_str, t.type_name()));
       return t;
+    } catch (const InputError&) {
+      throw;
     } catch (const std::exception&) {
       bad(where, fmt::format("$ref '{}' does not resolve", ref_str));
     }
   }
 
-  // Shallow merge of `over` onto `base` (properties merged, required united).
+  // Shallow merge of `over` onto `base` (properties merged, required united); schemas may be booleans.
   static json merged(const json& base, const json& over) {
+    if (base.is_boolean() || over.is_boolean()) {
+      if (base == false || over == false) return false;
+      return base.is_boolean() ? over : base;
+    }
     json out = base;
     for (auto& [k, v] : over.items()) {
       if (k == "properties" && out.contains(k) && out[k].is_object() && v.is_object()) {
@@ -189,7 +202,7 @@ struct JsonGrammarBuilder::Impl {
     } nest(nesting);
     if (nesting > kMaxNesting)
       bad(where, fmt::format("the schema nests deeper than {} levels (counting allOf and $ref; does it contain itself through allOf?)", kMaxNesting));
-    if (g.rules() - rules_at_start > kMaxRules) bad(where, fmt::format("the schema compiles to more than {} grammar rules", kMaxRules));
+    charge(where);
     if (s.is_boolean()) {
       if (!s.get<bool>()) bad(where, "the schema 'false' matches nothing");
       generic();
@@ -205,7 +218,7 @@ struct JsonGrammarBuilder::Impl {
       const json& target = resolve(r, pointer_child(where, "$ref"));
       json rest = s;
       rest.erase("$ref");
-      RuleId body = compile(rest.empty() ? target : merged(target, rest), r);
+      RuleId body = compile(rest.empty() ? target : merged(target, rest), root_where + r.substr(1));
       g.alt(rule, {ref(body)});
       return rule;
     }
@@ -216,7 +229,9 @@ struct JsonGrammarBuilder::Impl {
       for (size_t i = 0; i < it->size(); ++i) {
         const json& sub = (*it)[i];
         if (!sub.is_object()) bad(fmt::format("{}/allOf/{}", where, i), "a schema must be an object");
-        m = merged(m, sub.contains("$ref") ? resolve(sub["$ref"].get<std::string>(), fmt::format("{}/allOf/{}", where, i)) : sub);
+        const std::string w = fmt::format("{}/allOf/{}", where, i);
+        if (auto r = sub.find("$ref"); r != sub.end() && !r->is_string()) bad(pointer_child(w, "$ref"), "'$ref' must be a string");
+        m = merged(m, sub.contains("$ref") ? resolve(sub["$ref"].get<std::string>(), w) : sub);
       }
       return compile(m, where);
     }
@@ -364,7 +379,7 @@ struct JsonGrammarBuilder::Impl {
   }
 
   // A JSON string without escapes whose text is none of `names` (extra keys never repeat a declared one).
-  RuleId key_except(const std::vector<std::string>& names) {
+  RuleId key_except(const std::vector<std::string>& names, const std::string& where) {
     RuleId any_rest = up_to("key-chars", {ref(plain_key_char())}, -1);
     if (names.empty()) return g.rule(fresh("key"), {cat({lit("\""), {ref(any_rest)}, lit("\"")})});
     // A trie of the names: at a character boundary, either close the key where no name ends, follow a
@@ -388,6 +403,7 @@ struct JsonGrammarBuilder::Impl {
       }
       t[at].end = true;
     }
+    charge(where, t.size());
     std::vector<RuleId> rule(t.size());
     for (size_t i = 0; i < t.size(); ++i) rule[i] = g.rule(fresh("key-trie"));
     ByteSet ascii = ByteSet::range(0x20, 0x7f);
@@ -437,6 +453,8 @@ struct JsonGrammarBuilder::Impl {
         bad(pointer_child(where, "additionalProperties"), "'additionalProperties' must be a boolean or a schema");
       }
     }
+    if (props.size() > kMaxProperties)
+      bad(pointer_child(where, "properties"), fmt::format("more than {} properties in one object", kMaxProperties));
     std::vector<std::string> names;
     std::vector<Seq> members;
     std::vector<bool> req;
@@ -453,7 +471,7 @@ struct JsonGrammarBuilder::Impl {
       RuleId tail = g.rule(fresh("extra"));
       g.alt(tail, {});
       if (extra_value) {
-        Seq kv = cat({{ref(key_except(names))}, {ref(ws())}, lit(":"), {ref(ws())}, {ref(*extra_value)}, {ref(ws())}});
+        Seq kv = cat({{ref(key_except(names, where))}, {ref(ws())}, lit(":"), {ref(ws())}, {ref(*extra_value)}, {ref(ws())}});
         RuleId more = up_to("extras", cat({{ref(sep())}, kv}), -1);
         g.alt(tail, cat({c ? Seq{ref(sep())} : Seq{}, kv, {ref(more)}}));
       }
@@ -474,6 +492,7 @@ JsonGrammarBuilder::JsonGrammarBuilder(Grammar& g) : impl_(std::make_shared<Impl
 
 Grammar::RuleId JsonGrammarBuilder::schema(const json& schema, const std::string& where) {
   impl_->root = &schema;
+  impl_->root_where = where;
   impl_->refs.clear();
   RuleId r = impl_->compile(schema, where);
   impl_->root = nullptr;

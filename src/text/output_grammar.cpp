@@ -117,7 +117,7 @@ Grammar tool_call_grammar(const ToolCallGrammarOptions& opt) {
     if (!opt.only.empty() && name != opt.only) continue;
     found = true;
     const json params = f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : json{{"type", "object"}};
-    const std::string where = fmt::format("tools[{}].parameters", i);
+    const std::string where = fmt::format(fmt::runtime(opt.schema_where), i);
     if (opt.syntax == ToolCallSyntax::Json) {
       RuleId args = jb.schema(params, where);
       calls.push_back(cat({g.lit("<tool_call>\n{\"name\": " + json(name).dump() + ", \"arguments\": "), {Grammar::ref(args)},

@@ -32,6 +32,7 @@ struct ToolCallGrammarOptions {
   std::string only;              // the one function to call; empty: any of `tools`
   int max_calls = 1;             // calls in one reply (at least one)
   ReasoningMode reasoning = ReasoningMode::None;
+  std::string schema_where = "tools[{}].function.parameters";  // a tool's schema in errors ({}: its index)
 };
 
 // One or more tool calls and nothing else (after the reasoning block). InputError names the tool and

@@ -573,7 +573,7 @@ TEST(Hostile, LimitsNameTheField) {
     b["tool_choice"] = {{"type", "any"}};
     RawReply r = raw_request(port, post_bytes("/v1/messages", b.dump()));
     EXPECT_EQ(r.status, 400) << r.body;
-    EXPECT_EQ(parsed(r)["error"]["message"].get<std::string>().rfind("tools:", 0), 0u) << r.body;
+    EXPECT_EQ(parsed(r)["error"]["message"].get<std::string>().rfind("tools.0.input_schema:", 0), 0u) << r.body;
   }
 
   std::string deep = std::string(70, '[') + std::string(70, ']');

@@ -201,14 +201,28 @@ TEST(JsonGrammar, HostileSchemasAreInputErrors) {
     chain += fmt::format(R"(, "d{0}": {{"type": "object", "properties": {{"a": {{"allOf": [{{"$ref": "#/$defs/d{1}"}}]}},
                          "b": {{"allOf": [{{"$ref": "#/$defs/d{1}"}}]}}}}}})", k, k - 1);
   chain += R"(}, "$ref": "#/$defs/d40"})";
+  // Many properties through allOf (each optional one deepens the automaton's expansion), and long
+  // property names beside additionalProperties (a trie of the names, one rule per byte).
+  json wide = {{"allOf", json::array()}}, long_names = {{"additionalProperties", true}, {"properties", json::object()}};
+  for (int part = 0; part < 2; ++part) {
+    json props = json::object();
+    for (int i = 0; i < 3000; ++i) props[fmt::format("p{}_{}", part, i)] = json::object();
+    wide["allOf"].push_back({{"properties", props}});
+  }
+  for (int i = 0; i < 4000; ++i) long_names["properties"][fmt::format("{}{}", i, std::string(200, 'x'))] = json::object();
   const std::vector<std::pair<std::string, const char*>> cases = {
       {R"({"$ref": "#"})", "no finite"},
+      {R"({"allOf": [{"$ref": 5}]})", "must be a string"},
+      {R"({"$defs": {"n": 5}, "allOf": [{"$ref": "#/$defs/n"}]})", "not a schema"},
+      {R"({"$defs": {"n": false}, "$ref": "#/$defs/n", "type": "string"})", "matches nothing"},
       {R"({"allOf": [{"$ref": "#"}]})", "nests deeper"},
       {R"({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]})", "no finite"},
       {R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})", "no finite"},
       {R"({"type": "array", "minItems": 4096, "items": {"type": "array", "minItems": 4096, "items": {"type": "string", "minLength": 4096}}})",
        "no finite"},
       {chain, "grammar rules"},
+      {wide.dump(), "more than 4096 properties"},
+      {long_names.dump(), "grammar rules"},
   };
   for (auto& [s, want] : cases) {
     const auto t0 = std::chrono::steady_clock::now();
