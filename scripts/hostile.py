@@ -41,9 +41,9 @@ RAW_STRINGS = [b'"\xff"', b'"\xc0\xaf"', b'"\xed\xa0\x80"', b'"\\ud800"', b'"\\u
 CHAT_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
                "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "stop", "logit_bias",
                "stream", "stream_options", "logprobs", "top_logprobs", "tools", "tool_choice", "response_format",
-               "chat_template_kwargs", "enable_thinking", "cache_prompt", "return_tokens", "user", "metadata"]
+               "chat_template_kwargs", "enable_thinking", "cache_prompt", "return_tokens", "user", "metadata", "spec", "spec_depth"]
 COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "echo",
-                     "logprobs", "suffix", "logit_bias", "stream", "stream_options", "cache_prompt", "return_tokens"]
+                     "logprobs", "suffix", "logit_bias", "stream", "stream_options", "cache_prompt", "return_tokens", "spec", "spec_depth"]
 ANTHROPIC_FIELDS = ["model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences",
                     "stream", "tools", "tool_choice", "thinking", "metadata"]
 RESPONSES_FIELDS = ["model", "input", "instructions", "previous_response_id", "tools", "tool_choice",
