@@ -54,7 +54,7 @@ void for_each_model(F fn) {
 }
 
 bool same(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);  // memcmp wants non-null pointers, even for 0 bytes
 }
 
 // S sequences with different prompt lengths: stepped alone (prompt, then decode rows) vs. together (one
