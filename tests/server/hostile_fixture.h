@@ -13,6 +13,13 @@ namespace lily::server::test {
 
 using Clock = std::chrono::steady_clock;
 
+// Time bounds stretch under ASan + UBSan (the quadratic cases they guard against are 20-50x slower).
+#ifdef LILY_SANITIZED
+constexpr double kSlowdown = 8;
+#else
+constexpr double kSlowdown = 1;
+#endif
+
 inline double since_ms(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 // A small server over a golden model (token-id prompts only) with the given options.
