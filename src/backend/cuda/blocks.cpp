@@ -11,6 +11,7 @@ void CudaBackend::embed() {
   if (capture_) begin_capture();
   if (replay_) return;
   mark(-1, "embed");
+  if (mtp_) return mtp_embed();  // cuda_mtp.cpp
   cuda::embed(embed_, int(w_->cfg.hidden), d_tokens(), T_, x_, stream_, d_row_group(), d_groups(), fed_);
 }
 
@@ -95,19 +96,22 @@ void CudaBackend::ffn(int layer) {
 }
 
 void CudaBackend::head() {
-  if (replay_ || O_ == 0) return;
+  if (replay_) return;
   mark(-1, "head");
+  keep_hidden();  // cuda_mtp.cpp: rows kept for MTP steps (before anything below changes u_)
+  if (O_ == 0) return;
   const int H = int(w_->cfg.hidden), V = int(w_->cfg.vocab);
   const float eps = float(w_->cfg.rms_eps);
+  const float* norm = mtp_ ? mtp_norm_ : final_norm_;  // an MTP step's logits are lm_head(h')
   const float* xr = x_ + int64_t(T_ - O_) * H;
   if (!out_tail_) {  // the groups' output rows side by side
     gather_rows(x_, H, d_out_rows(), O_, H, u_, H, stream_);
     xr = u_;
   }
   if (O_ <= kGemvMaxRows) {
-    linear(lm_head_, V, H, xr, H, O_, logits_, V, false, stream_, final_norm_, eps);
+    linear(lm_head_, V, H, xr, H, O_, logits_, V, false, stream_, norm, eps);
   } else {
-    rmsnorm(xr, H, final_norm_, O_, H, eps, u_, H, stream_);  // in place when gathered (row by row)
+    rmsnorm(xr, H, norm, O_, H, eps, u_, H, stream_);  // in place when gathered (row by row)
     linear(lm_head_, V, H, u_, H, O_, logits_, V, false, stream_);
   }
   // the drawn ids: into ids_dev_ (copied to the host in end()) and each group's fed word

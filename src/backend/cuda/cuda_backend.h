@@ -4,8 +4,10 @@
 // and small GDN vectors fp32, residual stream and activations fp32. A pool of sequence slots: per slot
 // a KV cache bf16 [Hkv, capacity, hd] per attention layer, and a ring of versions of the conv state
 // fp32 [K-1, C] and the recurrent state fp32 [Hv, dv, dk] per DeltaNet layer (one version, or
-// rows + 1 after reserve_tentative). The slot table and each step's descriptor live on the device, so
-// one captured decode graph serves any slots.
+// rows + 1 after reserve_tentative); with an MTP block also the MTP layer's KV cache, the post-final-norm
+// rows its latest main step kept (fp32, grown to the longest kept step) and the h' of its latest MTP step.
+// The slot table and each step's descriptor live on the device, so one captured decode graph serves any
+// slots.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -2,7 +2,8 @@
 // pinned-memory pool, the sequence state with its snapshots, and the backend class. Jobs by file:
 // upload.cpp (weights, shape checks), state.cpp (slots, snapshots), cuda_step.cpp (descriptor, tickets),
 // blocks.cpp (the blocks), graphs.cpp (capture, replay, record), sampling.cpp (device sampler),
-// api.cpp (the public functions), options.cpp (CudaOptions by name).
+// cuda_mtp.cpp (the MTP block's weights, its embed and kept rows), api.cpp (the public functions),
+// options.cpp (CudaOptions by name).
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -73,19 +74,21 @@ struct DevLayer {
 class CudaBackend;
 
 // A saved sequence: per attention layer its n K rows then its n V rows ([Hkv][n][hd] bf16 each), per
-// DeltaNet layer the conv state then the recurrent state of the current version, in one device block.
+// DeltaNet layer the conv state then the recurrent state of the current version, then (MTP models) the
+// MTP layer's mtp_n K and V rows, in one device block.
 class CudaSnapshot final : public StateSnapshot {
  public:
   ~CudaSnapshot() override;
   int64_t n_tokens() const override { return n; }
   size_t nbytes() const override { return bytes; }
-  // CPU order (cpu_backend.cpp): per layer K [n][Hkv·hd], V [n][Hkv·hd], conv [K-1][C], S [Hv][dv][dk].
+  // CPU order (cpu_backend.cpp): per layer K [n][Hkv·hd], V [n][Hkv·hd], conv [K-1][C], S [Hv][dv][dk];
+  // then the MTP layer's K, V [mtp_n][Hkv·hd].
   std::vector<float> contents() const override;
 
   std::shared_ptr<Device> dev;
   std::shared_ptr<const ModelWeights> w;
   const CudaBackend* owner = nullptr;  // identity only (restore checks it)
-  int64_t n = 0;
+  int64_t n = 0, mtp_n = 0;
   void* mem = nullptr;
   size_t bytes = 0;
   std::vector<size_t> off;  // per layer: offset of its first piece
@@ -104,13 +107,15 @@ class CudaState final : public SequenceState {
   std::unique_ptr<StateSnapshot> snapshot() const override;
   void restore(const StateSnapshot& s) override;
   void reset() override;
-  size_t nbytes() const override { return fixed_bytes_ + size_t(n_) * kv_bytes_per_token_; }
-  // No MTP step on CUDA yet: its KV cache stays empty and no hidden rows are kept.
-  int64_t mtp_tokens() const override { return 0; }
-  void truncate_mtp(int64_t n) override {
-    if (n != 0) throw InternalError("truncate_mtp(" + std::to_string(n) + ") with 0 MTP rows");
+  size_t nbytes() const override {
+    return fixed_bytes_ + size_t(n_) * kv_bytes_per_token_ + size_t(mtp_n_) * kv_layer_bytes_ +
+           4 * size_t(hidden_cap_) * size_t(H_);
   }
-  int64_t hidden_rows() const override { return 0; }
+  int64_t mtp_tokens() const override { return mtp_n_; }
+  void truncate_mtp(int64_t n) override;  // cuda_mtp.cpp
+  int64_t hidden_rows() const override { return hidden_n_; }
+  // Room for `rows` kept rows (a main step keeping its hidden rows); growing waits for queued steps.
+  void ensure_hidden(int64_t rows);  // cuda_mtp.cpp
 
   // Version j steps after the current one (the state after tentative row j - 1).
   int ver(int j) const { return (cur_ + j) % R_; }
@@ -131,13 +136,20 @@ class CudaState final : public SequenceState {
   int32_t* counts_ = nullptr;
   float* bias_ = nullptr;
   uint64_t* mask_ = nullptr;
-  std::vector<uint16_t*> k, v;  // per layer (attention layers)
+  std::vector<uint16_t*> k, v;  // per layer (attention layers), then the MTP layer's (index cfg.layers)
   std::vector<float*> conv, S;  // per layer (DeltaNet layers): version 0 of the ring
   void* kv_region = nullptr;
   void* ring_region = nullptr;
   size_t kv_region_bytes = 0, ring_region_bytes = 0;
   size_t conv_n_ = 0, S_n_ = 0;  // floats per version
-  size_t fixed_bytes_ = 0, kv_bytes_per_token_ = 0;
+  size_t fixed_bytes_ = 0, kv_bytes_per_token_ = 0;  // kv: one token's K and V rows in every attention layer
+  size_t kv_layer_bytes_ = 0;                        // one token's K and V rows in one layer (the MTP layer's)
+  // MTP (models with the block): the MTP layer's KV rows, the kept post-final-norm rows of the latest main
+  // step (hidden_, grown on demand, [hidden_cap_][H]) and the h' of the latest MTP step's last row [H]
+  int64_t H_ = 0, mtp_n_ = 0, hidden_n_ = 0, hidden_cap_ = 0;
+  bool has_mtp_h_ = false;
+  float* hidden_ = nullptr;
+  float* hprime_ = nullptr;
 
  private:
   void alloc_ring(int R);
@@ -148,23 +160,26 @@ class CudaState final : public SequenceState {
 struct DescLayout {
   size_t tokens = 0, row_group = 0, groups = 0, out_rows = 0;
   size_t sample_src = 0, sample_slot = 0, sample_off = 0, sample_fed = 0;
-  size_t attn_short = 0, attn_short_rows = 0, gdn_short = 0, gdn_short_rows = 0, bytes = 0;
+  size_t attn_short = 0, attn_short_rows = 0, gdn_short = 0, gdn_short_rows = 0, hidden = 0, bytes = 0;
 };
 // Arrays: tokens [T], row_group [T], groups [G], out_rows [O] (the step rows whose logits are computed, in
 // group order), per sampled row (S) its logits row, slot, rank within its group and fed slot (-1: not the
-// group's last), the short groups of the attention and of the DeltaNet with their step rows.
+// group's last), the short groups of the attention and of the DeltaNet with their step rows, and the
+// hidden input of each row of an MTP step [n_hidden].
 DescLayout desc_layout(int T, int G, int O, int S, int n_attn_short, int n_attn_short_rows, int n_gdn_short,
-                       int n_gdn_short_rows);
+                       int n_gdn_short_rows, int n_hidden = 0);
 
 // A captured decode graph: its step shape (slot: the slot whose state pointers it holds, -1: it reads the
 // slot table).
 // kind: 0 logits only, 1 ids by the plain argmax, 2 ids by the sampler; tail: the logits rows are the
 // step's last O rows (no gather).
+// mtp: an MTP step; keep: a main step of which some group keeps its hidden rows.
 struct GraphKey {
   int slot = -1, T = 0, G = 0, bucket = 0, O = 0, S = 0, kind = 0;
-  bool tail = true;
+  bool tail = true, mtp = false, keep = false;
   bool operator<(const GraphKey& o) const {
-    return std::tie(slot, T, G, bucket, O, S, kind, tail) < std::tie(o.slot, o.T, o.G, o.bucket, o.O, o.S, o.kind, o.tail);
+    return std::tie(slot, T, G, bucket, O, S, kind, tail, mtp, keep) <
+           std::tie(o.slot, o.T, o.G, o.bucket, o.O, o.S, o.kind, o.tail, o.mtp, o.keep);
   }
 };
 constexpr int kMaxGraphRows = 64;  // steps of more rows run uncaptured
@@ -197,6 +212,7 @@ class CudaBackend final : public Backend {
   void finish(uint64_t ticket, const StepOutputs& out) override;
   void synchronize() override { dev_->sync(); }
   bool can_sample() const override { return w_->cfg.vocab <= kSampleMaxVocab; }
+  bool can_mtp() const override { return true; }
   void set_sampling(SequenceState& seq, const DeviceSampling& p, std::span<const int32_t> history) override;
   void set_mask(SequenceState& seq, std::span<const uint64_t> mask) override;
   size_t peak_memory() const override { return dev_->peak; }
@@ -215,6 +231,8 @@ class CudaBackend final : public Backend {
   Mat upload(const Linear& l) { return upload(std::vector<const Linear*>{&l}); }
   Mat upload_exl3(const std::vector<const Linear*>& parts, int per_expert);
   std::vector<std::pair<Mat, int>> upload_runs(const std::vector<const Linear*>& parts);
+  void upload_layer(const LayerWeights& L, DevLayer& D, int l);
+  void upload_mtp();  // cuda_mtp.cpp: the MTP block, its layer as layers_[cfg.layers]
   void* alloc_w(size_t bytes);
   float* upload_f32(const std::vector<float>& v);
 
@@ -222,6 +240,7 @@ class CudaBackend final : public Backend {
   int take_slot(CudaState* st);
   void release_slot(int slot);
   void put_slot_table(const CudaState& st);  // stream-ordered upload of the slot's table entries
+  size_t table_rows() const { return size_t(w_->cfg.layers) + (w_->mtp ? 1 : 0); }  // layers, then the MTP row
   // Stream-ordered copy of `bytes` from host memory into device memory through a pinned block (the source
   // may go away at once); the block goes back to the pool when the next step's ticket is finished.
   void upload_async(void* dst, const void* src, size_t bytes);
@@ -238,6 +257,9 @@ class CudaBackend final : public Backend {
   void stage_flights();
   void abandon_step();  // copies logits still in the device buffer to their flights' pinned blocks
   void mark(int layer, const char* blk);
+  // ---- MTP (cuda_mtp.cpp)
+  void mtp_embed();   // the MTP step's embed block
+  void keep_hidden(); // head(): the kept main rows, or the MTP step's h' per group
   int bucket_for(int64_t ctx) const {
     int b = 0;
     while ((int64_t(256) << b) < ctx) ++b;
@@ -259,9 +281,11 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Device> dev_;
   cudaStream_t stream_ = nullptr, side_ = nullptr;  // side_: shared expert, forked/joined by events
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
-  std::vector<DevLayer> layers_;
+  std::vector<DevLayer> layers_;  // the model's layers, then (MTP models) the MTP layer
   Mat embed_, lm_head_;
   float* final_norm_ = nullptr;
+  Mat mtp_fc_;  // [H, 2H]
+  float *mtp_norm_e_ = nullptr, *mtp_norm_h_ = nullptr, *mtp_norm_ = nullptr;
   float* inv_freq_ = nullptr;
   std::vector<std::pair<void*, size_t>> weight_allocs_;
   int max_proj_ = 0, max_core_ = 0;
@@ -281,7 +305,7 @@ class CudaBackend final : public Backend {
 
   // pool
   std::vector<CudaState*> slots_;  // by slot; null: free
-  DevSlotLayer* slot_tab_ = nullptr;  // device [layers][slot_cap_]
+  DevSlotLayer* slot_tab_ = nullptr;  // device [table_rows()][slot_cap_]
   int slot_cap_ = 0;
   int32_t* fed_ = nullptr;  // device [slot_cap_]: the id the device drew last for each slot
   SampleSlot* samp_slots_ = nullptr;  // device [slot_cap_]: each slot's sampler
@@ -308,13 +332,16 @@ class CudaBackend final : public Backend {
   struct Group {
     CudaState* st;
     int32_t first, rows, out_rows;
-    bool logits, sample, tentative;
+    bool logits, sample, tentative, keep;
+    int64_t pos0;                // position of its first row (MTP steps: in the MTP cache)
     bool attn_short, gdn_short;  // batched in the short launches (else one launch per group)
     int nsplit;                  // attention split (long groups)
   };
   std::vector<Group> groups_;
   int T_ = 0, O_ = 0, S_ = 0;  // rows, rows whose logits are computed, rows whose ids are drawn
   int kind_ = 0;               // GraphKey::kind
+  bool mtp_ = false;           // an MTP step (Step::mtp)
+  bool keep_ = false;          // a main step of which some group keeps its hidden rows
   int n_attn_short_ = 0, n_attn_short_rows_ = 0, n_gdn_short_ = 0, n_gdn_short_rows_ = 0;
   int nsplit_short_ = 1;       // attention split of the short launch
   bool ba_groups_ = false;     // every group one row and short: the b|a fold rides in gdn_groups

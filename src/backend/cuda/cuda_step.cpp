@@ -15,7 +15,7 @@ size_t al256(size_t b) { return (b + 255) & ~size_t(255); }
 }  // namespace
 
 DescLayout desc_layout(int T, int G, int O, int S, int n_attn_short, int n_attn_short_rows, int n_gdn_short,
-                       int n_gdn_short_rows) {
+                       int n_gdn_short_rows, int n_hidden) {
   DescLayout d;
   size_t off = 0;
   auto take = [&](size_t bytes) {
@@ -35,6 +35,7 @@ DescLayout desc_layout(int T, int G, int O, int S, int n_attn_short, int n_attn_
   d.attn_short_rows = take(4 * size_t(n_attn_short_rows));
   d.gdn_short = take(4 * size_t(n_gdn_short));
   d.gdn_short_rows = take(4 * size_t(n_gdn_short_rows));
+  d.hidden = take(4 * size_t(n_hidden));
   d.bytes = std::max<size_t>(off, 16);
   return d;
 }
@@ -169,7 +170,9 @@ void CudaBackend::begin(const Step& step) {
   if (stepping_) abandon_step();  // the previous step threw before end(): its sequences are not advanced
   const ModelConfig& c = w_->cfg;
   step.validate(c.vocab);
-  if (step.mtp) throw InternalError("the CUDA backend has no MTP step yet");
+  if (step.mtp) w_->require_mtp();  // names the missing tensors
+  mtp_ = step.mtp;
+  keep_ = false;
   const AttnDev* attn0 = nullptr;
   const GdnDev* gdn0 = nullptr;
   for (const DevLayer& D : layers_) {
@@ -186,12 +189,21 @@ void CudaBackend::begin(const Step& step) {
       throw InternalError(fmt::format("step group {}: its sequence state belongs to another backend", i));
     if (st->slot_ < 0 || st->slot_ >= int(slots_.size()) || slots_[size_t(st->slot_)] != st)
       throw InternalError(fmt::format("step group {}: its sequence is not in the pool", i));
-    if (g.sample && !st->sampler_)
+    if (g.sample && !mtp_ && !st->sampler_)
       throw InternalError(fmt::format("step group {}: draws ids, but set_sampling was not called for its sequence", i));
     if (step.tokens[size_t(g.first)] == kFedToken && !st->fed_)
       throw InternalError(fmt::format("step group {}: a fed row (kFedToken), but no earlier step drew an id for its sequence", i));
-    if (g.keep_hidden) throw InternalError(fmt::format("step group {}: kept hidden rows (MTP) are not supported on CUDA yet", i));
-    Group gr{st, g.first, g.rows, g.out_rows, g.logits, g.sample, g.tentative, false, false, 1};
+    if (g.keep_hidden && !w_->mtp)
+      throw InternalError(fmt::format("step group {}: keeps its hidden rows for MTP steps, but the model has no MTP block", i));
+    if (mtp_ && step.hidden[size_t(g.first)] == kMtpHidden && !st->has_mtp_h_)
+      throw InternalError(fmt::format("step group {}: an MTP row reads the previous MTP step's h', but its sequence ran no "
+                                      "MTP step since its last reset", i));
+    Group gr{st, g.first, g.rows, g.out_rows, g.logits, g.sample, g.tentative, g.keep_hidden, mtp_ ? st->mtp_n_ : st->n_,
+             false, false, 1};
+    if (g.keep_hidden) {
+      st->ensure_hidden(g.rows);
+      keep_ = true;
+    }
     // a group's path is a function of the group alone (its result does not depend on its batch)
     gr.attn_short = attn_batch && int64_t(Gq) * g.rows <= kAttnDecodeRows;
     gr.gdn_short = g.rows <= kGdnShortRows && (g.rows < opt_.chunk_min || g.tentative);
@@ -211,14 +223,16 @@ void CudaBackend::begin(const Step& step) {
         s_src.push_back(int32_t(out_rows.size()));
         s_slot.push_back(g.st->slot_);
         s_off.push_back(k);
-        s_fed.push_back(k == g.out_rows - 1 ? g.st->slot_ : -1);
+        s_fed.push_back(k == g.out_rows - 1 && !mtp_ ? g.st->slot_ : -1);  // MTP argmax rows feed nothing
       }
       out_rows.push_back(g.first + g.rows - g.out_rows + k);
     }
-    if (g.sample && g.out_rows > 0) plain = plain && g.st->greedy_plain_ && !g.st->mask_on_;
+    if (g.sample && g.out_rows > 0 && !mtp_) plain = plain && g.st->greedy_plain_ && !g.st->mask_on_;
   }
   O_ = int(out_rows.size());
   S_ = int(s_src.size());
+  if (mtp_ && S_ > kArgmaxRows)
+    throw InternalError(fmt::format("an MTP step asks for {} argmax rows (at most {})", S_, kArgmaxRows));
   kind_ = S_ == 0 ? 0 : plain && S_ <= kArgmaxRows ? 1 : 2;
   out_tail_ = true;
   for (int i = 0; i < O_; ++i) out_tail_ = out_tail_ && out_rows[size_t(i)] == T_ - O_ + i;
@@ -231,7 +245,7 @@ void CudaBackend::begin(const Step& step) {
   ba_groups_ = opt_.ba_fold && T_ == G;
   for (int gi = 0; gi < G; ++gi) {
     const Group& g = groups_[size_t(gi)];
-    const int64_t ctx = g.st->n_ + g.rows;
+    const int64_t ctx = g.pos0 + g.rows;
     ctx_all = std::max(ctx_all, ctx);
     if (g.attn_short) {
       as.push_back(gi);
@@ -257,13 +271,13 @@ void CudaBackend::begin(const Step& step) {
   const bool graph = recording_ || (opt_.graphs && !opt_.profile && uniform && T_ <= kMaxGraphRows);
   if (graph) {
     const int b = bucket_for(ctx_all);
-    graph_key_ = GraphKey{-1, T_, G, b, O_, S_, kind_, out_tail_};
+    graph_key_ = GraphKey{-1, T_, G, b, O_, S_, kind_, out_tail_, mtp_, keep_};
     ctx_short = int64_t(256) << b;
   }
   size_t work = 0;
   nsplit_short_ = attn0 && n_attn_short_ > 0 ? attn_splits(*attn0, max_short, ctx_short, n_attn_short_) : 1;
   for (Group& g : groups_)
-    if (attn0 && !g.attn_short) g.nsplit = attn_splits(*attn0, g.rows, g.st->n_ + g.rows);
+    if (attn0 && !g.attn_short) g.nsplit = attn_splits(*attn0, g.rows, g.pos0 + g.rows);
   for (const DevLayer& D : layers_) {
     if (D.kind == LayerKind::LinearAttention) {
       if (n_gdn_short_ > 0) work = std::max(work, gdn_scratch_bytes(D.gdn, T_));
@@ -283,7 +297,7 @@ void CudaBackend::begin(const Step& step) {
   if (kind_ == 2) ensure_sampler_rows(S_);
 
   // the descriptor: this step's rows and groups, from a pinned block into the device copy
-  lay_ = desc_layout(T_, G, O_, S_, n_attn_short_, n_attn_short_rows_, n_gdn_short_, n_gdn_short_rows_);
+  lay_ = desc_layout(T_, G, O_, S_, n_attn_short_, n_attn_short_rows_, n_gdn_short_, n_gdn_short_rows_, mtp_ ? T_ : 0);
   ensure_desc(lay_.bytes);
   PinnedPool::Block blk = pinned_.get(lay_.bytes);
   char* h = static_cast<char*>(blk.p);
@@ -300,7 +314,8 @@ void CudaBackend::begin(const Step& step) {
     d.tentative = g.tentative ? 1 : 0;
     d.cur = g.st->cur_;
     d.ring = g.st->R_;
-    d.pos = g.st->n_;
+    d.keep = g.keep ? 1 : 0;
+    d.pos = g.pos0;
     dg[gi] = d;
   }
   auto put = [&](size_t off, const std::vector<int32_t>& v) {
@@ -315,6 +330,7 @@ void CudaBackend::begin(const Step& step) {
   put(lay_.attn_short_rows, as_rows);
   put(lay_.gdn_short, gs);
   put(lay_.gdn_short_rows, gs_rows);
+  if (mtp_) put(lay_.hidden, step.hidden);
   LILY_CU(cudaMemcpyAsync(desc_dev_, h, lay_.bytes, cudaMemcpyHostToDevice, stream_));
   desc_host_ = blk;
 
@@ -351,12 +367,18 @@ uint64_t CudaBackend::end() {
         f.logit_rows += g.out_rows;
       }
       if (g.logits || g.sample) row += g.out_rows;
+      if (mtp_) {  // its argmax rows (sample) neither feed a row nor use the sampler
+        g.st->mtp_n_ += g.rows;
+        g.st->has_mtp_h_ = true;
+        continue;
+      }
       if (g.sample && g.out_rows > 0) {
         g.st->fed_ = true;
         g.st->mask_on_ = false;  // the draw used it
       }
       if (g.tentative) g.st->pending_ = g.rows;
       else g.st->n_ += g.rows;
+      g.st->hidden_n_ = g.keep ? g.rows : 0;  // a main step without keep_hidden drops the kept rows
     }
     if (S_ > 0) {  // the drawn ids come back without a synchronisation: finish() waits for them
       f.ids = pinned_.get(4 * size_t(S_));

@@ -84,7 +84,7 @@ int CudaBackend::take_slot(CudaState* st) {
     }
   if (int(slots_.size()) == slot_cap_) {  // grow the tables (captured graphs read their addresses)
     const int cap = std::max(64, 2 * slot_cap_);
-    const size_t L = size_t(w_->cfg.layers);
+    const size_t L = table_rows();
     auto* tab = static_cast<DevSlotLayer*>(dev_->alloc(sizeof(DevSlotLayer) * size_t(cap) * L));
     auto* fed = static_cast<int32_t*>(dev_->alloc(sizeof(int32_t) * size_t(cap)));
     auto* samp = static_cast<SampleSlot*>(dev_->alloc(sizeof(SampleSlot) * size_t(cap)));
@@ -117,7 +117,7 @@ void CudaBackend::release_slot(int slot) {
 }
 
 void CudaBackend::put_slot_table(const CudaState& st) {
-  const size_t L = size_t(w_->cfg.layers);
+  const size_t L = table_rows();
   for (size_t l = 0; l < L; ++l) {  // one entry per layer row of the table
     const DevSlotLayer e = st.table_entry(l);
     upload_async(slot_tab_ + l * size_t(slot_cap_) + size_t(st.slot_), &e, sizeof(DevSlotLayer));
@@ -135,31 +135,36 @@ std::unique_ptr<SequenceState> CudaBackend::new_state(int64_t max_tokens) {
 // ---------------------------------------------------------------------------------------------
 CudaState::CudaState(CudaBackend& be, int64_t cap, int slot) : be_(be), dev_(be.dev_), slot_(slot), cap_(cap) {
   const ModelConfig& c = be.w_->cfg;
-  const size_t L = size_t(c.layers);
-  k.assign(L, nullptr); v.assign(L, nullptr); conv.assign(L, nullptr); S.assign(L, nullptr);
+  const size_t L = size_t(c.layers), rows = be.table_rows();  // rows: the layers, then the MTP layer
+  H_ = c.hidden;
+  k.assign(rows, nullptr); v.assign(rows, nullptr); conv.assign(rows, nullptr); S.assign(rows, nullptr);
   conv_n_ = size_t(c.conv_kernel - 1) * size_t(c.conv_channels());
   S_n_ = size_t(c.lin_v_heads) * size_t(c.lin_v_dim) * size_t(c.lin_k_dim);
   const size_t per = size_t(c.n_kv_heads) * size_t(c.head_dim) * 2;  // bytes of one token's K (or V) row
+  kv_layer_bytes_ = 2 * per;
+  auto attn = [&](size_t l) { return l == L || c.layer_kinds[l] == LayerKind::FullAttention; };
   size_t total = 0;
-  for (size_t l = 0; l < L; ++l)
-    if (c.layer_kinds[l] == LayerKind::FullAttention) {
+  for (size_t l = 0; l < rows; ++l)
+    if (attn(l)) {
       total += 2 * al256(per * size_t(cap));
-      kv_bytes_per_token_ += 2 * per;
+      if (l < L) kv_bytes_per_token_ += 2 * per;
     } else {
       fixed_bytes_ += 4 * (conv_n_ + S_n_);
     }
   kv_region_bytes = total;
   char* p = static_cast<char*>(dev_->alloc(total));
   kv_region = p;
-  for (size_t l = 0; l < L; ++l)
-    if (c.layer_kinds[l] == LayerKind::FullAttention) {
+  for (size_t l = 0; l < rows; ++l)
+    if (attn(l)) {
       k[l] = reinterpret_cast<uint16_t*>(p); p += al256(per * size_t(cap));
       v[l] = reinterpret_cast<uint16_t*>(p); p += al256(per * size_t(cap));
     }
   try {
+    if (rows > L) hprime_ = static_cast<float*>(dev_->alloc(4 * size_t(H_)));
     alloc_ring(1);
   } catch (...) {
     dev_->free(kv_region, kv_region_bytes);
+    dev_->free(hprime_, 4 * size_t(H_));
     throw;
   }
   reset();
@@ -170,6 +175,8 @@ CudaState::~CudaState() {
   be_.release_slot(slot_);
   dev_->free(kv_region, kv_region_bytes);
   dev_->free(ring_region, ring_region_bytes);
+  dev_->free(hidden_, 4 * size_t(hidden_cap_) * size_t(H_));
+  dev_->free(hprime_, 4 * size_t(H_));
   const size_t V = size_t(be_.w_->cfg.vocab);
   dev_->free(counts_, 4 * V);
   dev_->free(bias_, 4 * V);
@@ -204,6 +211,10 @@ DevSlotLayer CudaState::table_entry(size_t l) const {
   e.cap = cap_;
   e.conv = conv[l];
   e.S = S[l];
+  if (l == size_t(be_.w_->cfg.layers)) {  // the MTP row
+    e.hidden = hidden_;
+    e.hprime = hprime_;
+  }
   return e;
 }
 
@@ -213,6 +224,7 @@ void CudaState::commit(int64_t n) {
   n_ += n;
   cur_ = ver(int(n));
   pending_ = 0;
+  hidden_n_ = std::min(hidden_n_, n);
 }
 
 void CudaState::reserve_tentative(int rows) {
@@ -243,36 +255,45 @@ void CudaState::reset() {
   pending_ = 0;
   cur_ = 0;
   fed_ = false;
+  mtp_n_ = hidden_n_ = 0;
+  has_mtp_h_ = false;
 }
+
+// The table rows of a snapshot: every layer, then the MTP layer (as an attention layer of mtp_n rows).
+namespace {
+bool attn_row(const ModelConfig& c, size_t l) { return l == size_t(c.layers) || c.layer_kinds[l] == LayerKind::FullAttention; }
+}  // namespace
 
 std::unique_ptr<StateSnapshot> CudaState::snapshot() const {
   if (pending_ > 0) throw InternalError("snapshot with tentative rows pending");
   const ModelConfig& c = be_.w_->cfg;
-  const size_t L = size_t(c.layers);
+  const size_t rows = be_.table_rows();
   const size_t row = size_t(c.head_dim) * 2;  // bytes of one head's row
-  const size_t kvn = size_t(c.n_kv_heads) * row * size_t(n_);
   auto s = std::make_unique<CudaSnapshot>();
   s->dev = dev_;
   s->w = be_.w_;
   s->owner = &be_;
   s->n = n_;
-  s->off.resize(L);
+  s->mtp_n = mtp_n_;
+  s->off.resize(rows);
   size_t total = 0;
-  for (size_t l = 0; l < L; ++l) {
+  for (size_t l = 0; l < rows; ++l) {
     s->off[l] = total;
-    total += c.layer_kinds[l] == LayerKind::FullAttention ? 2 * al256(kvn) : al256(4 * conv_n_) + al256(4 * S_n_);
+    const size_t kvn = size_t(c.n_kv_heads) * row * size_t(l == size_t(c.layers) ? mtp_n_ : n_);
+    total += attn_row(c, l) ? 2 * al256(kvn) : al256(4 * conv_n_) + al256(4 * S_n_);
   }
   s->mem = dev_->alloc(total);
   s->bytes = total;
   char* base = static_cast<char*>(s->mem);
-  for (size_t l = 0; l < L; ++l) {
+  for (size_t l = 0; l < rows; ++l) {
     char* d = base + s->off[l];
-    if (c.layer_kinds[l] == LayerKind::FullAttention) {
-      if (n_ == 0) continue;
-      LILY_CU(cudaMemcpy2DAsync(d, row * size_t(n_), k[l], row * size_t(cap_), row * size_t(n_), size_t(c.n_kv_heads),
+    if (attn_row(c, l)) {
+      const size_t n = size_t(l == size_t(c.layers) ? mtp_n_ : n_), kvn = size_t(c.n_kv_heads) * row * n;
+      if (n == 0) continue;
+      LILY_CU(cudaMemcpy2DAsync(d, row * n, k[l], row * size_t(cap_), row * n, size_t(c.n_kv_heads),
                                 cudaMemcpyDeviceToDevice, dev_->stream));
-      LILY_CU(cudaMemcpy2DAsync(d + al256(kvn), row * size_t(n_), v[l], row * size_t(cap_), row * size_t(n_),
-                                size_t(c.n_kv_heads), cudaMemcpyDeviceToDevice, dev_->stream));
+      LILY_CU(cudaMemcpy2DAsync(d + al256(kvn), row * n, v[l], row * size_t(cap_), row * n, size_t(c.n_kv_heads),
+                                cudaMemcpyDeviceToDevice, dev_->stream));
     } else {
       LILY_CU(cudaMemcpyAsync(d, conv_at(l, cur_), 4 * conv_n_, cudaMemcpyDeviceToDevice, dev_->stream));
       LILY_CU(cudaMemcpyAsync(d + al256(4 * conv_n_), S_at(l, cur_), 4 * S_n_, cudaMemcpyDeviceToDevice, dev_->stream));
@@ -284,26 +305,30 @@ std::unique_ptr<StateSnapshot> CudaState::snapshot() const {
 void CudaState::restore(const StateSnapshot& snap) {
   auto* s = dynamic_cast<const CudaSnapshot*>(&snap);
   if (!s || s->owner != &be_) throw InternalError("CudaState::restore: snapshot from another backend");
-  if (s->n > cap_) fail("cannot restore a snapshot of {} tokens into a context of {}", s->n, cap_);
+  if (s->n > cap_ || s->mtp_n > cap_)
+    fail("cannot restore a snapshot of {} tokens into a context of {}", std::max(s->n, s->mtp_n), cap_);
   if (pending_ > 0) throw InternalError("restore with tentative rows pending");
   const ModelConfig& c = be_.w_->cfg;
   const size_t row = size_t(c.head_dim) * 2;
-  const size_t kvn = size_t(c.n_kv_heads) * row * size_t(s->n);
   const char* base = static_cast<const char*>(s->mem);
-  for (size_t l = 0; l < size_t(c.layers); ++l) {
+  for (size_t l = 0; l < be_.table_rows(); ++l) {
     const char* d = base + s->off[l];
-    if (c.layer_kinds[l] == LayerKind::FullAttention) {
-      if (s->n == 0) continue;
-      LILY_CU(cudaMemcpy2DAsync(k[l], row * size_t(cap_), d, row * size_t(s->n), row * size_t(s->n), size_t(c.n_kv_heads),
+    if (attn_row(c, l)) {
+      const size_t n = size_t(l == size_t(c.layers) ? s->mtp_n : s->n), kvn = size_t(c.n_kv_heads) * row * n;
+      if (n == 0) continue;
+      LILY_CU(cudaMemcpy2DAsync(k[l], row * size_t(cap_), d, row * n, row * n, size_t(c.n_kv_heads),
                                 cudaMemcpyDeviceToDevice, dev_->stream));
-      LILY_CU(cudaMemcpy2DAsync(v[l], row * size_t(cap_), d + al256(kvn), row * size_t(s->n), row * size_t(s->n),
-                                size_t(c.n_kv_heads), cudaMemcpyDeviceToDevice, dev_->stream));
+      LILY_CU(cudaMemcpy2DAsync(v[l], row * size_t(cap_), d + al256(kvn), row * n, row * n, size_t(c.n_kv_heads),
+                                cudaMemcpyDeviceToDevice, dev_->stream));
     } else {
       LILY_CU(cudaMemcpyAsync(conv_at(l, cur_), d, 4 * conv_n_, cudaMemcpyDeviceToDevice, dev_->stream));
       LILY_CU(cudaMemcpyAsync(S_at(l, cur_), d + al256(4 * conv_n_), 4 * S_n_, cudaMemcpyDeviceToDevice, dev_->stream));
     }
   }
   n_ = s->n;
+  mtp_n_ = s->mtp_n;
+  hidden_n_ = 0;  // a restored sequence keeps no hidden rows and has no h'
+  has_mtp_h_ = false;
   pending_ = 0;
   fed_ = false;
 }
@@ -319,14 +344,14 @@ std::vector<float> CudaSnapshot::contents() const {
   dev->sync();
   std::vector<char> h(bytes);
   LILY_CU(cudaMemcpy(h.data(), mem, bytes, cudaMemcpyDeviceToHost));
-  const size_t Hkv = size_t(c.n_kv_heads), hd = size_t(c.head_dim), nn = size_t(n);
+  const size_t Hkv = size_t(c.n_kv_heads), hd = size_t(c.head_dim);
   const size_t conv_n = size_t(c.conv_kernel - 1) * size_t(c.conv_channels());
   const size_t S_n = size_t(c.lin_v_heads) * size_t(c.lin_v_dim) * size_t(c.lin_k_dim);
-  const size_t kvn = Hkv * hd * 2 * nn;
   std::vector<float> out;
-  for (size_t l = 0; l < size_t(c.layers); ++l) {
+  for (size_t l = 0; l < off.size(); ++l) {
     const char* d = h.data() + off[l];
-    if (c.layer_kinds[l] == LayerKind::FullAttention) {
+    if (attn_row(c, l)) {
+      const size_t nn = size_t(l == size_t(c.layers) ? mtp_n : n), kvn = Hkv * hd * 2 * nn;
       for (int part = 0; part < 2; ++part) {  // [Hkv][n][hd] bf16 -> [n][Hkv·hd] float
         const auto* src = reinterpret_cast<const uint16_t*>(d + (part ? al256(kvn) : 0));
         for (size_t t = 0; t < nn; ++t)

@@ -71,7 +71,7 @@ CudaBackend::~CudaBackend() {
   dev_->free(scratch_, scratch_bytes_);
   dev_->free(logits_, size_t(logits_rows_) * size_t(w_->cfg.vocab) * 4);
   dev_->free(desc_dev_, desc_cap_);
-  dev_->free(slot_tab_, sizeof(DevSlotLayer) * size_t(slot_cap_) * size_t(w_->cfg.layers));
+  dev_->free(slot_tab_, sizeof(DevSlotLayer) * size_t(slot_cap_) * table_rows());
   dev_->free(fed_, sizeof(int32_t) * size_t(slot_cap_));
   dev_->free(samp_slots_, sizeof(SampleSlot) * size_t(slot_cap_));
   dev_->free(samp_mem_, samp_bytes_);
@@ -83,7 +83,6 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::upload_weights() {
   const ModelConfig& c = w_->cfg;
-  const int H = int(c.hidden);
   if (w_->embed.format == WeightFormat::Exl3)
     fail("CUDA backend: embedding '{}' is EXL3; the CUDA backend gathers embedding rows from bf16/f16/f32 or affine tables",
          w_->embed.name);
@@ -95,87 +94,91 @@ void CudaBackend::upload_weights() {
   lm_head_ = tied ? embed_ : upload(w_->lm_head);
   final_norm_ = upload_f32(w_->final_norm);
   layers_.resize(size_t(c.layers));
-  for (int l = 0; l < int(c.layers); ++l) {
-    const LayerWeights& L = w_->layers[size_t(l)];
-    DevLayer& D = layers_[size_t(l)];
-    D.kind = L.kind;
-    D.in_norm = upload_f32(L.input_norm);
-    D.post_norm = upload_f32(L.post_norm);
-    if (L.kind == LayerKind::LinearAttention) {
-      GdnDev& g = D.gdn;
-      g.Hk = int(c.lin_k_heads); g.Hv = int(c.lin_v_heads); g.dk = int(c.lin_k_dim); g.dv = int(c.lin_v_dim);
-      g.K = int(c.conv_kernel); g.eps = float(c.rms_eps);
-      const int PW = g.proj_width();
-      D.gdn_in = upload_runs({&L.gdn.in_qkv, &L.gdn.in_z, &L.gdn.in_b, &L.gdn.in_a});
-      D.gdn_out = upload(L.gdn.out);
-      g.conv = upload_f32(L.gdn.conv); g.dt_bias = upload_f32(L.gdn.dt_bias);
-      g.A_neg = upload_f32(L.gdn.A_neg); g.norm = upload_f32(L.gdn.norm);
-      max_proj_ = std::max(max_proj_, PW);
-      max_core_ = std::max(max_core_, g.Hv * g.dv);
+  for (int l = 0; l < int(c.layers); ++l) upload_layer(w_->layers[size_t(l)], layers_[size_t(l)], l);
+  if (w_->mtp) upload_mtp();
+}
+
+// One decoder layer (l: its index, for messages; cfg.layers: the MTP layer).
+void CudaBackend::upload_layer(const LayerWeights& L, DevLayer& D, int l) {
+  const ModelConfig& c = w_->cfg;
+  const int H = int(c.hidden);
+  D.kind = L.kind;
+  D.in_norm = upload_f32(L.input_norm);
+  D.post_norm = upload_f32(L.post_norm);
+  if (L.kind == LayerKind::LinearAttention) {
+    GdnDev& g = D.gdn;
+    g.Hk = int(c.lin_k_heads); g.Hv = int(c.lin_v_heads); g.dk = int(c.lin_k_dim); g.dv = int(c.lin_v_dim);
+    g.K = int(c.conv_kernel); g.eps = float(c.rms_eps);
+    const int PW = g.proj_width();
+    D.gdn_in = upload_runs({&L.gdn.in_qkv, &L.gdn.in_z, &L.gdn.in_b, &L.gdn.in_a});
+    D.gdn_out = upload(L.gdn.out);
+    g.conv = upload_f32(L.gdn.conv); g.dt_bias = upload_f32(L.gdn.dt_bias);
+    g.A_neg = upload_f32(L.gdn.A_neg); g.norm = upload_f32(L.gdn.norm);
+    max_proj_ = std::max(max_proj_, PW);
+    max_core_ = std::max(max_core_, g.Hv * g.dv);
+  } else {
+    AttnDev& a = D.attn;
+    a.Hq = int(c.n_heads); a.Hkv = int(c.n_kv_heads); a.hd = int(c.head_dim); a.rot = int(c.rotary_dim);
+    a.theta = float(c.rope_theta); a.eps = float(c.rms_eps);
+    const int PW = a.proj_width();
+    D.attn_in = upload_runs({&L.attn.q, &L.attn.k, &L.attn.v});
+    D.attn_o = upload(L.attn.o);
+    a.q_norm = upload_f32(L.attn.q_norm); a.k_norm = upload_f32(L.attn.k_norm);
+    if (!w_->rope_inv_freq.empty()) {
+      if (!inv_freq_) inv_freq_ = upload_f32(w_->rope_inv_freq);
+      a.inv_freq = inv_freq_;
+    }
+    max_proj_ = std::max(max_proj_, PW);
+    max_core_ = std::max(max_core_, a.Hq * a.hd);
+  }
+  const FfnWeights& F = L.ffn;
+  MoeDev& m = D.moe;
+  m.H = H;
+  m.moe = F.moe;
+  if (!F.moe) m.zero_id = zero_id();
+  if (F.moe) {
+    m.E = int(F.experts.size()); m.k = int(c.top_k); m.norm_topk = c.norm_topk;
+    m.topk_counter = opt_.topk_fold ? topk_counter() : nullptr;
+    m.I = int(F.experts.at(0).gate.out);
+    // the shared-expert gate rides along as router row E when both share a format (one GEMV fewer)
+    if (!F.shared_gate.empty() && same_format(F.router, F.shared_gate)) {
+      m.router = upload({&F.router, &F.shared_gate});
+      m.gate_in_router = true;
     } else {
-      AttnDev& a = D.attn;
-      a.Hq = int(c.n_heads); a.Hkv = int(c.n_kv_heads); a.hd = int(c.head_dim); a.rot = int(c.rotary_dim);
-      a.theta = float(c.rope_theta); a.eps = float(c.rms_eps);
-      const int PW = a.proj_width();
-      D.attn_in = upload_runs({&L.attn.q, &L.attn.k, &L.attn.v});
-      D.attn_o = upload(L.attn.o);
-      a.q_norm = upload_f32(L.attn.q_norm); a.k_norm = upload_f32(L.attn.k_norm);
-      if (!w_->rope_inv_freq.empty()) {
-        if (!inv_freq_) inv_freq_ = upload_f32(w_->rope_inv_freq);
-        a.inv_freq = inv_freq_;
-      }
-      max_proj_ = std::max(max_proj_, PW);
-      max_core_ = std::max(max_core_, a.Hq * a.hd);
+      m.router = upload(F.router);
     }
-    const FfnWeights& F = L.ffn;
-    MoeDev& m = D.moe;
-    m.H = H;
-    m.moe = F.moe;
-    if (!F.moe) m.zero_id = zero_id();
-    if (F.moe) {
-      m.E = int(F.experts.size()); m.k = int(c.top_k); m.norm_topk = c.norm_topk;
-      m.topk_counter = opt_.topk_fold ? topk_counter() : nullptr;
-      m.I = int(F.experts.at(0).gate.out);
-      // the shared-expert gate rides along as router row E when both share a format (one GEMV fewer)
-      if (!F.shared_gate.empty() && same_format(F.router, F.shared_gate)) {
-        m.router = upload({&F.router, &F.shared_gate});
-        m.gate_in_router = true;
-      } else {
-        m.router = upload(F.router);
-      }
-      std::vector<const Linear*> gu, dn;
-      for (const Expert& ex : F.experts) {
-        if (ex.gate.out != m.I || ex.down.in != m.I) fail("CUDA backend: experts of layer {} differ in size", l);
-        gu.push_back(&ex.gate);
-        gu.push_back(&ex.up);
-        dn.push_back(&ex.down);
-      }
-      const bool ex3 = F.experts.at(0).gate.format == WeightFormat::Exl3;
-      // the shared expert as expert E of the stacks: one GEMV pair for k + 1 slots, no side stream
-      const Expert& e0 = F.experts.at(0);
-      m.shared_in_stack = !ex3 && !F.shared.gate.empty() && F.shared.gate.out == m.I && F.shared.down.in == m.I &&
-                          same_format(F.shared.gate, e0.gate) && same_format(F.shared.up, e0.up) &&
-                          same_format(F.shared.down, e0.down) && (F.shared_gate.empty() || m.gate_in_router);
-      if (m.shared_in_stack) {
-        gu.push_back(&F.shared.gate);
-        gu.push_back(&F.shared.up);
-        dn.push_back(&F.shared.down);
-      }
-      m.gate_up = ex3 ? upload_exl3(gu, 2) : upload(gu);
-      m.down = ex3 ? upload_exl3(dn, 1) : upload(dn);
-      // expert strides: one expert = 2I rows of gate_up, H rows of down
-      for (auto [mp, rows, in] : {std::tuple{&m.gate_up, int64_t(2) * m.I, int64_t(H)}, std::tuple{&m.down, int64_t(H), int64_t(m.I)}}) {
-        mp->estride = rows * mp->ld;
-        mp->qstride = rows * mp->row_words;
-        mp->sstride = mp->affine ? rows * (in / mp->gs) : 0;
-      }
-      if (!F.shared_gate.empty()) m.sh_gate = m.gate_in_router ? m.router : upload(F.shared_gate);
+    std::vector<const Linear*> gu, dn;
+    for (const Expert& ex : F.experts) {
+      if (ex.gate.out != m.I || ex.down.in != m.I) fail("CUDA backend: experts of layer {} differ in size", l);
+      gu.push_back(&ex.gate);
+      gu.push_back(&ex.up);
+      dn.push_back(&ex.down);
     }
-    if (!F.shared.gate.empty()) m.Is = int(F.shared.gate.out);
-    if (!F.shared.gate.empty() && !m.shared_in_stack) {
-      m.sh_gate_up = upload({&F.shared.gate, &F.shared.up});
-      m.sh_down = upload(F.shared.down);
+    const bool ex3 = F.experts.at(0).gate.format == WeightFormat::Exl3;
+    // the shared expert as expert E of the stacks: one GEMV pair for k + 1 slots, no side stream
+    const Expert& e0 = F.experts.at(0);
+    m.shared_in_stack = !ex3 && !F.shared.gate.empty() && F.shared.gate.out == m.I && F.shared.down.in == m.I &&
+                        same_format(F.shared.gate, e0.gate) && same_format(F.shared.up, e0.up) &&
+                        same_format(F.shared.down, e0.down) && (F.shared_gate.empty() || m.gate_in_router);
+    if (m.shared_in_stack) {
+      gu.push_back(&F.shared.gate);
+      gu.push_back(&F.shared.up);
+      dn.push_back(&F.shared.down);
     }
+    m.gate_up = ex3 ? upload_exl3(gu, 2) : upload(gu);
+    m.down = ex3 ? upload_exl3(dn, 1) : upload(dn);
+    // expert strides: one expert = 2I rows of gate_up, H rows of down
+    for (auto [mp, rows, in] : {std::tuple{&m.gate_up, int64_t(2) * m.I, int64_t(H)}, std::tuple{&m.down, int64_t(H), int64_t(m.I)}}) {
+      mp->estride = rows * mp->ld;
+      mp->qstride = rows * mp->row_words;
+      mp->sstride = mp->affine ? rows * (in / mp->gs) : 0;
+    }
+    if (!F.shared_gate.empty()) m.sh_gate = m.gate_in_router ? m.router : upload(F.shared_gate);
+  }
+  if (!F.shared.gate.empty()) m.Is = int(F.shared.gate.out);
+  if (!F.shared.gate.empty() && !m.shared_in_stack) {
+    m.sh_gate_up = upload({&F.shared.gate, &F.shared.up});
+    m.sh_down = upload(F.shared.down);
   }
 }
 
