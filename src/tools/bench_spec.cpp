@@ -158,8 +158,8 @@ void bench_spec(Engine& engine, const BenchOptions& opt, BenchReport& rep) {
       row.acceptance = a;
       row.depth = depth;
       std::vector<double> tps, tpr, acc, md;
+      RoundCosts c;  // one loop's costs across the row's runs, as a server's loop keeps them (auto starts warm)
       for (int r = 0; r <= opt.repeats; ++r) {
-        RoundCosts c;
         const GenResult res = spec_run(a, depth, &c, opt.seed + 100 + uint64_t(r));
         if (r == 0) continue;  // warm-up
         tps.push_back(rate(res));
