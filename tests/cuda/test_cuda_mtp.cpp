@@ -44,8 +44,17 @@ std::shared_ptr<ModelWeights> first_mtp_golden() {
   return ModelWeights::load(test::golden_dir(names.front()));
 }
 
-nlohmann::json golden_json(const std::string& name) {
-  return nlohmann::json::parse(read_text_file(test::golden_dir(name) + "/golden.json"));
+// A golden model, its golden.json and prompt.
+struct Golden {
+  std::shared_ptr<ModelWeights> w;
+  nlohmann::json j;
+  std::vector<int32_t> prompt;
+};
+Golden load_golden(const std::string& name) {
+  const std::string dir = test::golden_dir(name);
+  auto j = nlohmann::json::parse(read_text_file(dir + "/golden.json"));
+  auto prompt = j["prompt_ids"].get<std::vector<int32_t>>();
+  return {ModelWeights::load(dir), std::move(j), std::move(prompt)};
 }
 
 void print_agreement(const std::string& what, const std::vector<float>& got, const std::vector<float>& want, int64_t V) {
@@ -77,9 +86,8 @@ TEST(CudaMtp, TeacherForcedLogitsMatchCpuAndGolden) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (const std::string& name : mtp_goldens()) {
     SCOPED_TRACE(name);
-    auto w = ModelWeights::load(test::golden_dir(name));
+    const auto [w, j, prompt] = load_golden(name);
     const int64_t V = w->cfg.vocab;
-    const auto prompt = golden_json(name)["prompt_ids"].get<std::vector<int32_t>>();
     const auto golden = test::read_f32(test::golden_dir(name) + "/mtp_logits.f32");
     cpu::CpuBackend cpu(w);
     auto gpu = make_cuda_backend(w);
@@ -101,10 +109,8 @@ TEST(CudaMtp, DraftChainsMatchCpuAndGolden) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (const std::string& name : mtp_goldens()) {
     SCOPED_TRACE(name);
-    auto w = ModelWeights::load(test::golden_dir(name));
+    const auto [w, j, prompt] = load_golden(name);
     const int64_t V = w->cfg.vocab;
-    const auto j = golden_json(name);
-    const auto prompt = j["prompt_ids"].get<std::vector<int32_t>>();
     const auto chain = j["mtp"]["chain"].get<std::vector<int32_t>>();
     std::vector<int32_t> ids(prompt.begin(), prompt.begin() + j["mtp"]["chain_prefix_len"].get<int64_t>());
     ids.push_back(j["greedy_ids"][0].get<int32_t>());
@@ -165,12 +171,7 @@ TEST(CudaMtp, EveryWeightFormatMatchesCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (SynthFormat f : {SynthFormat::BF16, SynthFormat::Affine4, SynthFormat::Affine8, SynthFormat::Exl3}) {
     SCOPED_TRACE(synth_format_name(f));
-    SynthOptions so;
-    so.preset = "tiny";
-    so.format = f;
-    so.exl3_bits = 3;
-    so.seed = 11;
-    auto w = std::shared_ptr<const ModelWeights>(synth_model(so));
+    const auto w = test_support::tiny_mtp_synth(f, 11);
     ASSERT_TRUE(w->mtp.has_value());
     cpu::CpuOptions co;
     co.affine = cpu::AffinePath::Exact;

@@ -93,11 +93,7 @@ TEST(MtpStep, DraftChainMatchesTheGoldenAndTheReference) {
 TEST(MtpStep, QuantisedSynthModelsMatchTheReference) {
   for (SynthFormat f : {SynthFormat::Affine4, SynthFormat::Exl3}) {
     SCOPED_TRACE(synth_format_name(f));
-    SynthOptions so;
-    so.preset = "tiny";
-    so.format = f;
-    so.exl3_bits = 3;
-    auto w = std::shared_ptr<const ModelWeights>(synth_model(so));
+    const auto w = test_support::tiny_mtp_synth(f);
     ASSERT_TRUE(w->mtp.has_value());
     cpu::CpuOptions co;
     co.affine = cpu::AffinePath::Exact;

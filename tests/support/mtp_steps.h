@@ -13,8 +13,19 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "model/qwen_hybrid.h"
+#include "tools/synth.h"
 
 namespace lily::test_support {
+
+// The `tiny` synth model (with its MTP block) in format f, EXL3 at 3 bits.
+inline std::shared_ptr<const ModelWeights> tiny_mtp_synth(SynthFormat f, uint64_t seed = 1) {
+  SynthOptions so;
+  so.preset = "tiny";
+  so.format = f;
+  so.exl3_bits = 3;
+  so.seed = seed;
+  return synth_model(so);
+}
 
 // Teacher-forced MTP logits [T-1, V] through the seam: the prompt in main chunks of `chunk` rows that keep
 // their hidden rows; after each chunk the pairs (x_{t+1}, h_t) of its rows go through MTP steps of at
