@@ -238,7 +238,10 @@ void HttpServer::rearm(Conn& c, uint32_t events) {
 void HttpServer::close_conn(Conn& c) {
   if (c.state == Conn::Closed) return;
   c.state = Conn::Closed;
-  ::close(c.fd);  // also leaves the epoll set
+  // Leave the epoll set explicitly: close() alone does not while a forked child still holds a copy of
+  // the descriptor (between fork and exec), and the set would go on reporting the freed Conn.
+  if (c.events) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
+  ::close(c.fd);
   c.events = 0;
 }
 

@@ -4,6 +4,9 @@
 #include <brotli/encode.h>
 #include <zlib.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <thread>
 #include <vector>
@@ -304,6 +307,35 @@ TEST(Hostile, KeepAlivePipeliningHeadAndContinue) {
   r = read_reply(fd, 10000);
   EXPECT_EQ(r.status, 200) << r.body;
   ::close(fd);
+}
+
+// A forked child (between fork and exec) holds copies of the server's descriptors, so closing a
+// connection does not by itself take it out of the epoll set: its events must not reach the freed
+// connection (ASan runs this in CI).
+TEST(Hostile, ClosedConnectionsLeaveTheEventSetWhileAForkHoldsThem) {
+  auto srv = small_server(ServerOptions{});
+  const int port = srv->port();
+  std::vector<int> fds;
+  for (int i = 0; i < 8; ++i) {
+    int fd = connect_port(port);
+    ASSERT_TRUE(send_all(fd, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+    EXPECT_EQ(read_reply(fd, 3000).status, 200);
+    fds.push_back(fd);
+  }
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::usleep(800 * 1000);  // async-signal-safe only: this is a copy of a threaded process
+    ::_exit(0);
+  }
+  // shutdown() reaches the peer although the child holds the client ends too.
+  for (int fd : fds) ::shutdown(fd, SHUT_RDWR);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_TRUE(healthy(port));
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  for (int fd : fds) ::close(fd);
+  EXPECT_TRUE(healthy(port));
 }
 
 }  // namespace
