@@ -94,8 +94,20 @@ struct SpecReport {
   std::vector<SpecRow> rows;
   std::vector<SpecCostRow> costs;                 // k = 0..6 (0: a plain decode step)
   std::vector<std::pair<double, int>> auto_picks;  // (acceptance, depth auto picks from the costs)
-  int diverged = 0;  // runs whose tokens differ from the first plain pass (a near-tie flipped; 0 on the CPU)
+  // Runs whose output left the continuation the oracle follows (a near-tie decided by row-count dependent
+  // arithmetic; never on the CPU): `rerecorded` passes repeated a run with its own output as the
+  // continuation; `diverged` counts runs that still differed after kMaxOraclePasses (their rows undercount
+  // the acceptance) and plain repeats that differed from the first plain pass.
+  int rerecorded = 0, diverged = 0;
 };
+
+constexpr int kMaxOraclePasses = 8;
+// Runs `run(truth)` until it emits exactly `truth`, replacing `truth` by each pass's output. A pass given
+// its predecessor's output reproduces it up to the first token the oracle's drafts could change, so each
+// pass moves the difference later (for a fixed depth). Returns the passes after the first, or -1 when
+// `max_passes` passes did not agree (`truth` is then the last output).
+int reproduce_continuation(std::vector<int32_t>& truth, const std::function<std::vector<int32_t>(const std::vector<int32_t>&)>& run,
+                           int max_passes = kMaxOraclePasses);
 
 struct BenchReport {
   std::string label, backend;
