@@ -100,7 +100,7 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 s = j.get("spec") or {}
 print(f"{j.get('model', '')}: plain decoding at {s.get('context')} context {s.get('plain_tok_s', 0):.1f} tok/s; "
-      f"decode row(s) {[round(r['tok_s'], 1) for r in j.get('decode', [])]}; diverged runs {s.get('diverged_runs')}")
+      f"decode row(s) {[round(r['tok_s'], 1) for r in j.get('decode', [])]}; repeated passes {s.get('rerecorded_passes')}, diverged runs {s.get('diverged_runs')}")
 rows = s.get("rows", [])
 print(f"{'accept':>7} {'depth':>5} {'tok/s':>8} {'speedup':>8} {'tok/round':>9} {'accepted':>8} {'drafts':>6}")
 for r in rows:
