@@ -9,11 +9,9 @@
 #      $OUT/inspect-*.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-D=${DEVBIN:-.devbin}
-[ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"
 OUT=${OUT:-/tmp/lily-bench}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
+. scripts/device/env.sh
+device_need lily
 for p in ${PRESETS:-qwen3.5-35b-a3b}; do
   pre=""
   [ "$p" != qwen3.5-35b-a3b ] && pre="$p-"

@@ -6,19 +6,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/lily-check}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
-D=${DEVBIN:-.devbin}
-[ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"  # packed by bundle.sh
+. scripts/device/env.sh
 if [ -x "$D/test_cuda" ]; then
-  export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
   BIN=$D/test_cuda
 else
   cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_NATIVE=OFF > "$OUT/build.log" 2>&1 &&
     cmake --build build-dev --target test_cuda -j16 >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   BIN=build-dev/tests/test_cuda
 fi
-export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/$D/golden"
 T0=$(date +%s)
 timeout 220 "$BIN" --gtest_filter="${LILY_TEST_FILTER:-CudaOps.*:Golden/*:CudaModel.*}" > "$OUT/tests.log" 2>&1
 TRC=$?

@@ -6,12 +6,9 @@
 # Needs the bundle of scripts/device/bundle.sh (carry .devbin). Output under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-D=${DEVBIN:-.devbin}
-[ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"
 OUT=${OUT:-/tmp/lily-ab}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
-export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/$D/golden"
+. scripts/device/env.sh
+device_need lily
 if [ -n "${TESTS:-}" ]; then
   timeout "${TEST_TIMEOUT:-240}" "$D/test_cuda" --gtest_filter="$TESTS" > "$OUT/tests.log" 2>&1
   echo "tests rc=$?"

@@ -15,13 +15,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 T0=$(date +%s)
 export OUT=${OUT:-/tmp/lily-dense}
-mkdir -p "$OUT"
-D=${DEVBIN:-.devbin}
-[ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"  # packed by bundle.sh
-[ -x "$D/test_cuda" ] && [ -x "$D/lily" ] || { echo "error: no bundle in $D (scripts/device/bundle.sh)"; exit 2; }
-export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
-export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/$D/golden"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+. scripts/device/env.sh
+device_need test_cuda lily
 DEADLINE=${DEADLINE:-330}
 left() { echo $((DEADLINE - ($(date +%s) - T0))); }
 

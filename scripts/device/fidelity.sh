@@ -8,13 +8,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/lily-fidelity}
-mkdir -p "$OUT"
-D=${DEVBIN:-.devbin}
-[ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"  # packed by bundle.sh
+. scripts/device/env.sh
 LILY=${LILY:-$D/lily}
-[ -x "$LILY" ] || { echo "no $LILY: run scripts/device/bundle.sh here and carry $D (or set LILY)"; exit 1; }
-export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
-export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/$D/golden${LILY_GOLDEN_EXTRA:+:$LILY_GOLDEN_EXTRA}"
+[ -x "$LILY" ] || { echo "error: no $LILY: run scripts/device/bundle.sh here and carry $D (or set LILY)"; exit 2; }
 timeout "${FIDELITY_TIMEOUT:-500}" python3 scripts/device/fidelity.py --lily "$LILY" ${MODELS:+--models "$MODELS"} \
   ${LILY_EXTRA:+"--extra=$LILY_EXTRA"} \
   --json "$OUT/fidelity.json" > "$OUT/fidelity.txt" 2> "$OUT/fidelity.err"

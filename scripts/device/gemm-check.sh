@@ -8,15 +8,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/lily-gemm}
-mkdir -p "$OUT"
-D=${DEVBIN:-.devbin}
-[ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"  # packed by bundle.sh
-[ -x "$D/test_cuda" ] && [ -x "$D/lily" ] || { echo "no bundle in $D: run scripts/device/bundle.sh and carry it"; exit 1; }
-export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
-export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/$D/golden"
+. scripts/device/env.sh
+device_need test_cuda lily
 B=$D/test_cuda
 L=$D/lily
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
 timeout 120 "$B" --gtest_filter='CudaGemmWgmma.*' > "$OUT/wgmma-tests.log" 2>&1
 WRC=$?
 OPT=()

@@ -6,11 +6,9 @@
 # Output: $OUT/ncu-<format>.csv and the summary tables on stdout.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-D=${DEVBIN:-.devbin}
-[ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"  # packed by bundle.sh
 OUT=${OUT:-/tmp/lily-profile}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
+. scripts/device/env.sh
+device_need lily
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || echo /usr/local/cuda/bin/ncu)
 FMT=${FORMAT:-affine4}
 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \

@@ -7,11 +7,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/lily-rows}
-mkdir -p "$OUT"
-D=${DEVBIN:-.devbin}
-[ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"
-export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
-export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/$D/golden"
+. scripts/device/env.sh
+device_need lily
 LILY=$D/lily
 if [ -n "${LILY_TEST_FILTER:-}" ]; then
   timeout "${TEST_TIMEOUT:-200}" "$D/test_cuda" --gtest_filter="$LILY_TEST_FILTER" > "$OUT/tests.log" 2>&1

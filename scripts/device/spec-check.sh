@@ -20,18 +20,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 START=$(date +%s)
 OUT=${OUT:-/tmp/lily-spec}
-mkdir -p "$OUT"
 BUDGET=${BUDGET:-240}
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-timeout 15 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-D=${DEVBIN:-.devbin}
-[ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"  # packed by bundle.sh
-if [ ! -x "$D/test_cuda" ] || [ ! -x "$D/lily" ]; then
-  echo "error: no bundle in $D (make it with scripts/device/bundle.sh <cuda build dir> and carry $D)"
-  exit 2
-fi
-export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
-export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/$D/golden"
+. scripts/device/env.sh
+device_need test_cuda lily
 echo "gpu: $(cat "$OUT/gpu.txt"); commit $(git rev-parse --short HEAD 2>/dev/null); budget $BUDGET s"
 
 summary_tests() {

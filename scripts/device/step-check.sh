@@ -11,12 +11,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/lily-step}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
-D=${DEVBIN:-.devbin}
-[ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"  # packed by bundle.sh
+. scripts/device/env.sh
 if [ -x "$D/test_cuda" ]; then
-  export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
   BIN=$D/test_cuda
   LILY=$D/lily
 else
@@ -25,7 +21,6 @@ else
   BIN=build-dev/tests/test_cuda
   LILY=build-dev/lily
 fi
-export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/$D/golden"
 T0=$(date +%s)
 timeout "${TEST_TIMEOUT:-480}" "$BIN" --gtest_filter="${LILY_TEST_FILTER:-*}" > "$OUT/tests.log" 2>&1
 TRC=$?
