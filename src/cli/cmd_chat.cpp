@@ -13,6 +13,7 @@
 
 #include "cli/backend_options.h"
 #include "cli/registry.h"
+#include "cli/sampling_options.h"
 #include "cli/spec_options.h"
 #include "cli/text_generation.h"
 #include "core/error.h"
@@ -92,14 +93,21 @@ struct Printer {
 
 namespace {
 
+// Qwen3's recommended settings for chat (non-thinking): temperature 0.7, top-p 0.8, top-k 20.
+SamplingArgs chat_sampling() {
+  SamplingArgs a;
+  a.p.temperature = 0.7f;
+  a.p.top_k = 20;
+  a.p.top_p = 0.8f;
+  return a;
+}
+
 Register reg("chat", "Talk with a model in the terminal (history, thinking shown dimmed, Ctrl-C stops an answer)",
              [](CLI::App& app) {
   struct Opts {
     std::string model, tokenizer, chat_template, system, backend = "cpu", kwargs;
     int64_t max_tokens = 4096, ctx = 32768;
-    float temperature = 0.7f, top_p = 0.8f, min_p = 0.0f;
-    int top_k = 20;
-    int64_t seed = -1;
+    SamplingArgs sampling = chat_sampling();
     bool no_think = false, hide_think = false;
     std::vector<std::string> cuda_opts;
     SpecArgs spec;
@@ -111,11 +119,7 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
   app.add_option("--system", o->system, "System message");
   app.add_option("--max-tokens", o->max_tokens, "Most tokens per answer")->capture_default_str();
   app.add_option("--ctx-size", o->ctx, "Context size")->capture_default_str();
-  app.add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
-  app.add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
-  app.add_option("--top-p", o->top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
-  app.add_option("--min-p", o->min_p, "Drop tokens below min-p x the top probability")->capture_default_str();
-  app.add_option("--seed", o->seed, "Random seed (default: random)");
+  add_sampling_options(app, o->sampling);
   app.add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
   add_cuda_opt(app, o->cuda_opts);
   app.add_option("--template-kwargs", o->kwargs, "JSON object of extra template variables");
@@ -149,12 +153,7 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
     Session s(*engine);
     GenerateOptions go;
     go.max_tokens = o->max_tokens;
-    go.sampling.temperature = o->temperature;
-    go.sampling.top_k = o->top_k;
-    go.sampling.top_p = o->top_p;
-    go.sampling.min_p = o->min_p;
-    if (o->seed >= 0) go.sampling.seed = uint64_t(o->seed);
-    validate(go.sampling);
+    go.sampling = sampling_params(o->sampling);
     go.spec = spec_params(o->spec, engine->weights());
     auto messages = nlohmann::ordered_json::array();
     if (!o->system.empty()) messages.push_back({{"role", "system"}, {"content", o->system}});

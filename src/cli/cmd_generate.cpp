@@ -9,6 +9,7 @@
 
 #include "cli/backend_options.h"
 #include "cli/registry.h"
+#include "cli/sampling_options.h"
 #include "core/error.h"
 #include "runtime/generate.h"
 #include "cli/spec_options.h"
@@ -23,9 +24,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
     std::vector<std::string> cuda_opts;
     bool raw = false;
     int64_t max_tokens = 64, chunk = 0, ctx = 0;
-    float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f, rep = 1.0f;
-    int top_k = 0;
-    int64_t seed = -1;
+    SamplingArgs sampling;  // greedy unless asked
     bool json = false, ignore_eos = false;
     SpecArgs spec;
   };
@@ -40,12 +39,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
   app.add_option("--system", o->system, "System message for the chat template");
   app.add_option("--template-kwargs", o->template_kwargs, "JSON object of extra template variables, e.g. '{\"enable_thinking\": false}'");
   app.add_option("--max-tokens", o->max_tokens, "Tokens to generate")->capture_default_str();
-  app.add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
-  app.add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
-  app.add_option("--top-p", o->top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
-  app.add_option("--min-p", o->min_p, "Drop tokens below min-p x the top probability")->capture_default_str();
-  app.add_option("--repeat-penalty", o->rep, "Repetition penalty (1 = off)")->capture_default_str();
-  app.add_option("--seed", o->seed, "Random seed (default: random)");
+  add_sampling_options(app, o->sampling);
   app.add_option("--prefill-chunk", o->chunk, "Prompt tokens per forward step (0: the backend's choice, 2048 on the CPU, 8192 on CUDA)");
   app.add_option("--ctx-size", o->ctx, "Context size (default: prompt + max tokens)");
   app.add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
@@ -85,13 +79,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
     eo.ctx_size = o->ctx > 0 ? o->ctx : int64_t(ids.size()) + o->max_tokens + 1;
     GenerateOptions go;
     go.max_tokens = o->max_tokens;
-    go.sampling.temperature = o->temperature;
-    go.sampling.top_k = o->top_k;
-    go.sampling.top_p = o->top_p;
-    go.sampling.min_p = o->min_p;
-    go.sampling.repetition_penalty = o->rep;
-    if (o->seed >= 0) go.sampling.seed = uint64_t(o->seed);
-    validate(go.sampling);
+    go.sampling = sampling_params(o->sampling);
     auto engine = open_engine(o->model, eo, o->cuda_opts);
     go.spec = spec_params(o->spec, engine->weights());
     if (!o->ignore_eos) {
