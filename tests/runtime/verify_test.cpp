@@ -15,7 +15,6 @@
 #include "../model/test_util.h"
 #include "../support/sampling_backend.h"
 #include "core/mapped_file.h"
-#include "runtime/depth_planner.h"
 #include "runtime/drafter.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
@@ -227,41 +226,6 @@ TEST(Verify, LoopKeepsTheJointDistribution) {
                 chi2_limit(dof), 100.0 * double(accepted) / double(n));
     EXPECT_LT(stat, chi2_limit(dof));
   }
-}
-
-TEST(DepthPlanner, PicksTheFastestExpectedDepth) {
-  // verify cost 10 + 1.5 k ms, no draft cost
-  std::vector<double> t;
-  for (int k = 0; k <= 6; ++k) t.push_back(10 + 1.5 * k);
-  auto best = [&](double a) { return DepthPlanner::best_depth(t, std::vector<double>{a}, 6); };
-  // E(k)/T(k) by hand for a = 0.5: k=0 0.1, k=1 1.5/11.5=0.1304, k=2 1.75/13=0.1346, k=3 1.875/14.5=0.1293
-  EXPECT_EQ(best(0.5), 2);
-  EXPECT_EQ(best(0.0), 0);
-  EXPECT_EQ(best(0.99), 6);
-  EXPECT_NEAR(DepthPlanner::expected_tokens(std::vector<double>{0.86}, 3), 1 + 0.86 + 0.86 * 0.86 + 0.86 * 0.86 * 0.86, 1e-12);
-  // costs: interpolation through measured points, and the prior slope with one point
-  RoundCosts c;
-  c.add_verify(2, 13.0);
-  EXPECT_NEAR(c.verify_ms(0), 13.0 / 1.3, 1e-9);
-  c.add_verify(4, 16.0);
-  EXPECT_NEAR(c.verify_ms(3), 14.5, 1e-9);
-  EXPECT_NEAR(c.verify_ms(6), 19.0, 1e-9);
-  c.add_draft(2.0);
-  EXPECT_NEAR(c.round_ms(6, true)[3], 14.5 + 6.0, 1e-9);
-  // a request's planner: acceptance learnt per position, exploration around the best depth
-  DepthPlanner pl(6, false);
-  RoundCosts flat;
-  for (int k = 0; k <= 6; ++k)
-    for (int i = 0; i < 5; ++i) flat.add_verify(k, 10 + 0.5 * k);
-  for (int r = 0; r < 200; ++r) pl.observe(6, 6, 6);  // everything accepted
-  EXPECT_GT(pl.alpha(5), 0.95);
-  EXPECT_EQ(pl.choose(flat), 6);
-  DepthPlanner none(6, false);
-  for (int r = 0; r < 200; ++r) none.observe(3, 0, 1);
-  EXPECT_LT(none.alpha(0), 0.05);
-  int zeros = 0;
-  for (int r = 0; r < 32; ++r) zeros += none.choose(flat) == 0;
-  EXPECT_GE(zeros, 28) << "speculation that never pays mostly stops";
 }
 
 }  // namespace
