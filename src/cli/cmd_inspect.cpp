@@ -5,23 +5,24 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <cxxabi.h>
-
-#include <cstdlib>
-#include <map>
-
 #include "cli/backend_options.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "model/weights.h"
 #include "tools/synth.h"
 #ifdef LILY_HAVE_CUDA
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <map>
+
 #include "backend/cuda/cuda_backend.h"
 #endif
 
 namespace lily::cli {
 namespace {
 
+#ifdef LILY_HAVE_CUDA
 // "lily::cuda::(anonymous namespace)::gemv_kernel<4>(...)" -> "gemv_kernel<4>"
 std::string short_name(const std::string& mangled) {
   int status = 0;
@@ -35,6 +36,7 @@ std::string short_name(const std::string& mangled) {
   if (colon != std::string::npos) s = s.substr(colon + 2);
   return s;
 }
+#endif
 
 Register reg("inspect", "Show the kernels of one decode step on a backend (launch shapes per layer)", [](CLI::App& app) {
   auto model = std::make_shared<std::string>();

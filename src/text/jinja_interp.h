@@ -1,0 +1,73 @@
+// The Jinja interpreter (internal to src/text): walks a Node tree against a stack of variable frames.
+// Expressions and statements are in jinja_eval.cpp, Python's operations on values in jinja_ops.cpp,
+// the str / dict / list methods in jinja_methods.cpp, filters and tests in jinja_filters.cpp.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/error.h"
+#include "text/jinja_ast.h"
+
+namespace lily::text::jinja::detail {
+
+enum class Flow { Normal, Break, Continue };
+
+using Frame = std::unordered_map<std::string, Value>;
+
+struct Ctx {
+  std::vector<Frame> frames;  // frames[0]: globals and top-level assignments
+  std::string name;
+  int depth = 0;
+};
+
+struct Interp {
+  const std::string& name;
+  mutable int eval_depth = 0;  // bounds recursion on long operator chains such as 1+1+...+1
+
+  [[noreturn]] void error(const Node& n, const std::string& msg) const {
+    fail("{} line {}, column {}: {}", name, n.line, n.col, msg);
+  }
+
+  // values (jinja_ops.cpp)
+  static Value lookup(Ctx& c, const std::string& k);
+  static const char* type_name(const Value& v);
+  static std::vector<uint32_t> cps(const std::string& s);
+  static std::string from_cps(const std::vector<uint32_t>& v, size_t b, size_t e);
+  std::vector<Value> iterate(const Node& n, const Value& v) const;
+  static bool equal(const Value& x, const Value& y);
+  int compare(const Node& n, const Value& x, const Value& y) const;
+  bool contains(const Node& n, const Value& hay, const Value& needle) const;
+  Value get_attr(const Node& n, const Value& obj, const std::string& key) const;
+  Value get_item(const Node& n, const Value& obj, const Value& key) const;
+  Value slice(const Node& n, const Value& obj, const Value& b, const Value& e, const Value& st) const;
+  Value binop(const Node& n, const std::string& op, const Value& x, const Value& y) const;
+
+  // expressions and statements (jinja_eval.cpp)
+  Value eval(const Node& n, Ctx& c) const;
+  Value eval_node(const Node& n, Ctx& c) const;
+  CallArgs eval_args(const Node& n, Ctx& c) const;
+  Value eval_call(const Node& n, Ctx& c) const;
+  Value call_fn(const Node& n, const Value& f, CallArgs& args) const;
+  Flow exec(const Node& n, Ctx& c, std::string& out) const;
+  void assign(const Node& n, Ctx& c, const std::vector<std::string>& names, const Value& v) const;
+  Flow exec_for(const Node& n, Ctx& c, std::string& out) const;
+  Value make_macro(const Node& n, Ctx& c, std::shared_ptr<Ctx> scope) const;
+
+  // methods (jinja_methods.cpp)
+  static std::string strip_chars(const std::string& s, const Value& chars, bool left, bool right);
+  static std::string case_map(const std::string& s, int mode);  // 0 lower, 1 upper, 2 title, 3 capitalize
+  static std::vector<std::string> split(const std::string& s, const Value& sep, int64_t maxsplit);
+  static std::string replace(const std::string& s, const std::string& from, const std::string& to, int64_t count);
+  Value call_method(const Node& n, const Value& obj, const std::string& m, CallArgs& a) const;
+
+  // filters and tests (jinja_filters.cpp)
+  int64_t to_int(const Value& v, int64_t def) const;
+  Value attr_path(const Node& n, const Value& v, const std::string& path) const;
+  Value apply_filter(const Node& n, const std::string& f, const Value& v, CallArgs& a, Ctx& c) const;
+  bool apply_test(const Node& n, const std::string& t, const Value& v, CallArgs& a) const;
+};
+
+}  // namespace lily::text::jinja::detail
