@@ -4,7 +4,8 @@
 # inputs earlier runs kept in build-fuzz/corpus/<target>/. A crash, hang (> 10 s), leak, sanitizer
 # report or out-of-memory (> 2 GB) stops that target; its input is saved in build-fuzz/artifacts/<target>/
 # (replay: build-fuzz/fuzz/fuzz_TARGET FILE).
-# Prints one line per target (executions, exec/s, outcome) and exits 1 when any target failed.
+# Prints one line per target (executions, exec/s of wall time, CPU seconds, exec per CPU second, corpus
+# entries/bytes, outcome) and exits 1 when any target failed.
 # Usage: scripts/fuzz.sh [SECONDS] [TARGET...]     (targets: the names after fuzz_, default all)
 #   FUZZ_JOBS=N   run N targets at a time (default 1)
 #   FUZZ_NICE=N   niceness of the fuzzers (default 0)
@@ -44,16 +45,23 @@ run_one() {
   local extra=()
   [ -f "fuzz/dict/$t.dict" ] && extra=(-dict="fuzz/dict/$t.dict")
   [ -n "${FUZZ_RUNS:-}" ] && extra+=(-runs="$FUZZ_RUNS")
-  local rc=0
-  nice -n "${FUZZ_NICE:-0}" "$bin" "$work" "fuzz/corpus/$t" "${extra[@]}" -max_total_time="$SECONDS_PER_TARGET" \
-    -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$art" >"$log" 2>&1 || rc=$?
-  local execs rate
+  local rc=0 TIMEFORMAT='%3U %3S'
+  { time nice -n "${FUZZ_NICE:-0}" "$bin" "$work" "fuzz/corpus/$t" "${extra[@]}" -max_total_time="$SECONDS_PER_TARGET" \
+    -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$art" >"$log" 2>&1; } 2>"$log.cpu" || rc=$?
+  local execs rate cpu cpurate corp
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+  # CPU seconds (user + system) of the fuzzer: on a shared machine exec per CPU second is the comparable rate.
+  cpu=$(awk 'NF == 2 { printf "%.0f", $1 + $2 }' "$log.cpu")
+  cpurate=$(awk -v e="${execs:-0}" -v c="${cpu:-0}" 'BEGIN { if (c > 0) printf "%.0f", e / c; else print "?" }')
+  corp=$(grep -o 'corp: [0-9]*/[0-9]*[a-zA-Z]*' "$log" | tail -1 | cut -d' ' -f2)
+  local line
+  line=$(printf 'fuzz %-18s %12s execs %8s exec/s %7s cpu-s %8s exec/cpu-s  corpus %-12s' "$t" "${execs:-?}" "${rate:-?}" \
+    "${cpu:-?}" "$cpurate" "${corp:-?}")
   if [ "$rc" -eq 0 ]; then
-    printf 'fuzz %-18s %12s execs %8s exec/s  ok\n' "$t" "${execs:-?}" "${rate:-?}"
+    echo "$line ok"
   else
-    printf 'fuzz %-18s %12s execs %8s exec/s  FAILED (exit %s): see %s and %s\n' "$t" "${execs:-?}" "${rate:-?}" "$rc" "$log" "$art"
+    echo "$line FAILED (exit $rc): see $log and $art"
     grep -m3 -E 'ERROR: |runtime error|invariant violated|Timeout|out-of-memory|uncaught' "$log" | sed 's/^/    /' || true
     return 1
   fi

@@ -38,8 +38,8 @@ Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
-std::string Template::render(const nlohmann::ordered_json& globals) const {
-  detail::Interp in{name_};
+std::string Template::render(const nlohmann::ordered_json& globals, const RenderLimits& limits) const {
+  detail::Interp in{name_, limits};
   Ctx c;
   c.frames.emplace_back();
   Frame& g = c.frames[0];

@@ -8,12 +8,20 @@ namespace lily::text::jinja::detail {
 
 Value Interp::eval(const Node& n, Ctx& c) const {
   if (eval_depth >= 1000) error(n, "expression nested too deeply");
+  charge(n, 1);
   ++eval_depth;
   struct Leave {
     int& d;
     ~Leave() { --d; }
   } leave{eval_depth};
-  return eval_node(n, c);
+  Value v = eval_node(n, c);
+  if (v.kind == Value::Str) {
+    check_len(n, v.s.size(), "a string");
+    charge(n, v.s.size() / 64);
+  } else if (v.kind == Value::Arr && n.kind != NK::Name && n.kind != NK::Attr && n.kind != NK::Item) {
+    charge(n, v.a->size());
+  }
+  return v;
 }
 
 Value Interp::eval_node(const Node& n, Ctx& c) const {
@@ -123,6 +131,13 @@ Value Interp::call_fn(const Node& n, const Value& f, CallArgs& args) const {
 }
 
 Flow Interp::exec(const Node& n, Ctx& c, std::string& out) const {
+  charge(n, n.kind == NK::Text ? 1 + n.str.size() / 64 : 1);
+  const Flow f = exec_node(n, c, out);
+  check_len(n, out.size(), "the output");
+  return f;
+}
+
+Flow Interp::exec_node(const Node& n, Ctx& c, std::string& out) const {
   switch (n.kind) {
     case NK::Body:
       for (auto& s : n.list) {

@@ -1,6 +1,7 @@
 // Jinja's builtin filters ({{ x | tojson }}) and tests ({% if x is defined %}).
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 
 #include "text/jinja_interp.h"
@@ -37,7 +38,11 @@ Value Interp::attr_path(const Node& n, const Value& v, const std::string& path) 
     size_t e = path.find('.', s);
     std::string part = path.substr(s, e == std::string::npos ? std::string::npos : e - s);
     if (cur.is_undef()) return cur;
-    cur = get_item(n, cur, std::isdigit(uint8_t(part.empty() ? 'x' : part[0])) ? Value(int64_t(std::stoll(part))) : Value(part));
+    int64_t idx = 0;
+    const bool is_index = !part.empty() && std::isdigit(uint8_t(part[0]));
+    // An index too large for int64 is past every list: undefined, as Python's getitem fails.
+    if (is_index && std::from_chars(part.data(), part.data() + part.size(), idx).ec != std::errc()) return Value::undef(part);
+    cur = get_item(n, cur, is_index ? Value(idx) : Value(part));
     if (e == std::string::npos) return cur;
     s = e + 1;
   }
@@ -123,6 +128,7 @@ Value Interp::apply_filter(const Node& n, const std::string& f, const Value& v, 
     for (auto& x : iterate(n, v)) {
       if (!first) out += sep.kind == Value::Str ? sep.s : "";
       out += to_str(attr.kind == Value::Str ? attr_path(n, x, attr.s) : x);
+      check_len(n, out.size(), "a joined string");
       first = false;
     }
     return Value(out);
@@ -242,7 +248,9 @@ Value Interp::apply_filter(const Node& n, const std::string& f, const Value& v, 
   }
   if (f == "indent") {
     Value w = a.get(0, "width");
-    std::string pad = w.kind == Value::Str ? w.s : std::string(size_t(w.kind == Value::Int ? w.i : 4), ' ');
+    const int64_t width = w.kind == Value::Int ? std::max<int64_t>(w.i, 0) : 4;  // Python pads nothing below 0
+    check_len(n, uint64_t(width), "an indent");
+    std::string pad = w.kind == Value::Str ? w.s : std::string(size_t(width), ' ');
     bool first = a.get(1, "first").truthy(), blank = a.get(2, "blank").truthy();
     std::string s = to_str(v), out;
     size_t line = 0, b = 0;
@@ -251,6 +259,7 @@ Value Interp::apply_filter(const Node& n, const std::string& f, const Value& v, 
       std::string ln = s.substr(b, e == std::string::npos ? std::string::npos : e - b);
       if ((line > 0 || first) && (blank || !ln.empty())) out += pad;
       out += ln;
+      check_len(n, out.size(), "an indented string");
       if (e == std::string::npos) break;
       out += '\n';
       b = e + 1;

@@ -25,10 +25,21 @@ struct Ctx {
 
 struct Interp {
   const std::string& name;
+  const RenderLimits& limits;
   mutable int eval_depth = 0;  // bounds recursion on long operator chains such as 1+1+...+1
+  mutable uint64_t steps = 0;  // work done so far, against limits.steps
 
   [[noreturn]] void error(const Node& n, const std::string& msg) const {
     fail("{} line {}, column {}: {}", name, n.line, n.col, msg);
+  }
+
+  // Charges `cost` steps of work to the render.
+  void charge(const Node& n, uint64_t cost) const {
+    steps += cost;
+    if (steps > limits.steps) error(n, fmt::format("rendering takes more than {} steps (a loop without end?)", limits.steps));
+  }
+  void check_len(const Node& n, uint64_t len, const char* what) const {
+    if (len > kMaxStringBytes) error(n, std::string(what) + " would be longer than 64 MiB");
   }
 
   // values (jinja_ops.cpp)
@@ -46,12 +57,17 @@ struct Interp {
   Value binop(const Node& n, const std::string& op, const Value& x, const Value& y) const;
 
   // expressions and statements (jinja_eval.cpp)
+  // One step per expression; a string result also costs its bytes / 64 (values are copied by value)
+  // and a list the expression builds its length.
   Value eval(const Node& n, Ctx& c) const;
   Value eval_node(const Node& n, Ctx& c) const;
   CallArgs eval_args(const Node& n, Ctx& c) const;
   Value eval_call(const Node& n, Ctx& c) const;
   Value call_fn(const Node& n, const Value& f, CallArgs& args) const;
+  // One step per statement (a text node also its bytes / 64); what it writes to `out` stays within
+  // kMaxStringBytes.
   Flow exec(const Node& n, Ctx& c, std::string& out) const;
+  Flow exec_node(const Node& n, Ctx& c, std::string& out) const;
   void assign(const Node& n, Ctx& c, const std::vector<std::string>& names, const Value& v) const;
   Flow exec_for(const Node& n, Ctx& c, std::string& out) const;
   Value make_macro(const Node& n, Ctx& c, std::shared_ptr<Ctx> scope) const;

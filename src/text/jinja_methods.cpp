@@ -1,5 +1,6 @@
 // Python's str, dict and list methods as chat templates call them (s.strip(), d.items(), l.index(x), ...).
 #include <cctype>
+#include <charconv>
 #include <cstdint>
 
 #include <utf8proc.h>
@@ -172,6 +173,7 @@ Value Interp::call_method(const Node& n, const Value& obj, const std::string& m,
       for (auto& x : iterate(n, it)) {
         if (!first) out += s;
         out += to_str(x);
+        check_len(n, out.size(), "a joined string");
         first = false;
       }
       return Value(out);
@@ -208,10 +210,12 @@ Value Interp::call_method(const Node& n, const Value& obj, const std::string& m,
           Value v;
           if (key.empty()) v = auto_idx < a.pos.size() ? a.pos[auto_idx++] : Value::undef();
           else if (std::isdigit(uint8_t(key[0]))) {
-            size_t idx = size_t(std::stoul(key));
+            size_t idx = SIZE_MAX;  // past the arguments when the index does not fit
+            std::from_chars(key.data(), key.data() + key.size(), idx);
             v = idx < a.pos.size() ? a.pos[idx] : Value::undef();
           } else v = a.get(SIZE_MAX, key);
           out += to_str(v);
+          check_len(n, out.size(), "a formatted string");
           k = e;
         } else out += s[k];
       }
@@ -259,6 +263,7 @@ std::string Interp::replace(const std::string& s, const std::string& from, const
     for (size_t k = 0; k <= v.size(); ++k) {
       if (count < 0 || done < count) out += to, ++done;
       if (k < v.size()) append_utf8(out, v[k]);
+      check_length(out.size(), "a replaced string");
     }
     return out;
   }
@@ -270,6 +275,7 @@ std::string Interp::replace(const std::string& s, const std::string& from, const
     if (p == std::string::npos) break;
     out.append(s, start, p - start);
     out += to;
+    check_length(out.size(), "a replaced string");
     start = p + from.size();
     ++done;
   }

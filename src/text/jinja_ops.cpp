@@ -212,8 +212,10 @@ Value Interp::binop(const Node& n, const std::string& op, const Value& x, const 
   if (op == "*" && ((x.kind == Value::Str && y.kind == Value::Int) || (x.kind == Value::Int && y.kind == Value::Str))) {
     const std::string& s = x.kind == Value::Str ? x.s : y.s;
     int64_t k = x.kind == Value::Int ? x.i : y.i;
+    if (k > 0 && !s.empty())
+      check_len(n, uint64_t(k) > kMaxStringBytes / s.size() ? kMaxStringBytes + 1 : s.size() * uint64_t(k), "a repeated string");
     std::string r;
-    for (int64_t j = 0; j < k && r.size() < (64u << 20); ++j) r += s;
+    for (int64_t j = 0; j < k; ++j) r += s;
     return Value(r);
   }
   if (x.is_num() && y.is_num() && x.kind != Value::Bool && y.kind != Value::Bool) {

@@ -38,6 +38,10 @@ struct DepthGuard {
 };
 }  // namespace
 
+void check_length(size_t n, const char* what) {
+  if (n > kMaxStringBytes) throw InputError(std::string(what) + " would be longer than 64 MiB");
+}
+
 Value from_json(const nlohmann::ordered_json& j) {
   DepthGuard guard;
   switch (j.type()) {
@@ -145,7 +149,10 @@ std::string repr(const Value& v) {
     case Value::Str: return str_repr(v.s);
     case Value::Arr: {
       std::string out = "[";
-      for (size_t k = 0; k < v.a->size(); ++k) out += (k ? ", " : "") + repr((*v.a)[k]);
+      for (size_t k = 0; k < v.a->size(); ++k) {
+        out += (k ? ", " : "") + repr((*v.a)[k]);
+        check_length(out.size(), "a printed list");
+      }
       return out + "]";
     }
     case Value::Obj: {
@@ -153,6 +160,7 @@ std::string repr(const Value& v) {
       bool first = true;
       for (auto& [k, x] : v.o->items) {
         out += (first ? "" : ", ") + str_repr(k) + ": " + repr(x);
+        check_length(out.size(), "a printed dict");
         first = false;
       }
       return out + "}";
@@ -206,6 +214,7 @@ std::string dumps(const Value& v, int indent, const std::string& item_sep, const
   std::string out;
   auto nl = [&](int d) {
     if (indent < 0) return;
+    check_length(size_t(indent) * size_t(d) + out.size(), "tojson output");
     out += '\n';
     out.append(size_t(indent) * size_t(d), ' ');
   };
@@ -227,6 +236,7 @@ std::string dumps(const Value& v, int indent, const std::string& item_sep, const
         if (k) out += item_sep;
         nl(depth + 1);
         out += dumps((*v.a)[k], indent, item_sep, key_sep, sort_keys, depth + 1);
+        check_length(out.size(), "tojson output");
       }
       nl(depth);
       return out + ']';
@@ -242,6 +252,7 @@ std::string dumps(const Value& v, int indent, const std::string& item_sep, const
         json_str(out, items[k]->first);
         out += key_sep;
         out += dumps(items[k]->second, indent, item_sep, key_sep, sort_keys, depth + 1);
+        check_length(out.size(), "tojson output");
       }
       nl(depth);
       return out + '}';

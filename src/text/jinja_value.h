@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "text/jinja.h"
+
 namespace lily::text::jinja {
 
 struct Value;
@@ -79,6 +81,9 @@ struct CallArgs {
     return idx < pos.size() ? pos[idx] : Value::undef();
   }
 };
+
+// InputError when a string of n bytes would pass kMaxStringBytes; `what` names it.
+void check_length(size_t n, const char* what = "a string");
 
 Value from_json(const nlohmann::ordered_json& j);
 nlohmann::ordered_json to_json(const Value& v);

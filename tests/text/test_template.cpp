@@ -164,3 +164,57 @@ TEST(Jinja, FuzzParserNeverCrashes) {
     }
   }
 }
+
+// Templates that loop without end or build huge strings end with an InputError naming the bound
+// (each of these hung, aborted or ran out of memory before the render had bounds).
+TEST(Jinja, RenderBounds) {
+  auto error_with = [](const std::string& tpl, uint64_t steps) {
+    jinja::RenderLimits limits;
+    limits.steps = steps;
+    try {
+      jinja::Template(tpl, "t").render(ojson::object(), limits);
+    } catch (const lily::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string endless = "{% for a in range(999999) %}{% for b in range(999999) %}x{% endfor %}{% endfor %}";
+  EXPECT_NE(error_with(endless, 100000).find("more than 100000 steps"), std::string::npos) << error_with(endless, 100000);
+  // A big string looked up in a loop costs its size each time (values are copied).
+  EXPECT_NE(error_with("{% set s = 'x' * 10000000 %}{% for i in range(100000) %}{% if s %}{% endif %}{% endfor %}", 1000000)
+                .find("more than 1000000 steps"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 'x' * 2000000000 }}").find("a repeated string would be longer than 64 MiB"), std::string::npos);
+  EXPECT_NE(error_of("{{ ('x' * 40000000) ~ ('x' * 40000000) }}").find("longer than 64 MiB"), std::string::npos);
+  EXPECT_NE(error_of("{{ [1] | tojson(indent=1000000000) }}").find("tojson output would be longer than 64 MiB"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 'a' | indent(100000000) }}").find("an indent would be longer"), std::string::npos);
+  EXPECT_NE(error_of("{{ ('x' * 1000000) | replace('x', 'y' * 1000) }}").find("a replaced string would be longer"),
+            std::string::npos);
+  // A list that shares one value 2^8 times prints 256 MB.
+  std::string doubling = "{% set a = 'x' * 1000000 %}";
+  for (int k = 0; k < 8; ++k) doubling += "{% set a = [a, a] %}";
+  EXPECT_NE(error_of(doubling + "{{ a }}").find("a printed list would be longer than 64 MiB"), std::string::npos);
+  EXPECT_NE(error_of(doubling + "{{ a | tojson }}").find("tojson output would be longer"), std::string::npos);
+  // Numbers too large for the index types: no exception other than InputError escapes.
+  EXPECT_EQ(render_str("{{ '{99999999999999999999999}'.format(1) }}|"), "|");
+  EXPECT_EQ(render_str("{{ x | map(attribute='99999999999999999999') | list | length }}", ojson{{"x", {{1}}}}), "1");
+  EXPECT_EQ(render_str("{{ 'a\nb' | indent(-1) }}"), "a\nb");
+  EXPECT_EQ(render_str("{{ 'ab' * 3 }}{{ 'x' * -1 }}"), "ababab");
+}
+
+// The Qwen3 template costs a bounded number of steps per message (53 for these), so the default
+// bound fits the largest conversation the server accepts (8 MiB of body: at most ~270K messages).
+TEST(Jinja, RenderStepsPerMessage) {
+  LILY_REQUIRE_QWEN3();
+  const std::string src = load_ojson(qwen3_dir() / "tokenizer_config.json")["chat_template"].get<std::string>();
+  jinja::Template t(src, "qwen3");
+  ojson msgs = ojson::array();
+  for (int k = 0; k < 1000; ++k)
+    msgs.push_back({{"role", k % 2 ? "assistant" : "user"}, {"content", "message " + std::to_string(k)}});
+  const ojson g = {{"messages", msgs}, {"add_generation_prompt", true}};
+  jinja::RenderLimits limits;
+  limits.steps = 100 * msgs.size();
+  EXPECT_NO_THROW(t.render(g, limits));
+  EXPECT_GE(jinja::RenderLimits{}.steps, 100u * 270000u);
+}
