@@ -99,7 +99,8 @@ json parse_tools(const json& b, const RequestLimits& limits, OutputConstraint& f
     check_count("tools", t->size(), limits.tools, "tools");
     for (size_t i = 0; i < t->size(); ++i) {
       const json& x = (*t)[i];
-      if (!x.is_object() || x.value("type", "function") != "function" || !x.contains("function") || !x["function"].is_object() ||
+      const json* type = x.is_object() ? field(x, "type") : nullptr;  // absent or null: "function"
+      if (!x.is_object() || (type && *type != "function") || !x.contains("function") || !x["function"].is_object() ||
           !x["function"].contains("name") || !x["function"]["name"].is_string())
         bad(fmt::format("tools[{}]", i), fmt::format("tools[{}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", i));
       tools.push_back(x);

@@ -165,6 +165,12 @@ TEST(Hostile, MessagesNameTheFieldAndHideServerPaths) {
   EXPECT_NE(parsed(r)["error"]["message"].get<std::string>().find("must be a string"), std::string::npos) << r.body;
   r = raw_request(port, post_bytes("/v1/chat/completions", R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})"));
   expect_envelope(r, 400, "messages[0].content[0].type");
+  // A tool whose type is not a string (found by fuzz_chat_request: a json type_error escaped, a 500).
+  for (const char* type : {R"({})", "[]", "5", "true", R"("other")"}) {
+    r = raw_request(port, post_bytes("/v1/chat/completions", fmt::format(R"({{"messages":[{{"role":"user","content":"x"}}],
+        "tools":[{{"type":{},"function":{{"name":"f"}}}}]}})", type)));
+    expect_envelope(r, 400, "tools[0]");
+  }
 
   // A template that fails while rendering: the error gives line and column, not the file it came from.
   auto dir = std::filesystem::temp_directory_path() / fmt::format("lily-tpl-{}", getpid());
