@@ -23,7 +23,10 @@ if [ "$PORT" != 0 ] && [ -n "${LILY_SOAK_PID:-}" ]; then
   exec python3 scripts/soak.py --port "$PORT" --pid "$LILY_SOAK_PID" --clients "$CLIENTS" --seconds "$SECONDS_"
 fi
 LOG=$(mktemp)
-"$BIN" serve --port "$PORT" --parallel "$PARALLEL" --queue "$CLIENTS" --ctx-size 2048 "${EXTRA[@]}" >"$LOG" 2>&1 &
+# A deadline per request: the hostile mix sends valid requests that would otherwise generate up to
+# --max-tokens (4096) at a 64th of the throughput, past any client's patience (soak.py waits 90 s).
+"$BIN" serve --port "$PORT" --parallel "$PARALLEL" --queue "$CLIENTS" --ctx-size 2048 --request-timeout 60 "${EXTRA[@]}" \
+  >"$LOG" 2>&1 &
 PID=$!
 trap 'kill $PID 2>/dev/null || true; rm -f "$LOG"' EXIT
 for _ in $(seq 600); do
@@ -32,7 +35,7 @@ for _ in $(seq 600); do
   sleep 0.1
 done
 PORT=$(sed -n 's/.*listening on http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$LOG")
-echo "soak: server pid $PID on port $PORT (--parallel $PARALLEL --queue $CLIENTS ${EXTRA[*]:-})"
+echo "soak: server pid $PID on port $PORT (--parallel $PARALLEL --queue $CLIENTS --request-timeout 60 ${EXTRA[*]:-})"
 rc=0
 python3 scripts/soak.py --port "$PORT" --pid "$PID" --clients "$CLIENTS" --seconds "$SECONDS_" || rc=$?
 echo "soak: load at the end $(cut -d' ' -f1-3 /proc/loadavg)"
