@@ -1,5 +1,6 @@
 #include "cli/backend_options.h"
 
+#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #ifdef LILY_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -16,6 +17,12 @@ void add_cuda_opt(CLI::App& app, std::vector<std::string>& dst) {
          "CUDA prompt GEMM operands: high (default: split bf16 hi/lo, ~fp32 results) or bf16 (one product per "
          "multiply, as HF/vLLM run bf16: faster prompts, larger logit differences)")
       ->check(CLI::IsMember({"bf16", "high"}));
+}
+
+void add_cpu_opt(CLI::App& app, std::vector<std::string>& dst) {
+  app.add_option("--cpu-opt", dst,
+                 "CPU backend option name=value, repeatable (emulate_bf16=CLASS,...: those products with bf16 operands, "
+                 "emulating the CUDA bf16 prompt GEMMs; emulate_bf16_rows, recurrent_max_rows, affine)");
 }
 
 void require_cuda_backend(const std::vector<std::string>& cuda_opts, const std::string& backend) {
@@ -43,7 +50,17 @@ std::unique_ptr<Engine> engine_from_weights(std::shared_ptr<const ModelWeights> 
   return Engine::from_backend(std::move(w), std::move(be), eo);
 }
 
-std::unique_ptr<Engine> open_engine(const std::string& dir, const EngineOptions& eo, const std::vector<std::string>& cuda_opts) {
+std::unique_ptr<Engine> open_engine(const std::string& dir, const EngineOptions& eo, const std::vector<std::string>& cuda_opts,
+                                    const std::vector<std::string>& cpu_opts) {
+  if (!cpu_opts.empty()) {
+    if (eo.backend != "cpu") fail("--cpu-opt needs --backend cpu (got --backend {})", eo.backend);
+    if (!cuda_opts.empty()) fail("--cuda-opt / --precision need --backend cuda (got --cpu-opt, which needs --backend cpu)");
+    cpu::CpuOptions co;
+    for (const std::string& kv : cpu_opts) cpu::set_cpu_option(co, kv);
+    auto w = ModelWeights::load(dir);
+    auto be = std::make_unique<cpu::CpuBackend>(w, co);
+    return Engine::from_backend(std::move(w), std::move(be), eo);
+  }
   if (cuda_opts.empty()) return Engine::open(dir, eo);
   require_cuda_backend(cuda_opts, eo.backend);
   return engine_from_weights(ModelWeights::load(dir), eo, cuda_opts);

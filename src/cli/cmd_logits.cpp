@@ -15,7 +15,7 @@ namespace {
 Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for a token list", [](CLI::App& app) {
   struct Opts {
     std::string model, tokens, out, backend = "cpu";
-    std::vector<std::string> cuda_opts;
+    std::vector<std::string> cuda_opts, cpu_opts;
     int64_t chunk = 0;
     bool mtp = false;
   };
@@ -29,6 +29,7 @@ Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for 
                "Write the MTP head's teacher-forced logits [T-1, vocab] instead (row t from the pair (x_{t+1}, h_t), "
                "predicting x_{t+2}); CPU reference");
   add_cuda_opt(app, o->cuda_opts);
+  add_cpu_opt(app, o->cpu_opts);
   return [o]() -> int {
     auto ids = parse_ids(o->tokens, "--tokens");
     if (ids.empty()) fail("--tokens: no token ids given");
@@ -38,7 +39,8 @@ Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for 
     eo.ctx_size = int64_t(ids.size());
     if (o->mtp && o->backend != "cpu") fail("--mtp: the MTP head runs on --backend cpu (its CPU reference) for now");
     if (o->mtp && ids.size() < 2) fail("--mtp: --tokens needs at least 2 ids (row t pairs x_{{t+1}} with h_t)");
-    auto engine = open_engine(o->model, eo, o->cuda_opts);
+    if (o->mtp && !o->cpu_opts.empty()) fail("--mtp: the MTP reference takes no --cpu-opt");
+    auto engine = open_engine(o->model, eo, o->cuda_opts, o->cpu_opts);
     const int64_t V = engine->config().vocab;
     std::vector<float> logits;
     if (o->mtp) {

@@ -5,9 +5,11 @@
 #include <cstring>
 #include <numeric>
 
+#include "backend/cpu/bf16_emulation.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/simd.h"
+#include "backend/product_class.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -194,6 +196,20 @@ class CpuState final : public SequenceState {
 
 CpuBackend::CpuBackend(std::shared_ptr<const ModelWeights> w, CpuOptions opt) : w_(std::move(w)), opt_(opt) {}
 
+void CpuBackend::mm(const Linear& W, const float* x, int64_t T, float* y, uint32_t cls, int64_t rows) const {
+  if (bf16(cls, rows)) matmul_bf16_operands(W, x, T, y);
+  else matmul(W, x, T, y, opt_.affine);
+}
+
+void CpuBackend::mm_batch(const std::vector<MatJob>& jobs, const std::vector<uint32_t>& cls) const {
+  std::vector<MatJob> plain;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (bf16(cls[i], T_)) matmul_bf16_operands(*jobs[i].W, jobs[i].x, jobs[i].T, jobs[i].y);
+    else plain.push_back(jobs[i]);
+  }
+  matmul_batch(plain, opt_.affine);
+}
+
 std::unique_ptr<SequenceState> CpuBackend::new_state(int64_t max_tokens) {
   LILY_CHECK(max_tokens > 0, "context size must be positive (got {})", max_tokens);
   return std::make_unique<CpuState>(*this, w_->cfg, max_tokens);
@@ -243,7 +259,7 @@ void CpuBackend::embed() {
       const float* h = src == kMtpHidden ? g.st->mtp_h_.data() : g.st->hidden_.data() + src * H;
       rms_norm(h, m.norm_hidden.data(), 1, H, eps, c + H);
     }
-  mm(m.fc, cat.data(), T_, x_.data());
+  mm(m.fc, cat.data(), T_, x_.data(), kProdMtpFc, T_);
 }
 
 const LayerWeights& CpuBackend::layer_weights(int layer) const {
@@ -264,11 +280,11 @@ void CpuBackend::gdn_mixer(int layer) {
   c_.resize(static_cast<size_t>(T * Hv * dv));  // z
   d_.resize(static_cast<size_t>(T * Hv * 2));   // b | a per row
   e_.resize(static_cast<size_t>(T * Hv * dv));  // core output
-  mm(G.in_qkv, u_.data(), T, a_.data());
-  mm(G.in_z, u_.data(), T, c_.data());
+  mm(G.in_qkv, u_.data(), T, a_.data(), kProdGdnIn, T);
+  mm(G.in_z, u_.data(), T, c_.data(), kProdGdnIn, T);
   std::vector<float> bb(static_cast<size_t>(T * Hv)), aa(static_cast<size_t>(T * Hv));
-  mm(G.in_b, u_.data(), T, bb.data());
-  mm(G.in_a, u_.data(), T, aa.data());
+  mm(G.in_b, u_.data(), T, bb.data(), kProdGdnIn, T);
+  mm(G.in_a, u_.data(), T, aa.data(), kProdGdnIn, T);
 
   // Conv per group over its sequence's carried rows; a tentative group keeps the state after every row
   // (version j + 1 after row j, the current version untouched).
@@ -344,7 +360,7 @@ void CpuBackend::gdn_mixer(int layer) {
       for (int64_t d = 0; d < dv; ++d) o[d] = o[d] * inv * G.norm[size_t(d)] * silu(z[d]);
     }
   std::vector<float> out(static_cast<size_t>(T * H));
-  mm(G.out, e_.data(), T, out.data());
+  mm(G.out, e_.data(), T, out.data(), kProdGdnOut, T);
   for (size_t i = 0; i < out.size(); ++i) x_[i] += out[i];
 }
 
@@ -360,9 +376,9 @@ void CpuBackend::attn_mixer(int layer) {
   a_.resize(static_cast<size_t>(T * Hq * 2 * hd));
   b_.resize(static_cast<size_t>(T * kvw));
   c_.resize(static_cast<size_t>(T * kvw));
-  mm(A.q, u_.data(), T, a_.data());
-  mm(A.k, u_.data(), T, b_.data());
-  mm(A.v, u_.data(), T, c_.data());
+  mm(A.q, u_.data(), T, a_.data(), kProdAttnIn, T);
+  mm(A.k, u_.data(), T, b_.data(), kProdAttnIn, T);
+  mm(A.v, u_.data(), T, c_.data(), kProdAttnIn, T);
 
   // q/k RMSNorm per head over hd, then partial RoPE; append k, v to the cache.
   e_.resize(static_cast<size_t>(T * Hq * hd));  // q, then attention output
@@ -414,17 +430,17 @@ void CpuBackend::attn_mixer(int layer) {
     }
   });
   std::vector<float> out(static_cast<size_t>(T * H));
-  mm(A.o, d_.data(), T, out.data());
+  mm(A.o, d_.data(), T, out.data(), kProdAttnOut, T);
   for (size_t i = 0; i < out.size(); ++i) x_[i] += out[i];
 }
 
-void CpuBackend::expert_mlp(const Expert& e, const float* u, int64_t rows, float* out) {
+void CpuBackend::expert_mlp(const Expert& e, const float* u, int64_t rows, float* out, uint32_t cls) {
   const int64_t I = e.gate.out;
   std::vector<float> g(static_cast<size_t>(rows * I)), up(static_cast<size_t>(rows * I));
-  mm(e.gate, u, rows, g.data());
-  mm(e.up, u, rows, up.data());
+  mm(e.gate, u, rows, g.data(), cls, T_);
+  mm(e.up, u, rows, up.data(), cls, T_);
   for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * up[i];
-  mm(e.down, g.data(), rows, out);
+  mm(e.down, g.data(), rows, out, cls, T_);
 }
 
 void CpuBackend::ffn(int layer) {
@@ -435,13 +451,13 @@ void CpuBackend::ffn(int layer) {
   rms_norm(x_.data(), L.post_norm.data(), T, H, float(cfg.rms_eps), u_.data());
   std::vector<float> out(static_cast<size_t>(T * H));
   if (!F.moe) {
-    expert_mlp(F.shared, u_.data(), T, out.data());
+    expert_mlp(F.shared, u_.data(), T, out.data(), kProdMlp);
     for (size_t i = 0; i < out.size(); ++i) x_[i] += out[i];
     return;
   }
   const int64_t E = cfg.n_experts, k = cfg.top_k;
   std::vector<float> logits(static_cast<size_t>(T * E));
-  mm(F.router, u_.data(), T, logits.data());
+  mm(F.router, u_.data(), T, logits.data(), kProdRouter, T);
   // Softmax over all experts (fp32), top-k by probability (ties: lower index), renormalise.
   std::vector<std::vector<std::pair<int64_t, float>>> assigned(static_cast<size_t>(E));  // expert -> (row, weight)
   std::vector<int64_t> idx(static_cast<size_t>(E));
@@ -485,6 +501,7 @@ void CpuBackend::ffn(int layer) {
   if (shared) add(F.shared, -1, T);
   std::vector<float> xin(nx), g(ngu), up(ngu), y(ny), sg(shared ? size_t(T) : 0);
   std::vector<MatJob> jobs;
+  std::vector<uint32_t> cls;  // each job's product class
   for (const Run& r : runs) {
     const float* xr = u_.data();
     if (r.e >= 0) {
@@ -495,13 +512,21 @@ void CpuBackend::ffn(int layer) {
     }
     jobs.push_back({&r.ex->gate, xr, r.n, g.data() + r.gu});
     jobs.push_back({&r.ex->up, xr, r.n, up.data() + r.gu});
+    cls.insert(cls.end(), 2, r.e >= 0 ? kProdExpertsGateUp : kProdShared);
   }
-  if (shared) jobs.push_back({&F.shared_gate, u_.data(), T, sg.data()});
-  matmul_batch(jobs, opt_.affine);
+  if (shared) {
+    jobs.push_back({&F.shared_gate, u_.data(), T, sg.data()});
+    cls.push_back(kProdRouter);
+  }
+  mm_batch(jobs, cls);
   for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * up[i];
   jobs.clear();
-  for (const Run& r : runs) jobs.push_back({&r.ex->down, g.data() + r.gu, r.n, y.data() + r.y});
-  matmul_batch(jobs, opt_.affine);
+  cls.clear();
+  for (const Run& r : runs) {
+    jobs.push_back({&r.ex->down, g.data() + r.gu, r.n, y.data() + r.y});
+    cls.push_back(r.e >= 0 ? kProdExpertsDown : kProdShared);
+  }
+  mm_batch(jobs, cls);
   for (const Run& r : runs) {
     const float* yr = y.data() + r.y;
     if (r.e >= 0) {
@@ -549,7 +574,7 @@ void CpuBackend::head() {
     r += g.out_rows;
   }
   out_.assign(static_cast<size_t>(rows * cfg.vocab), 0.0f);
-  if (rows > 0) mm(w_->lm_head, h.data(), rows, out_.data());
+  if (rows > 0) mm(w_->lm_head, h.data(), rows, out_.data(), kProdLmHead, rows);
 }
 
 uint64_t CpuBackend::end() {

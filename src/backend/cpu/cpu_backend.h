@@ -7,6 +7,7 @@
 #pragma once
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -20,7 +21,17 @@ struct CpuOptions {
   int64_t recurrent_max_rows = 16;
   // Affine 4/8-bit products: int8 activations (fast) or float activations (exact; see matmul.h).
   AffinePath affine = affine_path_default();
+  // Products of these classes (backend/product_class.h mask) with bf16 operands, emulating the CUDA
+  // backend's bf16 prompt GEMMs (bf16_emulation.h), in steps of at least emulate_bf16_rows rows: the CUDA
+  // backend's GEMM path (up to 32 rows it runs fp32 GEMVs and multi-row GEMVs; lm_head counts its output
+  // rows). 0: off, every product float32 (decode steps are below the row count whatever the mask).
+  uint32_t emulate_bf16 = 0;
+  int64_t emulate_bf16_rows = 33;
 };
+
+// CpuOptions by name, the CLI's repeated --cpu-opt name=value (InputError for an unknown name or a bad value).
+void set_cpu_option(CpuOptions& o, const std::string& name_eq_value);
+std::vector<std::string> cpu_option_names();
 
 class CpuState;
 
@@ -53,8 +64,13 @@ class CpuBackend final : public Backend {
     bool logits, tentative, keep_hidden;
   };
   const LayerWeights& layer_weights(int layer) const;  // layer == cfg.layers: the MTP layer
-  void expert_mlp(const Expert& e, const float* u, int64_t rows, float* out);
-  void mm(const Linear& W, const float* x, int64_t T, float* y) const { matmul(W, x, T, y, opt_.affine); }
+  void expert_mlp(const Expert& e, const float* u, int64_t rows, float* out, uint32_t cls);
+  // Whether products of class `cls` run with bf16 operands in a step of `rows` rows (CpuOptions::emulate_bf16).
+  bool bf16(uint32_t cls, int64_t rows) const { return (opt_.emulate_bf16 & cls) && rows >= opt_.emulate_bf16_rows; }
+  // y = x · Wᵀ for a product of class `cls` in a step of `rows` rows.
+  void mm(const Linear& W, const float* x, int64_t T, float* y, uint32_t cls, int64_t rows) const;
+  // Independent products, each of its class (the MoE's batched passes).
+  void mm_batch(const std::vector<MatJob>& jobs, const std::vector<uint32_t>& cls) const;
 
   std::shared_ptr<const ModelWeights> w_;
   CpuOptions opt_;

@@ -1,0 +1,69 @@
+// CpuOptions by name (the CLI's repeated --cpu-opt name=value): one table of names.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/product_class.h"
+#include "core/error.h"
+
+namespace lily::cpu {
+namespace {
+
+struct Field {
+  const char* name;
+  const char* help;
+  std::function<void(CpuOptions&, const std::string&)> set;
+};
+
+int64_t parse_int_in(const std::string& name, const std::string& v, int64_t lo, int64_t hi) {
+  try {
+    size_t used = 0;
+    const long long x = std::stoll(v, &used);
+    if (used == v.size() && x >= lo && x <= hi) return x;
+  } catch (const std::exception&) {
+  }
+  fail("--cpu-opt {}={}: expected an integer in {}..{}", name, v, lo, hi);
+}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> f = {
+      {"emulate_bf16", "product classes with bf16 operands, comma separated (emulating the CUDA bf16 prompt GEMMs)",
+       [](CpuOptions& o, const std::string& v) { o.emulate_bf16 = parse_product_classes(v, "--cpu-opt emulate_bf16"); }},
+      {"emulate_bf16_rows", "steps of at least this many rows take the bf16 emulation (default 33)",
+       [](CpuOptions& o, const std::string& v) { o.emulate_bf16_rows = parse_int_in("emulate_bf16_rows", v, 1, int64_t(1) << 40); }},
+      {"recurrent_max_rows", "DeltaNet groups of up to this many rows use the recurrent rule (default 16)",
+       [](CpuOptions& o, const std::string& v) { o.recurrent_max_rows = parse_int_in("recurrent_max_rows", v, 0, int64_t(1) << 40); }},
+      {"affine", "affine 4/8-bit products: int8 (quantised activations) or exact (float activations)",
+       [](CpuOptions& o, const std::string& v) {
+         if (v == "int8") o.affine = AffinePath::Int8;
+         else if (v == "exact") o.affine = AffinePath::Exact;
+         else fail("--cpu-opt affine={}: expected int8 or exact", v);
+       }},
+  };
+  return f;
+}
+
+}  // namespace
+
+void set_cpu_option(CpuOptions& o, const std::string& kv) {
+  const size_t eq = kv.find('=');
+  if (eq == std::string::npos || eq == 0) fail("--cpu-opt {}: expected name=value", kv);
+  const std::string name = kv.substr(0, eq), value = kv.substr(eq + 1);
+  for (const Field& f : fields())
+    if (name == f.name) {
+      f.set(o, value);
+      return;
+    }
+  std::string names;
+  for (const Field& f : fields()) names += std::string(names.empty() ? "" : ", ") + f.name;
+  fail("--cpu-opt {}: unknown option (known: {})", name, names);
+}
+
+std::vector<std::string> cpu_option_names() {
+  std::vector<std::string> n;
+  for (const Field& f : fields()) n.push_back(std::string(f.name) + ": " + f.help);
+  return n;
+}
+
+}  // namespace lily::cpu
