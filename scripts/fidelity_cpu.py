@@ -24,19 +24,12 @@ import sys
 import tempfile
 from array import array
 
-MODELS = ["qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r", "qwen3_5_moe_text-a-mtp",
-          "qwen3_next-a-mtp", "qwen3_5_text-a-mtp"]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "device"))
+from fidelity import MODELS, find, search_dirs  # noqa: E402 (the golden lookup of the device script)
+
 # HF transformers in bf16 against the stored float32 reference, H200, 2026-12-01: (mean KL, flips).
 HF_BF16 = {"qwen3_5_moe_text-a": (6.02e-3, 7), "qwen3_next-a": (3.12e-2, 20),
            "qwen3_5_moe_text-a-mtp": (1.16e-2, 14), "qwen3_next-a-mtp": (2.15e-2, 19)}
-
-
-def find(name, dirs):
-    for d in dirs:
-        p = os.path.join(d, name)
-        if os.path.exists(os.path.join(p, "model.safetensors")) and os.path.exists(os.path.join(p, "golden_logits.f32")):
-            return p
-    return None
 
 
 def read_f32(path, rows):
@@ -111,11 +104,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lily", default="build/lily")
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--dirs", default="tests/data/golden:../shared/golden", help="golden folders, colon separated")
+    ap.add_argument("--dirs", default="", help="more golden folders, colon separated (as fidelity.py)")
     ap.add_argument("--masks", default="none;all;gpu_bf16;experts")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
-    dirs = [d for d in a.dirs.split(":") if d] + [p for p in os.environ.get("LILY_GOLDEN_EXTRA", "").split(":") if p]
+    dirs = search_dirs(a.dirs)
     masks = [m.strip() for m in a.masks.split(";") if m.strip()]
     results = {}
     for name in a.models.split(","):

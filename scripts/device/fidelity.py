@@ -13,6 +13,9 @@ reference's logits), and the perplexity ratio over rows 0..148. The issue's bar 
 most a quarter of HF bf16's, no more flips than HF bf16, perplexity within 0.05%.
 
 Prints a markdown table (the issue's, with both lily modes side by side) and writes JSON (--json FILE).
+--bf16-classes 'A;B' adds a lily run per class list (`--precision bf16 --cuda-opt bf16_classes=A`: only those
+products in bf16, backend/product_class.h) and a table of them against the same bar; scripts/fidelity_cpu.py
+measures the same choices on the CPU's emulation.
 
 Usage: python3 scripts/device/fidelity.py --lily .devbin/lily [--models a,b] [--dirs D1:D2] [--json F]
 Golden models are looked up in tests/data/golden, .devbin/golden (scripts/device/bundle.sh packs the -r model
@@ -26,7 +29,10 @@ import subprocess
 import sys
 import tempfile
 
-import torch
+try:
+    import torch
+except ImportError:  # scripts/fidelity_cpu.py reads the golden lookup from here where torch is absent
+    torch = None
 
 MODELS = ["qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r", "qwen3_5_moe_text-a-mtp",
           "qwen3_next-a-mtp", "qwen3_5_text-a-mtp"]
@@ -108,6 +114,7 @@ def main():
     ap.add_argument("--attn", default="", help="HF attn_implementation (default: transformers' own choice)")
     ap.add_argument("--json", default="")
     ap.add_argument("--extra", default="", help="more lily options for every run, e.g. '--cuda-opt gemm_wgmma=0'")
+    ap.add_argument("--bf16-classes", default="", help="';'-separated class lists, one bf16 run each")
     a = ap.parse_args()
     import transformers
     dirs = search_dirs(a.dirs)
@@ -129,7 +136,10 @@ def main():
             except Exception as e:  # noqa: BLE001 (a model HF cannot load is reported, not fatal)
                 res[key] = None
                 res[key + "_error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-        for key, extra in (("lily_default", []), ("lily_high", ["--precision", "high"])):
+        runs = [("lily_default", []), ("lily_high", ["--precision", "high"])]
+        classes = [c.strip() for c in a.bf16_classes.split(";") if c.strip()]
+        runs += [("lily_bf16:" + c, ["--precision", "bf16", "--cuda-opt", "bf16_classes=" + c]) for c in classes]
+        for key, extra in runs:
             t, err = lily_logits(a.lily, path, ids, extra + a.extra.split(), T)
             res[key] = metrics(t, ref, ids) if t is not None else None
             if err:
@@ -164,6 +174,21 @@ def main():
     for name, r in results.items():
         cell = lambda m: "%.2e" % m["max_rel"] if m else "—"  # noqa: E731
         print("| %s | %s | %s | %s |" % (name, cell(r.get("hf_f32")), cell(r.get("lily_high")), cell(r.get("lily_default"))))
+    if classes:
+        print()
+        print("| bf16 classes | golden | KL (bar: HF bf16 / 4) | flips (HF bf16) | median \\|Δ\\|/RMS | max \\|Δ\\|/RMS | ppl ratio | bar |")
+        print("|---|---|---|---|---|---|---|---|")
+        for c in classes:
+            for name, r in results.items():
+                m, hb = r.get("lily_bf16:" + c), r.get("hf_bf16")
+                if not m:
+                    print("| %s | %s | — | — | — | — | — | — |" % (c, name))
+                    continue
+                ok = hb and m["kl_mean"] <= hb["kl_mean"] / 4 and m["flips"] <= hb["flips"] and abs(m["ppl_ratio"] - 1) < 5e-4
+                print("| %s | %s | %.2e (%s) | %d (%s) | %.1e | %.1e | %.5f | %s |" % (
+                    c, name, m["kl_mean"], "%.2e" % (hb["kl_mean"] / 4) if hb else "—", m["flips"],
+                    hb["flips"] if hb else "—", m["median_rel"], m["max_rel"], m["ppl_ratio"],
+                    "—" if not hb else ("yes" if ok else "**no**")))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -4,7 +4,8 @@
 # the default (bf16) and the high (--precision high) prompt precision on the same 150 rows.
 # Runs the bundle of scripts/device/bundle.sh (carry .devbin; it packs lily and the -r golden).
 # Output: $OUT/fidelity.txt (the tables) and $OUT/fidelity.json. MODELS=a,b narrows the list; LILY_EXTRA adds
-# lily options to every run (e.g. '--cuda-opt gemm_wgmma=0').
+# lily options to every run (e.g. '--cuda-opt gemm_wgmma=0'); BF16_CLASSES='A;B' adds a bf16 run per class list
+# (--precision bf16 --cuda-opt bf16_classes=A) and its table.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/lily-fidelity}
@@ -12,7 +13,7 @@ OUT=${OUT:-/tmp/lily-fidelity}
 LILY=${LILY:-$D/lily}
 [ -x "$LILY" ] || { echo "error: no $LILY: run scripts/device/bundle.sh here and carry $D (or set LILY)"; exit 2; }
 timeout "${FIDELITY_TIMEOUT:-500}" python3 scripts/device/fidelity.py --lily "$LILY" ${MODELS:+--models "$MODELS"} \
-  ${LILY_EXTRA:+"--extra=$LILY_EXTRA"} \
+  ${LILY_EXTRA:+"--extra=$LILY_EXTRA"} ${BF16_CLASSES:+"--bf16-classes=$BF16_CLASSES"} \
   --json "$OUT/fidelity.json" > "$OUT/fidelity.txt" 2> "$OUT/fidelity.err"
 RC=$?
 cat "$OUT/fidelity.txt"

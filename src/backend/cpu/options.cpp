@@ -1,20 +1,16 @@
 // CpuOptions by name (the CLI's repeated --cpu-opt name=value): one table of names.
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/product_class.h"
 #include "core/error.h"
+#include "core/named_options.h"
 
 namespace lily::cpu {
 namespace {
 
-struct Field {
-  const char* name;
-  const char* help;
-  std::function<void(CpuOptions&, const std::string&)> set;
-};
+using Field = NamedField<CpuOptions>;
 
 int64_t parse_int_in(const std::string& name, const std::string& v, int64_t lo, int64_t hi) {
   try {
@@ -46,24 +42,8 @@ const std::vector<Field>& fields() {
 
 }  // namespace
 
-void set_cpu_option(CpuOptions& o, const std::string& kv) {
-  const size_t eq = kv.find('=');
-  if (eq == std::string::npos || eq == 0) fail("--cpu-opt {}: expected name=value", kv);
-  const std::string name = kv.substr(0, eq), value = kv.substr(eq + 1);
-  for (const Field& f : fields())
-    if (name == f.name) {
-      f.set(o, value);
-      return;
-    }
-  std::string names;
-  for (const Field& f : fields()) names += std::string(names.empty() ? "" : ", ") + f.name;
-  fail("--cpu-opt {}: unknown option (known: {})", name, names);
-}
+void set_cpu_option(CpuOptions& o, const std::string& kv) { set_named_option(fields(), o, "--cpu-opt", kv); }
 
-std::vector<std::string> cpu_option_names() {
-  std::vector<std::string> n;
-  for (const Field& f : fields()) n.push_back(std::string(f.name) + ": " + f.help);
-  return n;
-}
+std::vector<std::string> cpu_option_names() { return named_option_help(fields()); }
 
 }  // namespace lily::cpu
