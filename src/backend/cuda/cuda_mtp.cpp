@@ -21,6 +21,7 @@ void CudaBackend::upload_mtp() {
   layers_.emplace_back();
   upload_layer(m.layer, layers_.back(), int(w_->cfg.layers));
   mtp_fc_ = upload(m.fc);
+  mtp_fc_.cls = kProdMtpFc;
   mtp_norm_e_ = upload_f32(m.norm_embed);
   mtp_norm_h_ = upload_f32(m.norm_hidden);
   mtp_norm_ = upload_f32(m.final_norm);

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "backend/cuda/device_info.h"
+#include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/rows.h"
 
@@ -517,7 +518,7 @@ void exl3_gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx,
   init_exl3_kernels();
   if (in > W.in_p) fail_internal("EXL3 GEMM: input wider than the padded input width");
   const dim3 grid(unsigned(W.col_blocks), unsigned(max_tiles));
-  const bool split = kernel_switches().gemm_prec == GemmPrec::kSplit;
+  const bool split = gemm_prec_for(W) == GemmPrec::kSplit;
   dispatch(W.K, W.cb, [&](auto kc, auto cc) {
     constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
     if (split)

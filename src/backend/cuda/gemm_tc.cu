@@ -302,7 +302,10 @@ void init_gemm_tc_kernels() {
   raise_smem_all<8>();
 }
 
-GemmPrec gemm_tc_default_precision() { return kernel_switches().gemm_prec; }
+GemmPrec gemm_prec_for(const Mat& W) {
+  const KernelSwitches& k = kernel_switches();
+  return k.gemm_prec == GemmPrec::kBf16 && (W.cls & k.bf16_classes) ? GemmPrec::kBf16 : GemmPrec::kSplit;
+}
 
 bool gemm_tc(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
              bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, GemmPrec prec,

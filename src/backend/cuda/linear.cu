@@ -148,7 +148,7 @@ void gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, cons
     return;
   }
   if (max_tiles <= 0) return;
-  const GemmPrec prec = gemm_tc_default_precision();
+  const GemmPrec prec = gemm_prec_for(W);
   if (prec == GemmPrec::kBf16 && kernel_switches().gemm_wgmma &&
       gemm_wgmma(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s))
     return;  // Hopper wgmma kernel (bf16 operands)

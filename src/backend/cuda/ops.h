@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/cuda/step_desc.h"
+#include "backend/product_class.h"
 
 namespace lily::cuda {
 
@@ -54,6 +55,7 @@ struct Mat {
   const uint16_t* b = nullptr;
   int bits = 0, gs = 0;
   int64_t row_words = 0, qstride = 0, sstride = 0;
+  uint32_t cls = kProdAll;  // product class (backend/product_class.h): picks the prompt GEMM precision
   static Mat bf16(const uint16_t* w, int64_t ld, int64_t estride = 0) {
     Mat m;
     m.w = w; m.ld = ld; m.estride = estride;

@@ -1,19 +1,16 @@
 // CudaOptions by name (the CLI's repeated --cuda-opt name=value, tests, tools): one table of names.
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/product_class.h"
 #include "core/error.h"
+#include "core/named_options.h"
 
 namespace lily {
 namespace {
 
-struct Field {
-  const char* name;
-  const char* help;
-  std::function<void(CudaOptions&, const std::string&)> set;
-};
+using Field = NamedField<CudaOptions>;
 
 bool parse_bool(const std::string& name, const std::string& v) {
   if (v == "1" || v == "on" || v == "true" || v == "yes") return true;
@@ -58,6 +55,8 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.gemv_ring = parse_bool("gemv_ring", v); }},
       {"precision", "prompt GEMM operands: high (default, split bf16 hi/lo) or bf16 (one product per multiply)",
        [](CudaOptions& o, const std::string& v) { o.kernels.gemm_prec = parse_precision(v); }},
+      {"bf16_classes", "with precision=bf16: the product classes in bf16, comma separated (default gpu_bf16: all but router)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.bf16_classes = parse_product_classes(v, "--cuda-opt bf16_classes"); }},
       {"gemm_wgmma", "bf16 prompt GEMMs on the Hopper wgmma + TMA kernel (default off: the mma.sync kernel)",
        [](CudaOptions& o, const std::string& v) { o.kernels.gemm_wgmma = parse_bool("gemm_wgmma", v); }},
       {"gemm_skip_empty", "expert GEMMs skip empty row tiles",
@@ -81,26 +80,13 @@ const std::vector<Field>& fields() {
 }  // namespace
 
 void set_cuda_option(CudaOptions& o, const std::string& name, const std::string& value) {
-  for (const Field& f : fields())
-    if (name == f.name) {
-      f.set(o, value);
-      return;
-    }
-  std::string names;
-  for (const Field& f : fields()) names += std::string(names.empty() ? "" : ", ") + f.name;
-  fail("--cuda-opt {}: unknown option (known: {})", name, names);
+  set_named_option(fields(), o, "--cuda-opt", name, value);
 }
 
 void set_cuda_option(CudaOptions& o, const std::string& name_eq_value) {
-  const size_t eq = name_eq_value.find('=');
-  if (eq == std::string::npos || eq == 0) fail("--cuda-opt {}: expected name=value", name_eq_value);
-  set_cuda_option(o, name_eq_value.substr(0, eq), name_eq_value.substr(eq + 1));
+  set_named_option(fields(), o, "--cuda-opt", name_eq_value);
 }
 
-std::vector<std::string> cuda_option_names() {
-  std::vector<std::string> n;
-  for (const Field& f : fields()) n.push_back(std::string(f.name) + ": " + f.help);
-  return n;
-}
+std::vector<std::string> cuda_option_names() { return named_option_help(fields()); }
 
 }  // namespace lily

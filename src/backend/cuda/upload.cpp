@@ -92,6 +92,7 @@ void CudaBackend::upload_weights() {
                      : w_->lm_head.format == WeightFormat::Affine ? w_->lm_head.affine == w_->embed.affine
                                                                   : w_->lm_head.exl3 == w_->embed.exl3);
   lm_head_ = tied ? embed_ : upload(w_->lm_head);
+  lm_head_.cls = kProdLmHead;
   final_norm_ = upload_f32(w_->final_norm);
   layers_.resize(size_t(c.layers));
   for (int l = 0; l < int(c.layers); ++l) upload_layer(w_->layers[size_t(l)], layers_[size_t(l)], l);
@@ -111,7 +112,9 @@ void CudaBackend::upload_layer(const LayerWeights& L, DevLayer& D, int l) {
     g.K = int(c.conv_kernel); g.eps = float(c.rms_eps);
     const int PW = g.proj_width();
     D.gdn_in = upload_runs({&L.gdn.in_qkv, &L.gdn.in_z, &L.gdn.in_b, &L.gdn.in_a});
+    for (auto& [m, rows] : D.gdn_in) m.cls = kProdGdnIn;
     D.gdn_out = upload(L.gdn.out);
+    D.gdn_out.cls = kProdGdnOut;
     g.conv = upload_f32(L.gdn.conv); g.dt_bias = upload_f32(L.gdn.dt_bias);
     g.A_neg = upload_f32(L.gdn.A_neg); g.norm = upload_f32(L.gdn.norm);
     max_proj_ = std::max(max_proj_, PW);
@@ -122,7 +125,9 @@ void CudaBackend::upload_layer(const LayerWeights& L, DevLayer& D, int l) {
     a.theta = float(c.rope_theta); a.eps = float(c.rms_eps);
     const int PW = a.proj_width();
     D.attn_in = upload_runs({&L.attn.q, &L.attn.k, &L.attn.v});
+    for (auto& [m, rows] : D.attn_in) m.cls = kProdAttnIn;
     D.attn_o = upload(L.attn.o);
+    D.attn_o.cls = kProdAttnOut;
     a.q_norm = upload_f32(L.attn.q_norm); a.k_norm = upload_f32(L.attn.k_norm);
     if (!w_->rope_inv_freq.empty()) {
       if (!inv_freq_) inv_freq_ = upload_f32(w_->rope_inv_freq);
@@ -147,6 +152,7 @@ void CudaBackend::upload_layer(const LayerWeights& L, DevLayer& D, int l) {
     } else {
       m.router = upload(F.router);
     }
+    m.router.cls = kProdRouter;  // with the shared-expert gate when it rides along
     std::vector<const Linear*> gu, dn;
     for (const Expert& ex : F.experts) {
       if (ex.gate.out != m.I || ex.down.in != m.I) fail("CUDA backend: experts of layer {} differ in size", l);
@@ -157,9 +163,13 @@ void CudaBackend::upload_layer(const LayerWeights& L, DevLayer& D, int l) {
     const bool ex3 = F.experts.at(0).gate.format == WeightFormat::Exl3;
     // the shared expert as expert E of the stacks: one GEMV pair for k + 1 slots, no side stream
     const Expert& e0 = F.experts.at(0);
+    // ... and only when the options' bf16 classes treat the routed and the shared expert products alike
+    const uint32_t bc = opt_.kernels.bf16_classes;
+    auto same_prec = [bc](uint32_t x, uint32_t y) { return !(bc & x) == !(bc & y); };
     m.shared_in_stack = !ex3 && !F.shared.gate.empty() && F.shared.gate.out == m.I && F.shared.down.in == m.I &&
                         same_format(F.shared.gate, e0.gate) && same_format(F.shared.up, e0.up) &&
-                        same_format(F.shared.down, e0.down) && (F.shared_gate.empty() || m.gate_in_router);
+                        same_format(F.shared.down, e0.down) && (F.shared_gate.empty() || m.gate_in_router) &&
+                        same_prec(kProdExpertsGateUp, kProdShared) && same_prec(kProdExpertsDown, kProdShared);
     if (m.shared_in_stack) {
       gu.push_back(&F.shared.gate);
       gu.push_back(&F.shared.up);
@@ -167,6 +177,8 @@ void CudaBackend::upload_layer(const LayerWeights& L, DevLayer& D, int l) {
     }
     m.gate_up = ex3 ? upload_exl3(gu, 2) : upload(gu);
     m.down = ex3 ? upload_exl3(dn, 1) : upload(dn);
+    m.gate_up.cls = kProdExpertsGateUp;
+    m.down.cls = kProdExpertsDown;
     // expert strides: one expert = 2I rows of gate_up, H rows of down
     for (auto [mp, rows, in] : {std::tuple{&m.gate_up, int64_t(2) * m.I, int64_t(H)}, std::tuple{&m.down, int64_t(H), int64_t(m.I)}}) {
       mp->estride = rows * mp->ld;
@@ -174,11 +186,13 @@ void CudaBackend::upload_layer(const LayerWeights& L, DevLayer& D, int l) {
       mp->sstride = mp->affine ? rows * (in / mp->gs) : 0;
     }
     if (!F.shared_gate.empty()) m.sh_gate = m.gate_in_router ? m.router : upload(F.shared_gate);
+    m.sh_gate.cls = kProdRouter;
   }
   if (!F.shared.gate.empty()) m.Is = int(F.shared.gate.out);
   if (!F.shared.gate.empty() && !m.shared_in_stack) {
     m.sh_gate_up = upload({&F.shared.gate, &F.shared.up});
     m.sh_down = upload(F.shared.down);
+    m.sh_gate_up.cls = m.sh_down.cls = F.moe ? kProdShared : kProdMlp;
   }
 }
 

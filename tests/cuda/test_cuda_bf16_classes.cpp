@@ -1,0 +1,93 @@
+// The per-class bf16 prompt precision (`--precision bf16 --cuda-opt bf16_classes=...`, KernelSwitches::
+// bf16_classes) against its CPU emulation (CpuOptions::emulate_bf16), on the golden models' 150-row prompts:
+// the CUDA logits must sit much closer to the emulation of the same class choice than to the float32 CPU
+// logits (median |Δ| at most a quarter), which is what makes the CPU measurements of a choice
+// (scripts/fidelity_cpu.py, bench/RESULTS.md) stand for the device. The two differ by the order of the fp32
+// additions and by the prompt attention's bf16 operands (both GPU modes); a class outside the choice stays in
+// the split mode (fp32-class).
+#include <gtest/gtest.h>
+
+#ifndef LILY_HAVE_CUDA
+TEST(CudaBf16Classes, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
+#else
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/product_class.h"
+#include "../model/test_util.h"
+#include "model/qwen_hybrid.h"
+#include "model/weights.h"
+
+using namespace lily;
+
+namespace {
+
+std::vector<int32_t> prompt_ids(const std::string& dir) {
+  std::ifstream jf(dir + "/golden.json");
+  std::stringstream ss;
+  ss << jf.rdbuf();
+  return nlohmann::json::parse(ss.str())["prompt_ids"].get<std::vector<int32_t>>();
+}
+
+std::vector<float> prompt_logits(Backend& be, const std::vector<int32_t>& ids, int64_t V) {
+  auto st = be.new_state(int64_t(ids.size()) + 8);
+  std::vector<float> l(ids.size() * size_t(V));
+  forward_step(be, *st, ids, int64_t(ids.size()), l.data());
+  return l;
+}
+
+// median |a - b| over every logit
+double median_abs(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<double> d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = std::abs(double(a[i]) - b[i]);
+  std::nth_element(d.begin(), d.begin() + std::ptrdiff_t(d.size() / 2), d.end());
+  return d[d.size() / 2];
+}
+
+class CudaBf16Classes : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaBf16Classes, MatchesTheCpuEmulation) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = test::golden_dir(GetParam());
+  if (dir.empty()) GTEST_SKIP() << GetParam() << " not present";
+  auto w = ModelWeights::load(dir);
+  const auto ids = prompt_ids(dir);
+  const int64_t V = w->cfg.vocab;
+  cpu::CpuBackend f32(w);
+  const auto ref = prompt_logits(f32, ids, V);
+  for (const char* list : {"attn_out,lm_head", "experts,shared,attn,gdn_out,lm_head,mlp", "gpu_bf16"}) {
+    SCOPED_TRACE(list);
+    const uint32_t mask = parse_product_classes(list, "test");
+    CudaOptions co;
+    co.kernels.gemm_prec = cuda::GemmPrec::kBf16;
+    co.kernels.bf16_classes = mask;
+    auto gpu = make_cuda_backend(w, co);
+    const auto g = prompt_logits(*gpu, ids, V);
+    cpu::CpuOptions eo;
+    eo.emulate_bf16 = mask;
+    cpu::CpuBackend emu(w, eo);
+    const auto e = prompt_logits(emu, ids, V);
+    const double to_emu = median_abs(g, e), to_f32 = median_abs(g, ref), emu_f32 = median_abs(e, ref);
+    std::printf("[%s] bf16_classes=%s: median |Δ| CUDA-emulation %.3g, CUDA-fp32 %.3g, emulation-fp32 %.3g\n", GetParam(),
+                list, to_emu, to_f32, emu_f32);
+    EXPECT_GT(to_f32, 0.0);
+    EXPECT_LE(to_emu, 0.25 * to_f32);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CudaBf16Classes,
+                         ::testing::Values("qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r", "qwen3_5_text-a-mtp"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (auto& ch : s) if (ch == '-') ch = '_';
+                           return s;
+                         });
+
+}  // namespace
+#endif
