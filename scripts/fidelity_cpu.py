@@ -25,7 +25,7 @@ import tempfile
 from array import array
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "device"))
-from fidelity import MODELS, find, search_dirs  # noqa: E402 (the golden lookup of the device script)
+from fidelity import BAR_HEADER, MODELS, bar_row, find, meets_bar, search_dirs  # noqa: E402 (the device script's)
 
 # HF transformers in bf16 against the stored float32 reference, H200, 2026-12-01: (mean KL, flips).
 HF_BF16 = {"qwen3_5_moe_text-a": (6.02e-3, 7), "qwen3_next-a": (3.12e-2, 20),
@@ -93,13 +93,6 @@ def lily_logits(lily, path, ids, mask):
         os.unlink(out)
 
 
-def verdict(name, m):
-    if name not in HF_BF16:
-        return None
-    kl, fl = HF_BF16[name]
-    return bool(m["kl_mean"] <= kl / 4 and m["flips"] <= fl and abs(m["ppl_ratio"] - 1) < 5e-4)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lily", default="build/lily")
@@ -121,18 +114,12 @@ def main():
         results[name] = {}
         for mask in masks:
             m = metrics(lily_logits(a.lily, path, ids, mask), ref, ids)
-            m["pass"] = verdict(name, m)
+            m["pass"] = meets_bar(m, HF_BF16.get(name))
             results[name][mask] = m
-    print("| mask | golden | KL (bar: HF bf16 / 4) | flips (HF bf16) | median \\|Δ\\|/RMS | max \\|Δ\\|/RMS | ppl ratio | bar |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(BAR_HEADER % "mask")
     for mask in masks:
         for name, r in results.items():
-            m = r[mask]
-            hf = HF_BF16.get(name)
-            print("| %s | %s | %.2e (%s) | %d (%s) | %.1e | %.1e | %.5f | %s |" % (
-                mask, name, m["kl_mean"], "%.2e" % (hf[0] / 4) if hf else "—", m["flips"], hf[1] if hf else "—",
-                m["median_rel"], m["max_rel"], m["ppl_ratio"],
-                "—" if m["pass"] is None else ("yes" if m["pass"] else "**no**")))
+            print(bar_row(mask, name, r[mask], HF_BF16.get(name)))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)

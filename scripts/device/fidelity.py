@@ -100,6 +100,25 @@ def lily_logits(lily, path, ids, extra, rows):
     return t, None
 
 
+BAR_HEADER = ("| %s | golden | KL (bar: HF bf16 / 4) | flips (HF bf16) | median \\|Δ\\|/RMS | max \\|Δ\\|/RMS | ppl ratio | bar |\n"
+              "|---|---|---|---|---|---|---|---|")
+
+
+def meets_bar(m, hf):
+    """The issue's bar for a bf16 choice; hf = (HF bf16 mean KL, flips), None where unknown."""
+    if hf is None:
+        return None
+    return bool(m["kl_mean"] <= hf[0] / 4 and m["flips"] <= hf[1] and abs(m["ppl_ratio"] - 1) < 5e-4)
+
+
+def bar_row(label, name, m, hf):
+    """A markdown row of a per-choice table (BAR_HEADER)."""
+    ok = meets_bar(m, hf)
+    return "| %s | %s | %.2e (%s) | %d (%s) | %.1e | %.1e | %.5f | %s |" % (
+        label, name, m["kl_mean"], "%.2e" % (hf[0] / 4) if hf else "—", m["flips"], hf[1] if hf else "—",
+        m["median_rel"], m["max_rel"], m["ppl_ratio"], "—" if ok is None else ("yes" if ok else "**no**"))
+
+
 def fmt_row(m):
     if m is None:
         return "—"
@@ -176,19 +195,14 @@ def main():
         print("| %s | %s | %s | %s |" % (name, cell(r.get("hf_f32")), cell(r.get("lily_high")), cell(r.get("lily_default"))))
     if classes:
         print()
-        print("| bf16 classes | golden | KL (bar: HF bf16 / 4) | flips (HF bf16) | median \\|Δ\\|/RMS | max \\|Δ\\|/RMS | ppl ratio | bar |")
-        print("|---|---|---|---|---|---|---|---|")
+        print(BAR_HEADER % "bf16 classes")
         for c in classes:
             for name, r in results.items():
                 m, hb = r.get("lily_bf16:" + c), r.get("hf_bf16")
                 if not m:
                     print("| %s | %s | — | — | — | — | — | — |" % (c, name))
                     continue
-                ok = hb and m["kl_mean"] <= hb["kl_mean"] / 4 and m["flips"] <= hb["flips"] and abs(m["ppl_ratio"] - 1) < 5e-4
-                print("| %s | %s | %.2e (%s) | %d (%s) | %.1e | %.1e | %.5f | %s |" % (
-                    c, name, m["kl_mean"], "%.2e" % (hb["kl_mean"] / 4) if hb else "—", m["flips"],
-                    hb["flips"] if hb else "—", m["median_rel"], m["max_rel"], m["ppl_ratio"],
-                    "—" if not hb else ("yes" if ok else "**no**")))
+                print(bar_row(c, name, m, (hb["kl_mean"], hb["flips"]) if hb else None))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)
