@@ -1,5 +1,6 @@
 // Jinja evaluation: expressions to values, statements to output, macros and call blocks as callables.
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 
 #include "text/jinja_interp.h"
@@ -9,11 +10,7 @@ namespace lily::text::jinja::detail {
 Value Interp::eval(const Node& n, Ctx& c) const {
   if (eval_depth >= 1000) error(n, "expression nested too deeply");
   charge(n, 1);
-  ++eval_depth;
-  struct Leave {
-    int& d;
-    ~Leave() { --d; }
-  } leave{eval_depth};
+  DepthGuard guard(eval_depth);
   Value v = eval_node(n, c);
   if (v.kind == Value::Str) {
     check_len(n, v.s.size(), "a string");
@@ -36,7 +33,11 @@ Value Interp::eval_node(const Node& n, Ctx& c) const {
     case NK::Neg:
     case NK::Pos: {
       Value v = eval(*n.a, c);
-      if (v.kind == Value::Int) return n.kind == NK::Neg ? Value(-v.i) : v;
+      if (v.kind == Value::Bool) v = Value(int64_t(v.b));  // Python: -True == -1
+      if (v.kind == Value::Int) {
+        if (n.kind == NK::Neg && v.i == INT64_MIN) error(n, "integer overflow in unary - (result outside 64 bits)");
+        return n.kind == NK::Neg ? Value(-v.i) : v;
+      }
       if (v.kind == Value::Float) return n.kind == NK::Neg ? Value(-v.f) : v;
       error(n, std::string("bad operand type for unary ") + (n.kind == NK::Neg ? "-" : "+") + ": " + type_name(v));
     }
@@ -167,15 +168,14 @@ Flow Interp::exec_node(const Node& n, Ctx& c, std::string& out) const {
     }
     case NK::SetBlock: {
       std::string body;
-      exec(*n.a, c, body);
+      if (Flow f = exec(*n.a, c, body); f != Flow::Normal) return f;
       c.frames.back()[n.names[0]] = Value(body);
       return Flow::Normal;
     }
-    case NK::Macro: c.frames.back()[n.str] = make_macro(n, c, nullptr); return Flow::Normal;
+    case NK::Macro: c.frames.back()[n.str] = make_macro(n, c); return Flow::Normal;
     case NK::CallBlock: {
       // caller() renders the block body in the current scope.
-      auto snapshot = std::make_shared<Ctx>(c);
-      Value caller = make_macro(n, *snapshot, snapshot);
+      Value caller = make_macro(n, c);
       const Node& call = *n.b;
       CallArgs args = eval_args(call, c);
       args.kw.emplace_back("caller", caller);
@@ -186,7 +186,7 @@ Flow Interp::exec_node(const Node& n, Ctx& c, std::string& out) const {
     }
     case NK::FilterBlock: {
       std::string body;
-      exec(*n.a, c, body);
+      if (Flow f = exec(*n.a, c, body); f != Flow::Normal) return f;
       // Re-evaluate the filter chain with the body text as its innermost operand.
       std::vector<const Node*> chain;
       for (const Node* k = n.b.get(); k->kind == NK::Filter; k = k->a.get()) chain.push_back(k);
@@ -229,10 +229,7 @@ Flow Interp::exec_for(const Node& n, Ctx& c, std::string& out) const {
     c.frames.pop_back();
     items.swap(kept);
   }
-  if (items.empty()) {
-    if (n.d) return exec(*n.d, c, out) == Flow::Break ? Flow::Normal : Flow::Normal;
-    return Flow::Normal;
-  }
+  if (items.empty()) return n.d ? exec(*n.d, c, out) : Flow::Normal;  // else: a break leaves the outer loop
   c.frames.emplace_back();
   size_t len = items.size();
   for (size_t k = 0; k < len; ++k) {
@@ -262,19 +259,39 @@ Flow Interp::exec_for(const Node& n, Ctx& c, std::string& out) const {
   return Flow::Normal;
 }
 
-// A macro (or a call block's caller when `scope` is set) as a callable value. It points into the
-// template's tree, which outlives every render.
-Value Interp::make_macro(const Node& n, Ctx& c, std::shared_ptr<Ctx> scope) const {
+// The scope a macro or caller() body closes over: the enclosing local frames (copied: jinja2
+// closures see local values as they were at definition) and the live top-level frame.
+static Ctx closure(Ctx& c) {
+  Ctx k;
+  k.root = c.root ? c.root : &c.frames.front();
+  k.frames.assign(c.root ? c.frames.begin() : c.frames.begin() + 1, c.frames.end());
+  return k;
+}
+
+// A macro (or a call block's caller) as a callable value. It points into the template's tree, which
+// outlives every render, and into this render's Interp and top-level frame, which outlive the value
+// (no value escapes a render). The macro sees itself through a weak reference (no ownership cycle).
+Value Interp::make_macro(const Node& n, Ctx& c) const {
   const Node* np = &n;
-  Frame globals = c.frames.front();
-  const Interp* self = this;
-  return Value(Function([self, np, globals, scope](CallArgs& a) -> Value {
-    Ctx mc;
-    if (scope) mc = *scope;
-    else mc.frames.push_back(globals);
-    mc.depth = scope ? scope->depth + 1 : 1;
-    if (mc.depth > 64) self->error(*np, "macro recursion too deep");
+  auto scope = std::make_shared<const Ctx>(closure(c));
+  auto self_fn = std::make_shared<std::weak_ptr<Function>>();
+  const Interp* in = this;
+  Value macro(Function([in, np, scope, self_fn](CallArgs& a) -> Value {
+    std::string what = np->kind == NK::Macro ? "macro '" + np->str + "'" : std::string("caller()");
+    if (in->macro_depth >= kMaxMacroDepth)
+      in->error(*np, fmt::format("{} nested deeper than {} calls (unbounded recursion?)", what, kMaxMacroDepth));
+    DepthGuard guard(in->macro_depth);
+    Ctx mc = *scope;
     Frame params;
+    if (np->kind == NK::Macro)
+      if (auto f = self_fn->lock()) {
+        Value me;
+        me.kind = Value::Fn;
+        me.fn = std::move(f);
+        params[np->str] = std::move(me);
+      }
+    mc.frames.push_back(std::move(params));
+    Frame& p = mc.frames.back();
     size_t npos = 0;
     std::vector<Value> varargs;
     for (size_t k = 0; k < np->names.size(); ++k) {
@@ -283,23 +300,24 @@ Value Interp::make_macro(const Node& n, Ctx& c, std::shared_ptr<Ctx> scope) cons
       for (auto& [key, val] : a.kw)
         if (key == np->names[k]) v = val, found = true;
       if (!found && npos < a.pos.size()) v = a.pos[npos++], found = true;
-      if (!found && k < np->list2.size() && np->list2[k]) v = self->eval(*np->list2[k], mc);
-      params[np->names[k]] = v;
+      if (!found && k < np->list2.size() && np->list2[k]) v = in->eval(*np->list2[k], mc);
+      p[np->names[k]] = v;
     }
     for (; npos < a.pos.size(); ++npos) varargs.push_back(a.pos[npos]);
-    params["varargs"] = Value(std::move(varargs));
+    p["varargs"] = Value(std::move(varargs));
     auto kwargs = std::make_shared<Object>();
     for (auto& [key, val] : a.kw) {
       bool is_param = std::find(np->names.begin(), np->names.end(), key) != np->names.end();
-      if (key == "caller") params["caller"] = val;
+      if (key == "caller") p["caller"] = val;
       else if (!is_param) kwargs->set(key, val);
     }
-    params["kwargs"] = Value(kwargs);
-    mc.frames.push_back(std::move(params));
+    p["kwargs"] = Value(kwargs);
     std::string out;
-    self->exec(*np->a, mc, out);
+    in->exec(*np->a, mc, out);
     return Value(out);
   }));
+  *self_fn = macro.fn;
+  return macro;
 }
 
 }  // namespace lily::text::jinja::detail

@@ -5,25 +5,29 @@
 #include <cmath>
 
 #include "text/jinja_interp.h"
+#include "text/jinja_number.h"
 #include "text/utf8.h"
 
 namespace lily::text::jinja::detail {
 
-int64_t Interp::to_int(const Value& v, int64_t def) const {
+// jinja2's int filter: int(s, base) for strings, int(v) otherwise, then int(float(v)), then `def`
+// (also for inf and nan). Python's big ints are out of range here: an error.
+Value Interp::to_int(const Node& n, const Value& v, const Value& def, int base) const {
+  auto from_float = [&](double d) -> Value {
+    if (!std::isfinite(d)) return def;
+    auto r = float_to_int(d);
+    if (!r) error(n, "int: " + float_repr(d) + " is outside the 64-bit integer range");
+    return Value(*r);
+  };
   switch (v.kind) {
-    case Value::Int: return v.i;
-    case Value::Bool: return v.b;
-    case Value::Float: return int64_t(v.f);
+    case Value::Int: return v;
+    case Value::Bool: return Value(int64_t(v.b));
+    case Value::Float: return from_float(v.f);
     case Value::Str: {
-      try {
-        size_t used = 0;
-        std::string t = strip_chars(v.s, Value::undef(), true, true);
-        int64_t r = std::stoll(t, &used);
-        if (used == t.size()) return r;
-        double d = std::stod(t, &used);
-        if (used == t.size()) return int64_t(d);
-      } catch (const std::exception&) {
-      }
+      bool overflow = false;
+      if (auto r = parse_int(v.s, base, overflow)) return Value(*r);
+      if (overflow) error(n, "int: '" + v.s + "' is outside the 64-bit integer range");
+      if (auto d = parse_float(v.s)) return from_float(*d);
       return def;
     }
     default: return def;
@@ -46,6 +50,34 @@ Value Interp::attr_path(const Node& n, const Value& v, const std::string& path) 
     if (e == std::string::npos) return cur;
     s = e + 1;
   }
+}
+
+// jinja2's round(value, precision=0, method='common'): 'common' is Python's round (half to even; an
+// int stays an int), 'ceil' / 'floor' scale by 10**precision and give a float.
+Value Interp::round_filter(const Node& n, const Value& v, CallArgs& a) const {
+  Value p = a.get(0, "precision"), m = a.get(1, "method");
+  if (!p.is_undef() && p.kind != Value::Int) error(n, "round: precision must be an integer");
+  int64_t prec = p.is_undef() ? 0 : p.i;
+  std::string method = m.is_undef() ? "common" : to_str(m);
+  if (method != "common" && method != "ceil" && method != "floor")
+    error(n, "round: method must be common, ceil or floor (got '" + method + "')");
+  if (!v.is_num()) error(n, std::string("round expects a number, got ") + type_name(v));
+  if (method == "common") {
+    if (v.kind == Value::Float) return Value(round_half_even(v.f, prec));
+    auto r = round_int(v.kind == Value::Int ? v.i : v.b, prec);
+    if (!r) error(n, "integer overflow in round (result outside 64 bits)");
+    return Value(*r);
+  }
+  double scale = std::pow(10.0, double(prec)), x = v.num() * scale;
+  return Value((method == "floor" ? std::floor(x) : std::ceil(x)) / scale);
+}
+
+// The key sort / dictsort / min / max compare by: the attribute path if given, strings lowered unless
+// case_sensitive.
+Value Interp::sort_key(const Node& n, const Value& x, const Value& attr, bool case_sensitive) const {
+  Value k = attr.kind == Value::Str ? attr_path(n, x, attr.s) : x;
+  if (!case_sensitive && k.kind == Value::Str) return Value(case_map(k.s, 0));
+  return k;
 }
 
 Value Interp::apply_filter(const Node& n, const std::string& f, const Value& v, CallArgs& a, Ctx& c) const {
@@ -137,33 +169,28 @@ Value Interp::apply_filter(const Node& n, const std::string& f, const Value& v, 
     Value from = a.get(0, "old"), to = a.get(1, "new"), cnt = a.get(2, "count");
     return Value(replace(to_str(v), to_str(from), to_str(to), cnt.kind == Value::Int ? cnt.i : -1));
   }
-  if (f == "int") return Value(to_int(v, to_int(a.get(0, "default"), 0)));
-  if (f == "float") {
+  if (f == "int") {
+    Value def = a.get(0, "default"), base = a.get(1, "base");
+    if (!base.is_undef() && base.kind != Value::Int) error(n, "int: base must be an integer");
+    return to_int(n, v, def.is_undef() ? Value(int64_t(0)) : def, base.is_undef() ? 10 : int(std::clamp<int64_t>(base.i, -1, 37)));
+  }
+  if (f == "float") {  // jinja2: float(v), else the default as given
     if (v.is_num()) return Value(v.num());
-    if (v.kind == Value::Str) {
-      try {
-        size_t used = 0;
-        double d = std::stod(v.s, &used);
-        if (used == v.s.size()) return Value(d);
-      } catch (const std::exception&) {
-      }
-    }
+    if (v.kind == Value::Str)
+      if (auto d = parse_float(v.s)) return Value(*d);
     Value d = a.get(0, "default");
-    return d.is_num() ? Value(d.num()) : Value(0.0);
+    return d.is_undef() ? Value(0.0) : d;
   }
   if (f == "abs") {
-    if (v.kind == Value::Int) return Value(v.i < 0 ? -v.i : v.i);
+    if (v.kind == Value::Int || v.kind == Value::Bool) {
+      int64_t x = v.kind == Value::Int ? v.i : v.b;
+      if (x == INT64_MIN) error(n, "integer overflow in abs (result outside 64 bits)");
+      return Value(x < 0 ? -x : x);
+    }
     if (v.kind == Value::Float) return Value(std::fabs(v.f));
     error(n, "abs expects a number");
   }
-  if (f == "round") {
-    Value p = a.get(0, "precision");
-    double scale = std::pow(10.0, p.kind == Value::Int ? double(p.i) : 0.0);
-    std::string method = to_str(a.get(1, "method"));
-    double x = v.num() * scale;
-    double r = method == "floor" ? std::floor(x) : method == "ceil" ? std::ceil(x) : std::round(x);
-    return Value(r / scale);
-  }
+  if (f == "round") return round_filter(n, v, a);
   if (f == "unique") {
     Array r;
     for (auto& x : iterate(n, v)) {
@@ -180,33 +207,45 @@ Value Interp::apply_filter(const Node& n, const std::string& f, const Value& v, 
     for (auto& x : iterate(n, v)) acc = binop(n, "+", acc, attr.kind == Value::Str ? attr_path(n, x, attr.s) : x);
     return acc;
   }
-  if (f == "min" || f == "max") {
+  if (f == "min" || f == "max") {  // min(value, case_sensitive=False, attribute=None): the first extreme
     auto items = iterate(n, v);
     if (items.empty()) return Value::undef();
-    Value best = items[0];
-    for (auto& x : items)
-      if ((f == "min") ? compare(n, x, best) < 0 : compare(n, x, best) > 0) best = x;
-    return best;
-  }
-  if (f == "sort" || f == "dictsort") {
-    bool rev = a.get(f == "sort" ? 0 : 2, "reverse").truthy();
-    Value attr = a.get(2, "attribute");
-    auto items = f == "sort" ? iterate(n, v) : std::vector<Value>{};
-    if (f == "dictsort") {
-      CallArgs none;
-      items = *call_method(n, v, "items", none).a;
+    bool cs = a.get(0, "case_sensitive").truthy();
+    Value attr = a.get(1, "attribute");
+    size_t best = 0;
+    Value best_key = sort_key(n, items[0], attr, cs);
+    for (size_t k = 1; k < items.size(); ++k) {
+      Value key = sort_key(n, items[k], attr, cs);
+      int r = compare(n, key, best_key);
+      if (f == "min" ? r < 0 : r > 0) best = k, best_key = std::move(key);
     }
-    auto key = [&](const Value& x) {
-      if (f == "dictsort") return (*x.a)[a.get(1, "by").kind == Value::Str && a.get(1, "by").s == "value" ? 1 : 0];
-      return attr.kind == Value::Str ? attr_path(n, x, attr.s) : x;
-    };
+    return items[best];
+  }
+  if (f == "sort") {  // sort(value, reverse=False, case_sensitive=False, attribute=None)
+    bool rev = a.get(0, "reverse").truthy(), cs = a.get(1, "case_sensitive").truthy();
+    Value attr = a.get(2, "attribute");
+    auto items = iterate(n, v);
+    std::vector<std::pair<Value, Value>> keyed;
+    for (auto& x : items) keyed.emplace_back(sort_key(n, x, attr, cs), x);
+    std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& x, const auto& y) {
+      int r = compare(n, x.first, y.first);
+      return rev ? r > 0 : r < 0;
+    });
+    Array r;
+    for (auto& [k, x] : keyed) r.push_back(std::move(x));
+    return Value(std::move(r));
+  }
+  if (f == "dictsort") {  // dictsort(value, case_sensitive=False, by='key', reverse=False) -> [key, value] pairs
+    if (v.kind != Value::Obj) error(n, std::string("dictsort expects a mapping, got ") + type_name(v));
+    bool cs = a.get(0, "case_sensitive").truthy(), rev = a.get(2, "reverse").truthy();
+    Value by = a.get(1, "by");
+    std::string by_s = by.is_undef() ? "key" : to_str(by);
+    if (by_s != "key" && by_s != "value") error(n, "dictsort: you can only sort by either 'key' or 'value'");
+    size_t pos = by_s == "value" ? 1 : 0;
+    CallArgs none;
+    Array items = *call_method(n, v, "items", none).a;
     std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-      Value kx = key(x), ky = key(y);
-      if (kx.kind == Value::Str && ky.kind == Value::Str && !a.get(1, "case_sensitive").truthy() && f == "sort") {
-        kx = Value(case_map(kx.s, 0));
-        ky = Value(case_map(ky.s, 0));
-      }
-      int r = compare(n, kx, ky);
+      int r = compare(n, sort_key(n, (*x.a)[pos], Value::undef(), cs), sort_key(n, (*y.a)[pos], Value::undef(), cs));
       return rev ? r > 0 : r < 0;
     });
     return Value(std::move(items));
@@ -270,7 +309,8 @@ Value Interp::apply_filter(const Node& n, const std::string& f, const Value& v, 
   if (f == "wordcount") return Value(int64_t(split(to_str(v), Value::undef(), -1).size()));
   if (f == "attr") return get_attr(n, v, to_str(a.get(0, "name")));
   if (f == "batch") {
-    int64_t size = to_int(a.get(0, "linecount"), 1);
+    Value lc = to_int(n, a.get(0, "linecount"), Value(int64_t(1)), 10);
+    int64_t size = lc.kind == Value::Int ? lc.i : 1;
     if (size <= 0) error(n, "batch size must be positive");
     Array r, cur;
     for (auto& x : iterate(n, v)) {

@@ -3,6 +3,7 @@
 // the str / dict / list methods in jinja_methods.cpp, filters and tests in jinja_filters.cpp.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -17,10 +18,22 @@ enum class Flow { Normal, Break, Continue };
 
 using Frame = std::unordered_map<std::string, Value>;
 
+// Names resolve from the innermost frame outwards, then in `root`. At top level root is null and
+// frames[0] holds the globals and top-level assignments; a macro's context has root pointing at that
+// live frame (a deque keeps it in place), so macros see names set after their definition, themselves
+// and each other, as in jinja2.
 struct Ctx {
-  std::vector<Frame> frames;  // frames[0]: globals and top-level assignments
-  std::string name;
-  int depth = 0;
+  std::deque<Frame> frames;
+  Frame* root = nullptr;
+};
+
+// Counts one level of a recursion bound for the guard's lifetime.
+struct DepthGuard {
+  int& d;
+  explicit DepthGuard(int& depth) : d(++depth) {}
+  ~DepthGuard() { --d; }
+  DepthGuard(const DepthGuard&) = delete;
+  DepthGuard& operator=(const DepthGuard&) = delete;
 };
 
 struct Interp {
@@ -28,6 +41,8 @@ struct Interp {
   const RenderLimits& limits;
   mutable int eval_depth = 0;  // bounds recursion on long operator chains such as 1+1+...+1
   mutable uint64_t steps = 0;  // work done so far, against limits.steps
+  mutable int macro_depth = 0;  // macro and caller() calls in progress
+  static constexpr int kMaxMacroDepth = 64;
 
   [[noreturn]] void error(const Node& n, const std::string& msg) const {
     fail("{} line {}, column {}: {}", name, n.line, n.col, msg);
@@ -70,7 +85,7 @@ struct Interp {
   Flow exec_node(const Node& n, Ctx& c, std::string& out) const;
   void assign(const Node& n, Ctx& c, const std::vector<std::string>& names, const Value& v) const;
   Flow exec_for(const Node& n, Ctx& c, std::string& out) const;
-  Value make_macro(const Node& n, Ctx& c, std::shared_ptr<Ctx> scope) const;
+  Value make_macro(const Node& n, Ctx& c) const;
 
   // methods (jinja_methods.cpp)
   static std::string strip_chars(const std::string& s, const Value& chars, bool left, bool right);
@@ -80,7 +95,9 @@ struct Interp {
   Value call_method(const Node& n, const Value& obj, const std::string& m, CallArgs& a) const;
 
   // filters and tests (jinja_filters.cpp)
-  int64_t to_int(const Value& v, int64_t def) const;
+  Value to_int(const Node& n, const Value& v, const Value& def, int base) const;
+  Value round_filter(const Node& n, const Value& v, CallArgs& a) const;
+  Value sort_key(const Node& n, const Value& x, const Value& attr, bool case_sensitive) const;
   Value attr_path(const Node& n, const Value& v, const std::string& path) const;
   Value apply_filter(const Node& n, const std::string& f, const Value& v, CallArgs& a, Ctx& c) const;
   bool apply_test(const Node& n, const std::string& t, const Value& v, CallArgs& a) const;

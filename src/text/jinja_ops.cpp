@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "text/jinja_interp.h"
+#include "text/jinja_number.h"
 #include "text/utf8.h"
 
 namespace lily::text::jinja::detail {
@@ -14,6 +15,10 @@ Value Interp::lookup(Ctx& c, const std::string& k) {
   for (size_t f = c.frames.size(); f-- > 0;) {
     auto it = c.frames[f].find(k);
     if (it != c.frames[f].end()) return it->second;
+  }
+  if (c.root) {
+    auto it = c.root->find(k);
+    if (it != c.root->end()) return it->second;
   }
   return Value::undef(k);
 }
@@ -199,16 +204,20 @@ Value Interp::slice(const Node& n, const Value& obj, const Value& b, const Value
   error(n, std::string("cannot slice ") + type_name(obj));
 }
 
-Value Interp::binop(const Node& n, const std::string& op, const Value& x, const Value& y) const {
-  if (op == "~") return Value(to_str(x) + to_str(y));
+// Python's bool is an int: True + 1 == 2.
+static Value as_arith(const Value& v) { return v.kind == Value::Bool ? Value(int64_t(v.b)) : v; }
+
+Value Interp::binop(const Node& n, const std::string& op, const Value& x0, const Value& y0) const {
+  if (op == "~") return Value(to_str(x0) + to_str(y0));
   if (op == "+") {
-    if (x.kind == Value::Str && y.kind == Value::Str) return Value(x.s + y.s);
-    if (x.kind == Value::Arr && y.kind == Value::Arr) {
-      Array r = *x.a;
-      r.insert(r.end(), y.a->begin(), y.a->end());
+    if (x0.kind == Value::Str && y0.kind == Value::Str) return Value(x0.s + y0.s);
+    if (x0.kind == Value::Arr && y0.kind == Value::Arr) {
+      Array r = *x0.a;
+      r.insert(r.end(), y0.a->begin(), y0.a->end());
       return Value(std::move(r));
     }
   }
+  Value x = as_arith(x0), y = as_arith(y0);
   if (op == "*" && ((x.kind == Value::Str && y.kind == Value::Int) || (x.kind == Value::Int && y.kind == Value::Str))) {
     const std::string& s = x.kind == Value::Str ? x.s : y.s;
     int64_t k = x.kind == Value::Int ? x.i : y.i;
@@ -218,19 +227,29 @@ Value Interp::binop(const Node& n, const std::string& op, const Value& x, const 
     for (int64_t j = 0; j < k; ++j) r += s;
     return Value(r);
   }
-  if (x.is_num() && y.is_num() && x.kind != Value::Bool && y.kind != Value::Bool) {
+  if (x.is_num() && y.is_num()) {
     bool ints = x.kind == Value::Int && y.kind == Value::Int;
-    if (op == "+") return ints ? Value(int64_t(uint64_t(x.i) + uint64_t(y.i))) : Value(x.num() + y.num());
-    if (op == "-") return ints ? Value(int64_t(uint64_t(x.i) - uint64_t(y.i))) : Value(x.num() - y.num());
-    if (op == "*") return ints ? Value(int64_t(uint64_t(x.i) * uint64_t(y.i))) : Value(x.num() * y.num());
+    auto overflow = [&]() -> Value { error(n, "integer overflow in " + op + " (result outside 64 bits)"); };
+    if (op == "+" || op == "-" || op == "*") {
+      if (!ints) return Value(op == "+" ? x.num() + y.num() : op == "-" ? x.num() - y.num() : x.num() * y.num());
+      int64_t r;
+      bool o = op == "+" ? __builtin_add_overflow(x.i, y.i, &r)
+               : op == "-" ? __builtin_sub_overflow(x.i, y.i, &r)
+                           : __builtin_mul_overflow(x.i, y.i, &r);
+      return o ? overflow() : Value(r);
+    }
     if (op == "/") {
       if (y.num() == 0) error(n, "division by zero");
       return Value(x.num() / y.num());
     }
     if (op == "//" || op == "%") {
-      if (y.num() == 0) error(n, "division by zero");
+      if (y.num() == 0) error(n, std::string(op == "%" ? "modulo" : "division") + " by zero");
       if (ints) {
-        if (x.i == INT64_MIN && y.i == -1) error(n, "integer overflow");
+        if (y.i == -1) {  // INT64_MIN / -1 traps
+          if (op == "%") return Value(int64_t(0));
+          if (x.i == INT64_MIN) return overflow();
+          return Value(-x.i);
+        }
         int64_t q = x.i / y.i, r = x.i % y.i;
         if (r != 0 && ((r < 0) != (y.i < 0))) --q, r += y.i;
         return op == "//" ? Value(q) : Value(r);
@@ -240,15 +259,19 @@ Value Interp::binop(const Node& n, const std::string& op, const Value& x, const 
     }
     if (op == "**") {
       if (ints && y.i >= 0) {
-        int64_t r = 1;
-        for (int64_t k = 0; k < y.i && k < 64; ++k) r = int64_t(uint64_t(r) * uint64_t(x.i));
-        return Value(r);
+        auto r = int_pow(x.i, y.i);
+        return r ? Value(*r) : overflow();
       }
-      return Value(std::pow(x.num(), y.num()));
+      if (x.num() == 0 && y.num() < 0) error(n, "0.0 cannot be raised to a negative power");
+      if (x.num() < 0 && y.num() != std::floor(y.num()))
+        error(n, "negative number raised to a fractional power (complex result)");
+      double r = std::pow(x.num(), y.num());
+      if (std::isinf(r) && std::isfinite(x.num()) && std::isfinite(y.num())) error(n, "float overflow in **");
+      return Value(r);
     }
   }
   if (op == "%" && x.kind == Value::Str) error(n, "printf-style string formatting is not supported");
-  error(n, "unsupported operand types for " + op + ": " + type_name(x) + " and " + type_name(y));
+  error(n, "unsupported operand types for " + op + ": " + type_name(x0) + " and " + type_name(y0));
 }
 
 }  // namespace lily::text::jinja::detail

@@ -2,6 +2,7 @@
 // break and continue. The entry point detail::parse.
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -94,6 +95,7 @@ NodeP Parser::parse_statement() {
     return n;
   }
   if (kw == "break" || kw == "continue") {
+    if (loops_ == 0) error(kwt, "{% " + kw + " %} outside a for loop");
     expect_block_end();
     return node(kw == "break" ? NK::Break : NK::Continue, kwt);
   }
@@ -148,11 +150,13 @@ NodeP Parser::parse_for(const Token& t) {
   }
   if (is_name("recursive")) error(cur(), "recursive loops are not supported");
   expect_block_end();
+  ++loops_;
   n->c = parse_body({"else", "endfor"});
+  --loops_;
   next();
   std::string kw = next().text;
   expect_block_end();
-  if (kw == "else") {
+  if (kw == "else") {  // runs outside the loop: a break there leaves the enclosing loop
     n->d = parse_body({"endfor"});
     end_tag("endfor");
   }
@@ -211,7 +215,9 @@ NodeP Parser::parse_macro(const Token& t) {
   n->str = expect_name();
   parse_params(*n);
   expect_block_end();
+  int loops = std::exchange(loops_, 0);
   n->a = parse_body({"endmacro"});
+  loops_ = loops;
   end_tag("endmacro");
   return n;
 }
@@ -222,7 +228,9 @@ NodeP Parser::parse_call_block(const Token& t) {
   n->b = parse_expr();
   if (n->b->kind != NK::Call) error(t, "call block needs a macro call");
   expect_block_end();
+  int loops = std::exchange(loops_, 0);
   n->a = parse_body({"endcall"});
+  loops_ = loops;
   end_tag("endcall");
   return n;
 }

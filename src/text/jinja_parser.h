@@ -37,6 +37,7 @@ class Parser {
   const std::string& name_;
   size_t i_ = 0;
   int depth_ = 0;
+  int loops_ = 0;  // for-loop bodies enclosing the current statement (reset inside macro and call bodies)
 
   // Bounds the parser's recursion (and so the interpreter's) on deeply nested input.
   struct Nest {

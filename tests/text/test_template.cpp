@@ -9,24 +9,6 @@ using namespace lily::text;
 using namespace lily::text::testing;
 using ojson = nlohmann::ordered_json;
 
-namespace {
-
-std::string render_str(const std::string& tpl, const ojson& ctx = ojson::object()) {
-  return jinja::Template(tpl, "t").render(ctx);
-}
-
-std::string error_of(const std::string& tpl, const ojson& ctx = ojson::object()) {
-  try {
-    jinja::Template t(tpl, "t");
-    t.render(ctx);
-  } catch (const lily::InputError& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
-}  // namespace
-
 TEST(Jinja, FeaturesMatchReference) {
   ojson cases = load_ojson(data_dir() / "template_cases.json");
   ASSERT_GT(cases["features"].size(), 30u);

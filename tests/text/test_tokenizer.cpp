@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "common.h"
@@ -175,6 +177,34 @@ TEST(Tokenizer, MalformedJsonNamesThePlace) {
   with(tok["added_tokens"][2]["id"], "x", "added_tokens[2].id");
   with(tok["normalizer"]["type"], "Weird", "normalizer.type");
   with(tok["model"]["vocab"], json::array(), "model.vocab");
+}
+
+// Ids size the id tables: a huge one must be refused, not allocated.
+TEST(Tokenizer, HugeIdsAreRefused) {
+  auto dir = std::filesystem::temp_directory_path() / "lily_text_huge_id";
+  std::filesystem::create_directories(dir);
+  auto msg = [&](const std::string& doc) {
+    std::ofstream(dir / "tokenizer.json") << doc;
+    try {
+      Tokenizer::load(dir);
+    } catch (const lily::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string e = msg(R"({"model": {"type": "BPE", "vocab": {"a": 0, "big": 2147483647}, "merges": []}})");
+  EXPECT_TRUE(contains(e, (dir / "tokenizer.json").string())) << e;
+  EXPECT_TRUE(contains(e, "\"big\"")) << e;
+  EXPECT_TRUE(contains(e, "2147483647")) << e;
+  e = msg(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+              "added_tokens": [{"id": 2147483647, "content": "<huge>", "special": true}]})");
+  EXPECT_TRUE(contains(e, "added_tokens[0].id")) << e;
+  EXPECT_TRUE(contains(e, "\"<huge>\"")) << e;
+  EXPECT_TRUE(contains(e, "2147483647")) << e;
+  // Under the absolute bound but far beyond the number of tokens.
+  e = msg(R"({"model": {"type": "BPE", "vocab": {"a": 0, "sparse": 9000000}, "merges": []}})");
+  EXPECT_TRUE(contains(e, "\"sparse\" has id 9000000, but there are only 2 tokens")) << e;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Tokenizer, StringFormMerges) {
