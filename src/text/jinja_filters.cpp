@@ -69,7 +69,8 @@ Value Interp::round_filter(const Node& n, const Value& v, CallArgs& a) const {
     return Value(*r);
   }
   double scale = std::pow(10.0, double(prec)), x = v.num() * scale;
-  return Value((method == "floor" ? std::floor(x) : std::ceil(x)) / scale);
+  // + 0.0: Python's math.ceil gives the int 0, never -0.0.
+  return Value(((method == "floor" ? std::floor(x) : std::ceil(x)) + 0.0) / scale);
 }
 
 // The key sort / dictsort / min / max compare by: the attribute path if given, strings lowered unless

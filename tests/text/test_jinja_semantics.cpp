@@ -67,8 +67,9 @@ TEST(JinjaSemantics, RoundHalfToEven) {
                        "{{ 1234.5|round(-1) }}"),
             "2.0 4.0 -2.0 0.0 2.67 0.12 2.0 5 1200 1400 1230.0");
   EXPECT_EQ(render_str("{{ 2.1|round(method='ceil') }} {{ 2.9|round(method='floor') }} {{ -2.1|round(method='ceil') }} "
-                       "{{ 2.123|round(2, 'ceil') }} {{ 5|round(method='floor') }} {{ 2.5|round(0, 'common') }}"),
-            "3.0 2.0 -2.0 2.13 5.0 2.0");
+                       "{{ 2.123|round(2, 'ceil') }} {{ 5|round(method='floor') }} {{ 2.5|round(0, 'common') }} "
+                       "{{ -0.4|round(method='ceil') }} {{ -0.4|round }}"),
+            "3.0 2.0 -2.0 2.13 5.0 2.0 0.0 -0.0");
   EXPECT_TRUE(contains(error_of("{{ 1|round(method='x') }}"), "method must be common, ceil or floor"));
   EXPECT_TRUE(contains(error_of("{{ 'a'|round }}"), "round expects a number"));
 }
