@@ -13,18 +13,13 @@
 #include "core/half.h"
 #include "core/thread_pool.h"
 #include "runtime/sampler.h"
+#include "test_util.h"
 
 using namespace lily;
 
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using test::randn;
 
 struct DenseMat {
   std::vector<uint8_t> bytes;
