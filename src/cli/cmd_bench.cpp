@@ -10,6 +10,9 @@
 #include "tools/bench.h"
 #include "tools/bench_sampler.h"
 #include "tools/grammar_bench.h"
+#ifdef LILY_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "tools/synth.h"
 #ifdef LILY_HAVE_CUDA
 #include <nlohmann/json.hpp>
@@ -150,6 +153,12 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
     if (!cuda_opts->empty()) {
       require_cuda_backend(*cuda_opts, *backend);
       o.make_backend = [opts = *cuda_opts](std::shared_ptr<const ModelWeights> w) { return make_backend_with(std::move(w), opts); };
+#ifdef LILY_HAVE_CUDA
+      // the step kernel's timeline of the last decode step (--cuda-opt mk_trace=1)
+      o.after_decode = [](Backend& be, int64_t ctx) {
+        for (const std::string& line : cuda_mk_info(be).trace) fmt::print(stderr, "bench: decode @{}: {}\n", ctx, line);
+      };
+#endif
     }
     o.prefill = parse_sizes(*prefill, "--prefill");
     o.decode_context = parse_sizes(*decode, "--decode-context");

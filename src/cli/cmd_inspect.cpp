@@ -14,6 +14,7 @@
 #include <cxxabi.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <map>
 
 #include "backend/cuda/cuda_backend.h"
@@ -79,6 +80,9 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
     }
     auto be = make_backend_with(w, *cuda_opts);
     const auto ks = cuda_describe_decode_step(*be, *ctx, *rows, *groups);
+    // the step kernel (--cuda-opt mk=1): its op list, when this step ran it
+    const CudaMkInfo mk = cuda_mk_info(*be);
+    const bool mk_ran = std::any_of(ks.begin(), ks.end(), [](const KernelLaunch& k) { return k.name.find("mk_kernel") != std::string::npos; });
     std::map<int, int> per_layer;
     for (const auto& k : ks) ++per_layer[k.layer];
     if (*json) {
@@ -94,6 +98,8 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
                        {"grid", {k.grid[0], k.grid[1], k.grid[2]}}, {"block_dim", {k.threads[0], k.threads[1], k.threads[2]}},
                        {"smem", k.smem}});
       j["kernels"] = arr;
+      if (mk_ran) j["step_kernel_ops"] = mk.ops;
+      else if (!mk.uncovered.empty()) j["step_kernel_uncovered"] = mk.uncovered;
       fmt::print("{}\n", j.dump(2));
       return 0;
     }
@@ -113,6 +119,12 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
       if (name.size() > 60) name = name.substr(0, 57) + "...";
       fmt::print("    {:<60} grid ({},{},{}) block ({},{},{}) smem {}\n", name, k.grid[0], k.grid[1], k.grid[2], k.threads[0],
                  k.threads[1], k.threads[2], k.smem);
+    }
+    if (mk_ran) {
+      fmt::print("\nthe step kernel's ops ({}; ops of one level wait only for ops of lower levels):\n", mk.ops.size());
+      for (const auto& line : mk.ops) fmt::print("{}\n", line);
+    } else if (!mk.uncovered.empty()) {
+      fmt::print("\nthe step kernel does not cover this model: {}\n", mk.uncovered);
     }
     return 0;
 #endif

@@ -170,6 +170,7 @@ BenchReport run_bench(std::shared_ptr<const ModelWeights> w, const BenchOptions&
       if (opt.progress)
         fmt::print(stderr, "bench: decode @{:>6}: {} {:.1f} tok/s\n", C, r ? "run    " : "warm-up", opt.decode_tokens / dt);
     }
+    if (opt.after_decode) opt.after_decode(be, C);
     row.tok_s = bench_median(row.runs);
     row.bytes_per_token = double(rep.active_bytes) + double(state_bytes) + rec;
     row.roofline_tok_s = rep.bandwidth / row.bytes_per_token;

@@ -46,6 +46,8 @@ struct BenchOptions {
   std::vector<int64_t> verify;
   // Builds the backend instead of `backend` (e.g. CUDA with --cuda-opt options); empty: EngineOptions::backend.
   std::function<std::unique_ptr<Backend>(std::shared_ptr<const ModelWeights>)> make_backend;
+  // Called after the timed runs of each decode context (e.g. to print the backend's own breakdown of a step).
+  std::function<void(Backend&, int64_t context)> after_decode;
   // Speculative decoding (bench_spec.cpp) at stream_context: "mtp" or "ngram" ("": off). A first pass
   // decodes decode_tokens + 1 tokens plainly (greedy; the baseline and the known continuation); then for
   // each acceptance a and each depth (0: auto) the same tokens with speculation, each drafted token

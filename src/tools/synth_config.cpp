@@ -29,6 +29,8 @@ const Preset kPresets[] = {
     {"tiny", "qwen3_5_moe_text", 128, 4, 512, 4, 2, 64, 2, 4, 32, 32, 8, 2, 64, 128, 0, 1e6, false},
     {"tiny-next", "qwen3_next", 128, 4, 512, 4, 2, 64, 2, 4, 32, 32, 8, 2, 64, 128, 256, 1e6, false},
     {"tiny-dense", "qwen3_5_text", 128, 4, 512, 4, 2, 64, 2, 4, 32, 32, 0, 0, 0, 0, 256, 1e6, true},
+    // the shared expert as wide as the routed ones (it rides in the expert stacks on CUDA)
+    {"tiny-stacked", "qwen3_5_moe_text", 256, 4, 1024, 4, 2, 128, 2, 4, 64, 64, 16, 4, 128, 128, 0, 1e6, false},
 };
 
 const Preset& preset(const std::string& name) {

@@ -47,6 +47,12 @@ std::vector<KernelLaunch> cuda_describe_decode_step(Backend& be, int64_t ctx, in
   return cb->describe(ctx, rows, groups);
 }
 
+CudaMkInfo cuda_mk_info(Backend& be) {
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(&be);
+  if (!cb) fail("cuda_mk_info needs the CUDA backend, got '{}'", be.name());
+  return cb->mk_info();
+}
+
 }  // namespace lily
 
 namespace lily::cuda {

@@ -11,6 +11,7 @@ void CudaBackend::embed() {
   if (capture_) begin_capture();
   if (replay_) return;
   mark(-1, "embed");
+  if (mk_) return mk_embed();    // mk_backend.cpp: ops of the step kernel
   if (mtp_) return mtp_embed();  // cuda_mtp.cpp
   cuda::embed(embed_, int(w_->cfg.hidden), d_tokens(), T_, x_, stream_, d_row_group(), d_groups(), fed_);
 }
@@ -18,6 +19,7 @@ void CudaBackend::embed() {
 void CudaBackend::gdn_mixer(int layer) {
   if (replay_) return;
   mark(layer, "gdn");
+  if (mk_) return mk_gdn(layer);
   const DevLayer& D = layers_[size_t(layer)];
   const int H = int(w_->cfg.hidden);
   const GdnDev& g = D.gdn;
@@ -53,6 +55,7 @@ void CudaBackend::gdn_mixer(int layer) {
 void CudaBackend::attn_mixer(int layer) {
   if (replay_) return;
   mark(layer, "attn");
+  if (mk_) return mk_attn(layer);
   const DevLayer& D = layers_[size_t(layer)];
   const int H = int(w_->cfg.hidden);
   const AttnDev& a = D.attn;
@@ -87,6 +90,7 @@ void CudaBackend::attn_mixer(int layer) {
 void CudaBackend::ffn(int layer) {
   if (replay_) return;
   mark(layer, "ffn");
+  if (mk_) return mk_ffn(layer);
   const DevLayer& D = layers_[size_t(layer)];
   const int H = int(w_->cfg.hidden);
   const float eps = float(w_->cfg.rms_eps);
@@ -98,6 +102,7 @@ void CudaBackend::ffn(int layer) {
 void CudaBackend::head() {
   if (replay_) return;
   mark(-1, "head");
+  if (mk_) return mk_head();
   keep_hidden();  // cuda_mtp.cpp: rows kept for MTP steps (before anything below changes u_)
   if (O_ == 0) return;
   const int H = int(w_->cfg.hidden), V = int(w_->cfg.vocab);

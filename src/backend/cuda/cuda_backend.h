@@ -27,6 +27,11 @@ struct CudaOptions {
   bool profile = false;  // time every block with events (uncaptured steps only; adds synchronisation)
   bool ba_fold = true;   // DeltaNet b|a projection inside the step kernel for one-row groups (bf16 b|a)
   bool topk_fold = true; // MoE top-k inside the router GEMV for one-row steps
+  bool mk = false;       // one-row decode steps as one persistent kernel (mk.h) where the model is covered
+  bool mk_trace = false; // the step kernel records a timeline of its tasks (cuda_mk_info's report)
+  bool mk_skip_dots = false;  // timing experiment: the step kernel streams its weight tiles but skips their dot products
+  int mk_stage_kb = 40;  // the step kernel's ring stage (the largest weight tile), KiB (32..100)
+  std::string mk_trace_csv;  // with mk_trace: cuda_mk_info also writes the raw timeline of the latest step here
   cuda::KernelSwitches kernels;  // kernel-level switches (switches.h)
 };
 
@@ -44,6 +49,17 @@ struct CudaBlockProfile {
   int64_t steps = 0;
 };
 CudaBlockProfile cuda_block_profile(Backend& be);
+
+// The decode step kernel (CudaOptions::mk): why the model's shapes or formats are not covered ("" when they
+// are), the steps that ran it, and the op list of the plan of the latest step key (type, layer, tiles, tasks,
+// stage bytes, dependencies and dependency level per op).
+struct CudaMkInfo {
+  std::string uncovered;
+  int64_t steps = 0;
+  std::vector<std::string> ops;
+  std::vector<std::string> trace;  // with CudaOptions::mk_trace: the timeline report of the latest step (synchronises)
+};
+CudaMkInfo cuda_mk_info(Backend& be);
 
 // True when the binary has the CUDA backend and a usable CUDA device is present.
 bool cuda_available();

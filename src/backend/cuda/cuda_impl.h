@@ -19,6 +19,7 @@
 #include "backend/cuda/attn.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gdn.h"
+#include "backend/cuda/mk.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/sample.h"
 #include "backend/cuda/step_desc.h"
@@ -193,7 +194,10 @@ struct Flight {
   std::vector<std::pair<int64_t, int64_t>> logit_ranges;  // (row of the logits buffer, rows) in group order
   int64_t logit_rows = 0, sample_rows = 0;
   bool staged_logits = false;  // the logits were copied to `staged` (a later step reuses the buffer)
+  bool mk = false;             // the step ran as the decode step kernel
 };
+
+struct MkState;
 
 class CudaBackend final : public Backend {
  public:
@@ -269,6 +273,23 @@ class CudaBackend final : public Backend {
   void put_event(cudaEvent_t e);
 
   // ---- graphs (graphs.cpp)
+  // ---- the decode step as one kernel (mk_backend.cpp, mk.h)
+  std::string mk_uncovered();  // why the model is not covered ("" when it is); computed once
+  void mk_alloc();
+  void mk_release();  // the plans (they hold scratch addresses)
+  void mk_free();
+  void mk_begin();
+  int mk_add(mk::OpDesc op, std::vector<int> deps);
+  uint32_t mk_stage_cap() const;
+  std::vector<int> mk_in_proj(const std::vector<std::pair<Mat, int>>& runs, const float* norm, int layer);
+  void mk_embed();
+  void mk_gdn(int layer);
+  void mk_attn(int layer);
+  void mk_ffn(int layer);
+  void mk_head();
+  void mk_wait(cudaEvent_t done);  // synchronises; a failed step kernel throws naming its op
+  CudaMkInfo mk_info();
+
   void begin_capture();
   // Ends the capture (record mode: lists the nodes into recorded_ and drops the graph); returns the
   // executable graph to launch, or null in record mode.
@@ -352,6 +373,9 @@ class CudaBackend final : public Backend {
   cudaGraphExec_t exec_ = nullptr;  // graph to replay in end()
   GraphKey graph_key_;
   std::map<GraphKey, cudaGraphExec_t> graphs_;
+  std::unique_ptr<MkState> mk_state_;
+  bool mk_ = false;            // this step runs as the decode step kernel
+  bool mk_plan_only_ = false;  // record mode: this step builds its plan, launches nothing
   std::deque<Flight> flights_;
   uint64_t next_ticket_ = 1;
   // profile

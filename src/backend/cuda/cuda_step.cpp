@@ -343,6 +343,7 @@ void CudaBackend::begin(const Step& step) {
       capture_ = true;
     }
   }
+  mk_begin();  // mk_backend.cpp: whether this step runs as one kernel (its first step of a key: uncaptured)
   stepping_ = true;
 }
 
@@ -355,6 +356,7 @@ uint64_t CudaBackend::end() {
   stepping_ = false;
   Flight f;
   f.ticket = next_ticket_++;
+  f.mk = mk_ && !recording_;
   f.desc = desc_host_;
   desc_host_ = PinnedPool::Block{};
   f.uploads = std::move(uploads_);
@@ -397,6 +399,7 @@ void CudaBackend::finish(uint64_t ticket, const StepOutputs& out) {
   if (flights_.empty() || flights_.front().ticket != ticket)
     throw InternalError(fmt::format("CudaBackend::finish: ticket {} is not the oldest unfinished step", ticket));
   Flight& f = flights_.front();
+  if (f.mk) mk_wait(f.done);  // mk_backend.cpp: a failed step kernel names the op it waited at
   const size_t V = size_t(w_->cfg.vocab);
   if (out.logits && f.logit_rows > 0 && !f.staged_logits) {
     // no later step has begun: the rows are still in the device buffer

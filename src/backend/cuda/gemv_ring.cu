@@ -21,6 +21,8 @@
 
 #include "backend/cuda/device_info.h"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/affine_dot.cuh"
+#include "backend/cuda/tma.cuh"
 
 namespace lily::cuda {
 namespace {
@@ -63,84 +65,14 @@ struct RingArgs {
   int ids_ready;        // CONCAT: the expert ids are complete when this kernel starts (see gemv_ring_concat)
 };
 
-// The ring needs sm_90 (bulk copies, transaction-counted mbarriers). gemv_ring never launches it on
+// The ring needs sm_90 (bulk copies, transaction-counted mbarriers: tma.cuh). gemv_ring never launches it on
 // older devices (ring_supported); their device code compiles these instructions to __trap().
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define LILY_RING_SM90(...) __trap()
-#else
-#define LILY_RING_SM90(...) __VA_ARGS__
-__device__ __forceinline__ uint32_t sm32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-#endif
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-  LILY_RING_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(sm32(bar)), "r"(count) : "memory"));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  LILY_RING_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sm32(bar)), "r"(bytes) : "memory"));
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  LILY_RING_SM90(asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(sm32(bar)),
-      "r"(parity)
-      : "memory"));
-}
-// Global -> shared bulk copy (bytes % 16 == 0, both addresses 16-byte aligned), counted on bar.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  LILY_RING_SM90(asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(sm32(dst)),
-               "l"(src), "r"(bytes), "r"(sm32(bar))
-               : "memory"));
-}
-
-// Element e of the staged row: 16-byte column i = e / C holds elements [C·i, C·i + C); lanes reading
-// columns i..i+31 read 512 contiguous bytes per float4.
-template <int BITS>
-__device__ __forceinline__ int xs_at(int e) {
-  constexpr int C = 128 / BITS;
-  const int i = e / C, j = e % C;
-  return (i >> 5) * 32 * C + (j >> 2) * 128 + (i & 31) * 4 + (j & 3);
-}
-
-// 2^m·Σ f·x over one 16-byte column of codes (f = 1 + c·2^-m, see above); minus 2^m·Σ x it is Σ c·x.
-template <int BITS>
-__device__ __forceinline__ float col_dot(const uint4 w, const float (&xv)[128 / BITS]) {
-  const uint32_t word[4] = {w.x, w.y, w.z, w.w};
-  float a0 = 0.f, a1 = 0.f;
-  if constexpr (BITS == 4) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {  // nibble n (bits 4n..4n+3) -> bits 19..22
-        const uint32_t t = n < 5 ? word[k] << (19 - 4 * n) : word[k] >> (4 * n - 19);
-        const float f = __uint_as_float((t & 0x00780000u) | 0x3f800000u);
-        if (n & 1) a1 = fmaf(f, xv[8 * k + n], a1);
-        else a0 = fmaf(f, xv[8 * k + n], a0);
-      }
-    return 16.f * (a0 + a1);
-  } else {
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {  // byte p (bits 8p..8p+7) -> bits 15..22
-        const uint32_t t = p < 2 ? word[k] << (15 - 8 * p) : word[k] >> (8 * p - 15);
-        const float f = __uint_as_float((t & 0x007f8000u) | 0x3f800000u);
-        if (p & 1) a1 = fmaf(f, xv[4 * k + p], a1);
-        else a0 = fmaf(f, xv[4 * k + p], a0);
-      }
-    return 256.f * (a0 + a1);
-  }
-}
-constexpr float kColScale4 = 16.f, kColScale8 = 256.f;
 
 template <int BITS, int KIND, int RPW>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const RingArgs a) {
   constexpr int C = 128 / BITS;
   constexpr int NACC = KIND == SWIGLU ? 2 * RPW : RPW;
-  constexpr float kColScale = BITS == 4 ? kColScale4 : kColScale8;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(8) uint64_t bars[kMaxStages];
   __shared__ int ex[kMaxSlots];
@@ -186,8 +118,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) mbar_init(&bars[s], 1);
-    LILY_RING_SM90(asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"));
-    LILY_RING_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
+    mbar_init_fence();
+    fence_proxy_async_smem();
   }
   __syncwarp();
   if constexpr (KIND == PLAIN) {
@@ -275,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
         const float4 v = x4[k * 32];
         xv[4 * k] = v.x; xv[4 * k + 1] = v.y; xv[4 * k + 2] = v.z; xv[4 * k + 3] = v.w;
       }
-      const float cx = colX[i], ck = kColScale * cx;
+      const float cx = colX[i], ck = kColScale<BITS> * cx;
       // stage row of (row j, column i): CONCAT rows of slot s sit at s·tr, SWIGLU up rows at tr
       int srow0 = rfirst, col = i;
       if constexpr (KIND == CONCAT) {
@@ -309,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
     }
     __syncthreads();  // every warp is done with this stage
     if (warp == 0 && li + S < my_tiles) {
-      LILY_RING_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
+      fence_proxy_async_smem();
       issue(li + S);
     }
   }

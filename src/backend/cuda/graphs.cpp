@@ -61,6 +61,7 @@ void CudaBackend::drop_graphs() {
   for (auto& [k, g] : graphs_)
     if (g) cudaGraphExecDestroy(g);
   graphs_.clear();
+  mk_release();  // the step kernel's plans hold the same addresses
 }
 
 void CudaBackend::drop_slot_graphs(int slot) {
@@ -90,17 +91,20 @@ std::vector<KernelLaunch> CudaBackend::describe(int64_t ctx, int rows, int group
     if (ids) set_sampling(*sts.back(), DeviceSampling{}, {});
     step.add(*sts.back(), toks, 1, !ids, ids);
   }
-  recording_ = true;
-  marks_.clear();
-  recorded_.clear();
-  try {
-    finish(forward(*this, step), StepOutputs{});
-  } catch (...) {
+  for (int pass = 0; pass < 2; ++pass) {
+    recording_ = true;
+    marks_.clear();
+    recorded_.clear();
+    try {
+      finish(forward(*this, step), StepOutputs{});
+    } catch (...) {
+      recording_ = false;
+      abandon_step();
+      throw;
+    }
     recording_ = false;
-    abandon_step();
-    throw;
+    if (!mk_plan_only_) break;  // that pass built the step kernel's plan: record the step that launches it
   }
-  recording_ = false;
   return std::move(recorded_);
 }
 

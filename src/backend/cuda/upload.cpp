@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "backend/cuda/cuda_impl.h"
+#include "backend/cuda/mk_state.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "quant/affine/affine.h"
@@ -57,6 +58,7 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   drop_graphs();
+  mk_free();
   for (PinnedPool::Block& u : uploads_) pinned_.put(u);
   for (Flight& f : flights_) {
     pinned_.put(f.desc);
@@ -197,6 +199,7 @@ void CudaBackend::upload_layer(const LayerWeights& L, DevLayer& D, int l) {
 }
 
 void* CudaBackend::alloc_w(size_t bytes) {
+  bytes += 256;  // slack: bulk copies may read a 16-byte unit past a row block's end (mk_kernel.cu)
   void* p = dev_->alloc(bytes);
   weight_allocs_.push_back({p, bytes});
   return p;
