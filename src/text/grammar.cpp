@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <map>
 #include <queue>
 
 #include <fmt/format.h>
@@ -216,27 +217,37 @@ Grammar::Seq cat(std::initializer_list<Grammar::Seq> parts) {
   return out;
 }
 
-Grammar::RuleId text_until(Grammar& g, const std::string& name, std::string_view stop, const ByteSet& allowed) {
+Grammar::RuleId text_until(Grammar& g, const std::string& name, std::string_view stop, const ByteSet& allowed,
+                           std::initializer_list<std::string_view> forbidden) {
   LILY_ASSERT(!stop.empty());
-  const size_t m = stop.size();
-  // KMP failure function: fail[k] = length of the longest proper border of stop[0:k].
-  std::vector<size_t> fail(m + 1, 0);
-  for (size_t k = 2; k <= m; ++k) {
-    size_t j = fail[k - 1];
-    while (j > 0 && stop[j] != stop[k - 1]) j = fail[j];
-    fail[k] = stop[j] == stop[k - 1] ? j + 1 : 0;
-  }
-  auto delta = [&](size_t k, uint8_t b) {
-    while (k > 0 && uint8_t(stop[k]) != b) k = fail[k];
-    return uint8_t(stop[k]) == b ? k + 1 : 0;
+  // States: the prefixes of stop, then those of the forbidden strings (a keyword automaton); a state is
+  // the longest suffix of the text so far that is one of them.
+  std::vector<std::string> node;
+  std::map<std::string, size_t, std::less<>> index;
+  auto add = [&](std::string_view w) {
+    for (size_t k = 0; k < w.size(); ++k)
+      if (index.emplace(std::string(w.substr(0, k)), node.size()).second) node.emplace_back(w.substr(0, k));
   };
+  add(stop);
+  for (std::string_view f : forbidden) {
+    LILY_ASSERT(!f.empty() && stop.find(f) == std::string_view::npos);
+    add(f);
+  }
+  const size_t m = node.size();
   std::vector<Grammar::RuleId> st(m);
   for (size_t k = 0; k < m; ++k) st[k] = g.rule(k ? fmt::format("{}-{}", name, k) : name);
   for (size_t k = 0; k < m; ++k) {
-    std::vector<ByteSet> to(m + 1);
+    std::vector<ByteSet> to(m + 1);  // to[m]: stop completed
     for (unsigned b = 0; b < 256; ++b) {
-      size_t j = delta(k, uint8_t(b));
-      if (j == k + 1 || allowed.has(uint8_t(b))) to[j].add(uint8_t(b));
+      const std::string t = node[k] + char(b);
+      const std::string_view tv = t;
+      if (std::any_of(forbidden.begin(), forbidden.end(), [&](std::string_view f) { return tv.ends_with(f); })) continue;
+      size_t j = m;
+      if (!tv.ends_with(stop))
+        for (size_t cut = 0; j == m; ++cut)
+          if (auto it = index.find(tv.substr(cut)); it != index.end()) j = it->second;
+      const bool advances = t.size() <= stop.size() && stop.starts_with(tv);  // along stop itself
+      if (advances || allowed.has(uint8_t(b))) to[j].add(uint8_t(b));
     }
     for (size_t j = 0; j <= m; ++j) {
       if (to[j].empty()) continue;

@@ -5,6 +5,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -84,9 +85,11 @@ class Grammar {
 // Concatenation of sequences.
 Grammar::Seq cat(std::initializer_list<Grammar::Seq> parts);
 
-// Any bytes that do not contain `stop`, then `stop` itself (the rule ends right after the first
-// occurrence of `stop`). `allowed` limits the bytes of the text before `stop`.
-Grammar::RuleId text_until(Grammar& g, const std::string& name, std::string_view stop, const ByteSet& allowed);
+// Any bytes that do not contain `stop` nor any of `forbidden`, then `stop` itself (the rule ends right
+// after the first occurrence of `stop`). `allowed` limits the bytes of the text before `stop`.
+// `forbidden` strings must not occur in `stop`.
+Grammar::RuleId text_until(Grammar& g, const std::string& name, std::string_view stop, const ByteSet& allowed,
+                           std::initializer_list<std::string_view> forbidden = {});
 
 // Rules for well-formed UTF-8 characters (one to four bytes, no surrogates or overlongs) whose first
 // byte lies in `ascii` when it is a single byte.

@@ -32,7 +32,8 @@ void set_root_after_reasoning(Grammar& g, ReasoningMode mode, RuleId body) {
   if (mode == ReasoningMode::None) {
     g.alt(root, {Grammar::ref(body)});
   } else {
-    RuleId think = text_until(g, "thinking", "</think>", any);
+    // No <tool_call> inside: the output parser would take it for the start of a call in the block.
+    RuleId think = text_until(g, "thinking", "</think>", any, {"<tool_call>"});
     if (mode == ReasoningMode::Open) {
       g.alt(root, {Grammar::ref(think), Grammar::ref(nl), Grammar::ref(body)});
     } else {

@@ -80,6 +80,38 @@ TEST(Grammar, TextUntilStopsAtTheFirstOccurrence) {
   EXPECT_FALSE(matches(g, "no end"));
 }
 
+TEST(Grammar, TextUntilKeepsOutForbiddenStrings) {
+  Grammar g;
+  auto r = text_until(g, "t", "</think>", ByteSet::range(0, 255), {"<tool_call>", "abab"});
+  g.set_root(r);
+  EXPECT_TRUE(matches(g, "</think>"));
+  EXPECT_TRUE(matches(g, "a <tool_cal> <tool</think>"));
+  EXPECT_TRUE(matches(g, "aba bab <</think>"));
+  EXPECT_FALSE(matches(g, "<tool_call></think>"));
+  EXPECT_FALSE(matches(g, "x <</tool_call><tool_call> y</think>"));
+  EXPECT_FALSE(matches(g, "ababab</think>"));  // overlapping: "abab" at 0 and 2
+  EXPECT_FALSE(matches(g, "aabab</think>"));
+  EXPECT_FALSE(matches(g, "a</think>b"));
+  // Against a brute-force reading over every string of the alphabet up to 7 bytes before the stop.
+  Grammar h;
+  auto q = text_until(h, "q", "aab", ByteSet::range('a', 'c'), {"ba", "cc"});
+  h.set_root(q);
+  std::vector<std::string> all = {""};
+  for (size_t n = 0, lo = 0; n < 7; ++n) {
+    const size_t hi = all.size();
+    for (size_t i = lo; i < hi; ++i)
+      for (char c : {'a', 'b', 'c'}) all.push_back(all[i] + c);
+    lo = hi;
+  }
+  ByteAutomaton a(h);
+  for (const std::string& x : all) {
+    const std::string t = x + "aab";
+    const bool want = t.find("aab") == x.size() && t.find("ba") == std::string::npos && t.find("cc") == std::string::npos;
+    const auto st = a.walk(a.start(), t);
+    EXPECT_EQ(st != ByteAutomaton::kDead && a.accepting(st), want) << t;
+  }
+}
+
 TEST(JsonGrammar, Strings) {
   auto g = schema(R"({"type": "string"})");
   EXPECT_TRUE(matches(g, R"("")"));
@@ -289,7 +321,10 @@ TEST(OutputGrammar, ToolCallsAfterReasoning) {
   auto g = tool_call_grammar(o);
   const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>";
   EXPECT_TRUE(matches(g, call));
-  EXPECT_TRUE(matches(g, "<think>\nhmm <tool_call> inside\n</think>\n\n" + call));
+  EXPECT_TRUE(matches(g, "<think>\nhmm <tool_call inside\n</think>\n\n" + call));
+  // A <tool_call> inside the block would start a call for the output parser: the grammar keeps it out.
+  EXPECT_FALSE(matches(g, "<think>\nhmm <tool_call> inside\n</think>\n\n" + call));
+  EXPECT_FALSE(matches(g, "<think>\n" + call + "\n</think>\n\n" + call));
   EXPECT_TRUE(matches(g, "<tool_call>\n{\"name\": \"noop\", \"arguments\": {}}\n</tool_call>"));
   EXPECT_FALSE(matches(g, call + "\n" + call));  // one call unless max_calls says more
   EXPECT_FALSE(matches(g, "Sure! " + call));
