@@ -13,18 +13,16 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
+#include "cpu_wrapper.h"
 #include "runtime/generate.h"
 #include "runtime/sampler.h"
 
 namespace lily::test_support {
 
-class SamplingCpuBackend final : public Backend {
+class SamplingCpuBackend final : public CpuWrapper {
  public:
-  explicit SamplingCpuBackend(std::shared_ptr<const ModelWeights> w) : cpu_(std::move(w)) {}
+  explicit SamplingCpuBackend(std::shared_ptr<const ModelWeights> w) : CpuWrapper(std::move(w)) {}
   std::string name() const override { return "cpu+sampler"; }
-  const ModelWeights& weights() const override { return cpu_.weights(); }
-  std::unique_ptr<SequenceState> new_state(int64_t n) override { return cpu_.new_state(n); }
 
   bool can_sample() const override { return true; }
   bool can_mtp() const override { return true; }
@@ -52,11 +50,6 @@ class SamplingCpuBackend final : public Backend {
     cpu_.begin(step_);
     step_.groups = step.groups;
   }
-  void embed() override { cpu_.embed(); }
-  void gdn_mixer(int l) override { cpu_.gdn_mixer(l); }
-  void attn_mixer(int l) override { cpu_.attn_mixer(l); }
-  void ffn(int l) override { cpu_.ffn(l); }
-  void head() override { cpu_.head(); }
   uint64_t end() override {
     const uint64_t t = cpu_.end();
     const size_t V = size_t(weights().cfg.vocab);
@@ -128,7 +121,6 @@ class SamplingCpuBackend final : public Backend {
     std::vector<float> logits;
     std::vector<int32_t> ids;
   };
-  cpu::CpuBackend cpu_;
   Step step_;
   std::vector<bool> wants_logits_;
   std::map<const SequenceState*, Seq> seqs_;
