@@ -9,8 +9,9 @@ namespace lily::server {
 using json = nlohmann::ordered_json;
 
 Structured::Structured(std::shared_ptr<const text::Tokenizer> tok, int32_t n_ids, std::vector<int32_t> stop_ids,
-                       std::shared_ptr<const ChatFormat> chat, size_t max_grammars)
-    : tok_(std::move(tok)), n_ids_(n_ids), stop_ids_(std::move(stop_ids)), chat_(std::move(chat)), max_grammars_(max_grammars) {}
+                       std::shared_ptr<const ChatFormat> chat, size_t max_grammars, size_t max_bytes)
+    : tok_(std::move(tok)), n_ids_(n_ids), stop_ids_(std::move(stop_ids)), chat_(std::move(chat)), max_grammars_(max_grammars),
+      max_bytes_(max_bytes) {}
 
 std::shared_ptr<const text::TokenVocabulary> Structured::vocab() {
   std::lock_guard lk(mu_);
@@ -24,6 +25,7 @@ std::shared_ptr<text::TokenGrammar> Structured::grammar(const std::string& key, 
     for (auto it = grammars_.begin(); it != grammars_.end(); ++it)
       if (it->first == key) {
         grammars_.splice(grammars_.begin(), grammars_, it);
+        trim();
         return grammars_.front().second;
       }
   }
@@ -31,8 +33,31 @@ std::shared_ptr<text::TokenGrammar> Structured::grammar(const std::string& key, 
   auto g = std::make_shared<text::TokenGrammar>(build(), v, stop_ids_);
   std::lock_guard lk(mu_);
   grammars_.emplace_front(key, g);
-  while (grammars_.size() > max_grammars_) grammars_.pop_back();
+  trim();
   return g;
+}
+
+// Drops the least recently used grammars past max_grammars_ or max_bytes_ (the newest is kept). Masks
+// are cached as requests run, so the bytes are counted again at each use.
+void Structured::trim() {
+  size_t bytes = 0, n = 0;
+  for (auto it = grammars_.begin(); it != grammars_.end();) {
+    const size_t b = it->second->stats().bytes;
+    if (n > 0 && (n + 1 > max_grammars_ || bytes + b > max_bytes_)) {
+      it = grammars_.erase(it);
+      continue;
+    }
+    bytes += b;
+    ++n;
+    ++it;
+  }
+}
+
+std::pair<size_t, size_t> Structured::kept() {
+  std::lock_guard lk(mu_);
+  size_t bytes = 0;
+  for (auto& [k, g] : grammars_) bytes += g->stats().bytes;
+  return {grammars_.size(), bytes};
 }
 
 std::shared_ptr<TokenConstraint> Structured::json_output(const json& schema, const std::string& where, text::ReasoningMode mode,

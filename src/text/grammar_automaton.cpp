@@ -44,6 +44,7 @@ uint32_t ByteAutomaton::intern(uint32_t pos, int32_t parent) {
     snodes_.push_back({pos, parent, d});
     closure_memo_.push_back(-1);
     advanced_memo_.push_back(-1);
+    held_ += sizeof(SNode) + 8 + 32;  // the node, its memos, its snode_ids_ entry
   }
   return it->second;
 }
@@ -80,6 +81,7 @@ const ByteAutomaton::Closure& ByteAutomaton::closure(uint32_t stack) {
     expand(sn.pos, sn.parent, c, 0);
     std::sort(c.tops.begin(), c.tops.end());
     c.tops.erase(std::unique(c.tops.begin(), c.tops.end()), c.tops.end());
+    held_ += sizeof(Closure) + c.tops.size() * 4;
     closures_.push_back(std::move(c));
     closure_memo_[stack] = int32_t(closures_.size() - 1);
   }
@@ -93,6 +95,7 @@ const ByteAutomaton::Closure& ByteAutomaton::advanced(uint32_t stack) {
     expand(sn.pos + 1, sn.parent, c, 0);
     std::sort(c.tops.begin(), c.tops.end());
     c.tops.erase(std::unique(c.tops.begin(), c.tops.end()), c.tops.end());
+    held_ += sizeof(Closure) + c.tops.size() * 4;
     closures_.push_back(std::move(c));
     advanced_memo_[stack] = int32_t(closures_.size() - 1);
   }
@@ -111,6 +114,7 @@ ByteAutomaton::State ByteAutomaton::intern_state(Closure&& c) {
     s.accept = c.accept;
     s.dist = c.accept ? 0 : INT32_MAX;
     for (uint32_t t : c.tops) s.dist = std::min(s.dist, snodes_[t].dist);
+    held_ += sizeof(StateInfo) + c.tops.size() * 8 + 48;  // the state and its state_ids_ key
     s.stacks = std::move(c.tops);
     states_.push_back(std::move(s));
   }
@@ -124,6 +128,7 @@ ByteAutomaton::State ByteAutomaton::step(State s, uint8_t b) {
     ti = int32_t(trans_.size());
     trans_.emplace_back();
     trans_.back().fill(kUnknown);
+    held_ += sizeof(trans_.back());
     states_[size_t(s)].trans = ti;
   }
   Closure c;
@@ -138,6 +143,12 @@ ByteAutomaton::State ByteAutomaton::step(State s, uint8_t b) {
   const State next = c.tops.empty() && !c.accept ? kDead : intern_state(std::move(c));
   trans_[size_t(ti)][b] = next;
   return next;
+}
+
+size_t ByteAutomaton::memory() const {
+  size_t n = held_ + nodes_.size() * sizeof(Node) + suffix_min_.size() * 4 + sets_.size() * sizeof(ByteSet);
+  for (const auto& r : rule_starts_) n += r.size() * 4 + sizeof(r);
+  return n;
 }
 
 int ByteAutomaton::next_byte(State s) const {

@@ -35,6 +35,7 @@ class ByteAutomaton {
   int next_byte(State s) const;
   size_t states() const { return states_.size(); }
   size_t stacks() const { return snodes_.size(); }
+  size_t memory() const;  // bytes held by the states, stacks and transitions built so far (an estimate)
 
  private:
   struct Node {
@@ -74,6 +75,7 @@ class ByteAutomaton {
   std::vector<StateInfo> states_;
   std::unordered_map<std::string, State> state_ids_;
   std::vector<std::array<int32_t, 256>> trans_;
+  size_t held_ = 0;  // bytes of the stacks, closures, states and transitions built so far
 };
 
 }  // namespace lily::text

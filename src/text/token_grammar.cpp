@@ -229,6 +229,7 @@ TokenGrammar::Stats TokenGrammar::stats() {
   s.states = dfa_.states();
   s.masks = cache_.size();
   s.mask_bytes = cached_bytes_;
+  s.bytes = cached_bytes_ + cache_.size() * 48 + order_.size() * 8 + dfa_.memory() + bounds_.size() * 4 + walk_.size() * 4;
   return s;
 }
 

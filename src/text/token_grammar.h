@@ -92,6 +92,7 @@ class TokenGrammar {
   const TokenVocabulary& vocab() const { return *vocab_; }
   struct Stats {
     size_t states = 0, masks = 0, mask_bytes = 0;
+    size_t bytes = 0;  // all it holds: cached masks, the automaton built so far, per-state tables
     uint64_t hits = 0, misses = 0;
   };
   Stats stats();
