@@ -2,12 +2,15 @@
 """Hostile requests against a running `lily serve` (Python 3.11 stdlib only).
 
 Generates mutated valid requests (every field of the chat / completions / Anthropic messages / count_tokens /
-responses / tokenize bodies with wrong types and extreme values; hostile JSON schemas in response_format,
+responses / tokenize bodies with wrong types and extreme values; hostile Anthropic content blocks, system and
+thinking values and Responses input items; hostile JSON schemas in response_format,
 text.format and tool parameters; wrong tool_choice values), broken JSON, and broken HTTP framing, sends each
 on its own raw socket and
-checks the answer: never a status >= 500, never a reset or a connection closed without an answer,
-the server alive at the end and, with --pid, its RSS back within --rss-tolerance of its value after a
-warm-up round of the same requests.
+checks the answer: never a status >= 500, never a reset or a connection closed without an answer, every
+refusal (>= 400) a JSON error in the envelope of the API its path belongs to (Anthropic's for
+/v1/messages*, OpenAI's elsewhere), a 400 for a mutated field naming that field, the server alive at the
+end and, with --pid, its RSS back within --rss-tolerance of its value after a warm-up round of the same
+requests.
 
     scripts/hostile.py --port 8080 [--pid PID] [--count 1200] [--seed 1] [--threads 4]
 
@@ -164,6 +167,49 @@ def message_mutations(rng):
         b["tool_choice"] = rng.choice(["auto", "none", "required", {"type": "function", "function": {"name": "get"}},
                                        {"type": "function", "function": {"name": "missing"}}, {"function": 5}, 7])
     return "chat.messages", http("POST", "/v1/chat/completions", dumps(b))
+
+
+ANTHROPIC_BLOCKS = [
+    {"type": 5}, {"type": "text"}, {"type": "text", "text": 5}, {"type": "text", "text": "x", "cache_control": {"type": 5}},
+    {"type": "tool_use"}, {"type": "tool_use", "id": 5, "name": "f", "input": {}}, {"type": "tool_use", "id": "a", "name": "f", "input": "{}"},
+    {"type": "tool_use", "id": "a", "name": ["f"], "input": {}}, {"type": "tool_result"}, {"type": "tool_result", "tool_use_id": "a", "content": 5},
+    {"type": "tool_result", "tool_use_id": "a", "content": [{"type": "image"}]}, {"type": "tool_result", "tool_use_id": "a", "is_error": "yes"},
+    {"type": "tool_result", "tool_use_id": 7, "content": "x"}, {"type": "thinking"}, {"type": "thinking", "thinking": 5},
+    {"type": "thinking", "thinking": "t", "signature": 5}, {"type": "redacted_thinking", "data": 5}, {"type": "image", "source": {}},
+    {"type": "document"}, {"type": "server_tool_use"}, {"text": "no type"}, 5, None, "text", [], {}]
+RESPONSES_ITEMS = [
+    {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}, {"type": "function_call"},
+    {"type": "function_call", "call_id": 5, "name": "f", "arguments": "{}"}, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{bad"},
+    {"type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}, {"type": "function_call_output", "call_id": "c", "output": 5},
+    {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": 5}]}, {"type": "function_call_output", "output": "x"},
+    {"type": "reasoning", "content": 5}, {"type": "reasoning", "summary": [5]}, {"type": "reasoning", "content": [{"text": 5}]},
+    {"type": "reasoning", "summary": [{"type": "summary_text"}], "encrypted_content": 5}, {"type": "item_reference", "id": "x"},
+    {"role": "developer", "content": "x"}, {"role": "assistant", "content": [{"type": "refusal", "refusal": 5}]},
+    {"role": "user", "content": [{"type": "output_text"}]}, {"role": 5, "content": "x"}, {"type": 5}, None, 5, "str", [], {}]
+
+
+def agent_mutations(rng):
+    """Anthropic messages with a hostile content block / system / thinking, Responses input with a hostile item."""
+    if rng.random() < 0.5:
+        b = anthropic_base(rng)
+        what = rng.random()
+        if what < 0.6:
+            role = rng.choice(["user", "assistant"])
+            blocks = [rng.choice(ANTHROPIC_BLOCKS)] + ([{"type": "text", "text": "ok"}] if rng.random() < 0.5 else [])
+            b["messages"] = b["messages"] + [{"role": role, "content": blocks}]
+            field = "messages"
+        elif what < 0.8:
+            b["system"] = rng.choice([[{"type": "text", "text": 5}], [{"type": "image"}], [5], {"a": 1}, 5, [{"type": "text"}]])
+            field = "system"
+        else:
+            b["thinking"] = rng.choice([{"type": "enabled", "budget_tokens": v} for v in (-1, 0, "x", 1e30, None, [])] +
+                                       [{"type": None}, {"budget_tokens": 5}, "on", 5, {"type": "adaptive", "budget_tokens": "x"}])
+            field = "thinking"
+        path = rng.choice(["/v1/messages", "/v1/messages/count_tokens"])
+        return f"anthropic.{field}=json", http("POST", path, dumps(b))
+    b = responses_base(rng)
+    b["input"] = [{"role": "user", "content": "q"}, rng.choice(RESPONSES_ITEMS)]
+    return "responses.input=json", http("POST", "/v1/responses", dumps(b))
 
 
 def hostile_schemas():
@@ -334,13 +380,14 @@ BOMB = b""
 
 
 GENERATORS = {"chat": 0.18, "completions": 0.1, "anthropic": 0.08, "count_tokens": 0.04, "responses": 0.08, "tokenize": 0.02,
-              "detokenize": 0.02, "structured": 0.1, "messages": 0.1, "structural": 0.08, "framing": 0.2}
+              "detokenize": 0.02, "structured": 0.1, "messages": 0.1, "agent": 0.08, "structural": 0.08, "framing": 0.2}
 
 
 def hostile_requests(rng, n, only=None):
     """n (name, bytes, kind) items; kind 'hangup' closes after sending part of the request."""
     make = {api: (lambda api=api: field_mutations(rng, api)) for api in APIS}
     make.update({"messages": lambda: message_mutations(rng), "structured": lambda: structured_mutations(rng),
+                 "agent": lambda: agent_mutations(rng),
                  "structural": lambda: structural(rng), "framing": lambda: framing(rng)})
     gens = [(w, make[k]) for k, w in GENERATORS.items() if not only or k in only]
     total = sum(w for w, _ in gens)
@@ -366,13 +413,14 @@ def hostile_requests(rng, n, only=None):
 
 
 def send(port, data, kind, timeout):
-    """(status, problem): problem is None, 'reset', 'no-answer' or 'timeout'."""
+    """(status, problem, body): problem is None, 'reset', 'no-answer' or 'timeout'; body: the reply's body
+    when it came with a Content-Length (None otherwise)."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     try:
         if kind == "hangup":
             s.sendall(data[: max(1, len(data) // 2)])
             s.close()
-            return 0, None
+            return 0, None, None
         try:
             s.sendall(data)
         except (BrokenPipeError, ConnectionResetError):
@@ -384,20 +432,20 @@ def send(port, data, kind, timeout):
                 buf = buf[buf.index(b"\r\n\r\n") + 4:]
                 continue
             if time.monotonic() > deadline:
-                return 0, "timeout"
+                return 0, "timeout", None
             try:
                 chunk = s.recv(65536)
             except ConnectionResetError:
-                return 0, "reset"
+                return 0, "reset", None
             except socket.timeout:
-                return 0, "timeout"
+                return 0, "timeout", None
             if not chunk:
-                return 0, "no-answer"
+                return 0, "no-answer", None
             buf += chunk
         try:
             status = int(buf.split(b" ", 2)[1])
         except (IndexError, ValueError):
-            return 0, "garbled"
+            return 0, "garbled", None
         # Read the rest of the reply (streams, bodies), by its framing: the connection may stay open.
         head, _, rest = buf.partition(b"\r\n\r\n")
         lower = head.lower()
@@ -420,7 +468,7 @@ def send(port, data, kind, timeout):
                 rest += chunk
         except (ConnectionResetError, socket.timeout):
             pass
-        return status, None
+        return status, None, rest[:length] if length is not None and not is_chunked else None
     finally:
         s.close()
 
@@ -438,10 +486,46 @@ def rss_kb(pid):
 
 def healthy(port):
     try:
-        st, prob = send(port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", "normal", 10)
+        st, prob, _ = send(port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", "normal", 10)
         return st == 200
     except OSError:
         return False
+
+
+def request_path(data):
+    """The path of a request's target (no query), or None when its first line is not a request line."""
+    line = data.split(b"\r\n", 1)[0].split(b"\n", 1)[0].split(b" ")
+    if len(line) != 3 or not line[1].startswith(b"/"):
+        return None
+    return line[1].split(b"?", 1)[0].decode("latin-1")
+
+
+def envelope_problem(name, data, status, body):
+    """Why a refusal's body is not the error its API sends (None when it is, or cannot be judged)."""
+    path = request_path(data)
+    if status < 400 or body is None or path is None or data.startswith(b"HEAD "):
+        return None
+    try:
+        j = json.loads(body)
+    except ValueError:
+        return "not JSON"
+    anthropic = path.startswith("/v1/messages")
+    if anthropic:
+        ok = isinstance(j, dict) and j.get("type") == "error" and isinstance(j.get("error"), dict) and \
+            isinstance(j["error"].get("type"), str) and isinstance(j["error"].get("message"), str)
+    else:
+        ok = isinstance(j, dict) and isinstance(j.get("error"), dict) and isinstance(j["error"].get("message"), str) and \
+            isinstance(j["error"].get("type"), str)
+    if not ok:
+        return "not the " + ("Anthropic" if anthropic else "OpenAI") + " envelope"
+    # A 400 for one mutated field names it (in `param`, or in the message).
+    if status == 400 and "." in name and (name.endswith("=json") or name.endswith("=raw")):
+        field = name.split(".", 1)[1].rsplit("=", 1)[0]
+        err = j["error"]
+        said = (err.get("param") or "") + " " + err.get("message", "")
+        if field not in said:
+            return f"the 400 does not name '{field}'"
+    return None
 
 
 def run_round(port, items, threads, timeout, tally):
@@ -455,17 +539,20 @@ def run_round(port, items, threads, timeout, tally):
             if x is None:
                 return
             name, data, kind = x
+            body = None
             try:
-                st, prob = send(port, data, kind, timeout)
+                st, prob, body = send(port, data, kind, timeout)
             except OSError as e:
                 st, prob = 0, f"connect: {e}"
+            if not prob and st:
+                prob = envelope_problem(name, data, st, body)
             with lock:
                 tally["sent"] += 1
                 if kind == "hangup":
                     continue
                 tally["status"][st] = tally["status"].get(st, 0) + 1
                 if st >= 500 or prob:
-                    tally["bad"].append((name, st, prob, data[:160]))
+                    tally["bad"].append((name, st, prob, data[:160] + b" -> " + (body or b"")[:200]))
 
     ts = [threading.Thread(target=work) for _ in range(threads)]
     for t in ts:
@@ -508,7 +595,7 @@ def main():
         grew = (rss1 - rss0) / max(1, rss0)
         print(f"hostile: RSS after warm-up {rss0 / 1024:.1f} MiB, after the run {rss1 / 1024:.1f} MiB ({grew * 100:+.1f}%)")
         ok = ok and grew <= a.rss_tolerance
-    print(f"hostile: {len(tally['bad'])} failures (>= 500, resets, no answer), server {'alive' if alive else 'DEAD'}: "
+    print(f"hostile: {len(tally['bad'])} failures (>= 500, resets, no answer, wrong envelopes), server {'alive' if alive else 'DEAD'}: "
           f"{'PASS' if ok else 'FAIL'}")
     sys.exit(0 if ok else 1)
 

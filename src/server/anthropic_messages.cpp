@@ -162,7 +162,7 @@ MessagesRequest parse_messages_request(const json& b, const RequestLimits& limit
     if (t == "enabled" || t == "adaptive") {
       r.kwargs["enable_thinking"] = true;
       if (t == "enabled") {
-        auto budget = integer(*th, "budget_tokens");
+        auto budget = integer(*th, "budget_tokens", "thinking");
         if (!budget) bad("thinking.budget_tokens", "thinking.budget_tokens: field required");
         if (*budget < 1) bad("thinking.budget_tokens", "thinking.budget_tokens: must be at least 1");
         r.constraint.thinking_budget = *budget;
@@ -178,7 +178,7 @@ MessagesRequest parse_messages_request(const json& b, const RequestLimits& limit
   if (auto* tc = field(b, "tool_choice")) {
     if (!tc->is_object()) bad("tool_choice", "tool_choice: must be an object with a 'type'");
     const std::string t = need_string(*tc, "type", "tool_choice");
-    const bool single = boolean(*tc, "disable_parallel_tool_use").value_or(false);
+    const bool single = boolean(*tc, "disable_parallel_tool_use", "tool_choice").value_or(false);
     if (t == "none") {
       r.tools = json::array();
     } else if (t == "any" || t == "tool") {
@@ -193,7 +193,9 @@ MessagesRequest parse_messages_request(const json& b, const RequestLimits& limit
         for (auto& x : r.tools) found |= x["function"]["name"] == r.constraint.only;
         if (!found) bad("tool_choice.name", fmt::format("tool_choice.name: no tool named '{}' in tools", r.constraint.only));
       }
-    } else if (t != "auto") {
+    } else if (t == "auto") {
+      if (single && !r.tools.empty()) r.max_tool_calls = 1;
+    } else {
       bad("tool_choice.type", fmt::format("tool_choice.type: must be auto, any, tool or none (got '{}')", t));
     }
   }
@@ -304,11 +306,12 @@ void messages(Core& core, Structured* st, const HttpRequest& req, HttpResponse& 
   gp.sample_vocab = core.sample_vocab();
   gp.stop_ids = core.stop_ids();
   gp.token_logits = false;
+  gp.spec = core.opt.spec;
   gp.constraint = output_constraint(st, mr.constraint, mr.tools, p.prompt.text, thinking_enabled(mr.kwargs), gp.max_tokens);
   const int64_t prompt_tokens = int64_t(gp.prompt.size());
   std::shared_ptr<GenJob> job;
   try {
-    job = core.submit(std::move(gp), mr.stops, core.chat->output(p.prompt.text, mr.tools), -1, mr.stream);
+    job = core.submit(std::move(gp), mr.stops, core.chat->output(p.prompt.text, mr.tools), -1, mr.stream, mr.max_tool_calls);
   } catch (ApiError& e) {
     if (e.status == 503) {  // Anthropic's "overloaded"
       res.headers.set("Retry-After", std::to_string(core.sched.retry_after_seconds()));
@@ -320,18 +323,27 @@ void messages(Core& core, Structured* st, const HttpRequest& req, HttpResponse& 
   const std::string model = core.opt.model_id;
 
   if (mr.stream) {
-    json start = {{"type", "message_start"},
-                  {"message", {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model}, {"content", json::array()},
-                               {"stop_reason", nullptr}, {"stop_sequence", nullptr},
-                               {"usage", {{"input_tokens", prompt_tokens}, {"output_tokens", 0},
-                                          {"cache_creation_input_tokens", 0}, {"cache_read_input_tokens", 0}}}}}};
-    std::vector<std::string> head = {event("message_start", start), event("ping", {{"type", "ping"}})};
     struct Open {
+      bool started = false;  // message_start sent
       int index = -1;
       std::string kind;  // "text", "thinking" or "" (none open)
     };
     auto open = std::make_shared<Open>();
-    core.stream(res, job, std::move(head), [open](Event& ev, std::vector<std::string>& out) {
+    // message_start waits for the job's first event: admission's progress event says how much of the
+    // prompt the cache held, so its usage is the final one's (input + cache read = the prompt).
+    core.stream(res, job, {}, [open, id, model, prompt_tokens](Event& ev, std::vector<std::string>& out) {
+      if (!open->started && !(ev.kind == Event::Final && ev.result.finish_reason == "error")) {
+        open->started = true;
+        const int64_t cached = ev.kind == Event::Progress ? ev.done : ev.kind == Event::Final ? ev.result.cached_tokens : 0;
+        json start = {{"type", "message_start"},
+                      {"message", {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model}, {"content", json::array()},
+                                   {"stop_reason", nullptr}, {"stop_sequence", nullptr},
+                                   {"usage", {{"input_tokens", prompt_tokens - cached}, {"output_tokens", 0},
+                                              {"cache_creation_input_tokens", 0}, {"cache_read_input_tokens", cached}}}}}};
+        out.push_back(event("message_start", start));
+        out.push_back(event("ping", {{"type", "ping"}}));
+        if (ev.kind == Event::Progress) return false;
+      }
       auto close = [&] {
         if (open->kind.empty()) return;
         out.push_back(event("content_block_stop", {{"type", "content_block_stop"}, {"index", open->index}}));
@@ -349,17 +361,20 @@ void messages(Core& core, Structured* st, const HttpRequest& req, HttpResponse& 
         out.push_back(event("ping", {{"type", "ping"}}));
         return false;
       }
+      if (ev.kind == Event::PromptItems) return false;
       if (ev.kind == Event::Delta) {
         auto& d = ev.delta;
-        if (!d.reasoning.empty()) {
+        const std::string_view thinking = open->kind == "thinking" ? std::string_view(d.reasoning) : block_start(d.reasoning);
+        if (!thinking.empty()) {
           ensure("thinking");
           out.push_back(event("content_block_delta", {{"type", "content_block_delta"}, {"index", open->index},
-                                                      {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}}));
+                                                      {"delta", {{"type", "thinking_delta"}, {"thinking", thinking}}}}));
         }
-        if (!d.content.empty()) {
+        const std::string_view text = open->kind == "text" ? std::string_view(d.content) : block_start(d.content);
+        if (!text.empty()) {
           ensure("text");
           out.push_back(event("content_block_delta", {{"type", "content_block_delta"}, {"index", open->index},
-                                                      {"delta", {{"type", "text_delta"}, {"text", d.content}}}}));
+                                                      {"delta", {{"type", "text_delta"}, {"text", text}}}}));
         }
         for (auto& t : d.tool_calls) {
           close();
@@ -401,7 +416,9 @@ void messages(Core& core, Structured* st, const HttpRequest& req, HttpResponse& 
         content.back()[key] = content.back()[key].get<std::string>() + s;
         return;
       }
-      json blk = {{"type", type}, {key, s}};
+      const std::string_view first = block_start(s);
+      if (first.empty()) return;
+      json blk = {{"type", type}, {key, first}};
       if (std::string(type) == "thinking") blk["signature"] = "";
       content.push_back(std::move(blk));
     };
@@ -427,6 +444,18 @@ void register_anthropic_messages(Core& core, std::shared_ptr<Structured> structu
     messages(core, structured.get(), req, res);
   }, o);
   core.route("POST", "/v1/messages/count_tokens", [&core](const HttpRequest& req, HttpResponse& res) { count_tokens(core, req, res); }, o);
+  // The rest of the API's paths (batches, other methods) answer in its envelope too.
+  o.json_body = false;
+  for (const char* m : {"GET", "PUT", "PATCH", "DELETE"})
+    core.route(m, "/v1/messages", [](const HttpRequest& req, HttpResponse& res) {
+      res.headers.set("Allow", "POST");
+      throw ApiError{405, fmt::format("{} /v1/messages: only POST is served", text::utf8_sanitize(req.method)), "invalid_request_error", "", "method_not_allowed"};
+    }, o);
+  for (const char* m : {"GET", "POST", "PUT", "PATCH", "DELETE"})
+    core.route(m, "/v1/messages/*", [](const HttpRequest& req, HttpResponse& res) {
+      throw ApiError{404, fmt::format("Unknown route: {} {}", text::utf8_sanitize(req.method), text::utf8_sanitize(req.path)),
+                     "not_found_error", "", "not_found"};
+    }, o);
 }
 
 }  // namespace lily::server

@@ -24,6 +24,7 @@ struct MessagesRequest {
   std::optional<int64_t> max_tokens;
   bool stream = false;
   OutputConstraint constraint;
+  int max_tool_calls = 0;  // tool_choice auto with disable_parallel_tool_use: 1 (the reply ends after it)
 };
 
 // A pure function of the body (count_only: the count_tokens subset, no max_tokens). FieldError naming

@@ -1,6 +1,7 @@
 // What the server needs from the text layer for chat: the prompt rendered by the model's Jinja chat
 // template, and an incremental split of generated text into content, reasoning and tool calls.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -25,6 +26,10 @@ struct OutputDelta {
   bool empty() const { return content.empty() && reasoning.empty() && tool_calls.empty(); }
   void append(OutputDelta&& d);
 };
+
+// The first text of a new block or item (reasoning resumed after a tool call, say) without the newlines
+// that separated it from what came before.
+inline std::string_view block_start(std::string_view s) { return s.substr(std::min(s.find_first_not_of('\n'), s.size())); }
 
 class OutputStream {
  public:

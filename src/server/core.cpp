@@ -179,7 +179,7 @@ bool Core::screen(const HttpRequest& head, HttpResponse& res) {
     std::string auth = head.header("Authorization"), xkey = head.header("x-api-key");
     bool bearer = starts_with(auth, "Bearer ") && same_secret(std::string_view(auth).substr(7), key);
     if (!bearer && !(head.headers.has("x-api-key") && same_secret(xkey, key))) {
-      send_error(r, res, ApiError{401, "Incorrect or missing API key (send 'Authorization: Bearer KEY')", "authentication_error", "",
+      send_error(r, res, ApiError{401, "Incorrect or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')", "authentication_error", "",
                                   "invalid_api_key"});
       return true;
     }
@@ -283,9 +283,10 @@ int64_t Core::max_tokens(std::optional<int64_t> asked, size_t prompt, const char
 }
 
 std::shared_ptr<GenJob> Core::submit(GenParams gp, std::vector<std::string> stops, std::unique_ptr<OutputStream> parser,
-                                     int top_logprobs, bool progress) {
+                                     int top_logprobs, bool progress, int max_tool_calls) {
   auto job = std::make_shared<GenJob>(std::move(gp), tok, std::move(stops), std::move(parser), top_logprobs, progress);
   job->stats = stream_stats_;
+  job->set_max_tool_calls(max_tool_calls);
   if (opt.request_timeout_s > 0)
     job->set_deadline(GenJob::Clock::now() + std::chrono::microseconds(int64_t(opt.request_timeout_s * 1e6)));
   if (!sched.submit(job))

@@ -108,9 +108,9 @@ class Core {
   // room left in the context; FieldError(param, context_length_exceeded) when there is none.
   int64_t max_tokens(std::optional<int64_t> asked, size_t prompt, const char* param) const;
 
-  // Queues a job (ApiError 503 when the queue is full).
+  // Queues a job (ApiError 503 when the queue is full). max_tool_calls: GenJob::set_max_tool_calls.
   std::shared_ptr<GenJob> submit(GenParams gp, std::vector<std::string> stops, std::unique_ptr<OutputStream> parser,
-                                 int top_logprobs, bool progress);
+                                 int top_logprobs, bool progress, int max_tool_calls = 0);
   // The error a failed job's result stands for (400 when the request caused it).
   static ApiError result_error(const GenResult& r);
 

@@ -46,9 +46,10 @@ void check_count(const std::string& param, size_t count, size_t limit, const cha
 
 // The value of `k` in object `b`; null when absent or JSON null.
 const json* field(const json& b, const char* k);
-// Typed reads of `k`: nothing when absent or null, FieldError(k) when of the wrong type.
-std::optional<double> number(const json& b, const char* k);
-std::optional<int64_t> integer(const json& b, const char* k);
-std::optional<bool> boolean(const json& b, const char* k);
+// Typed reads of `k`: nothing when absent or null, FieldError(k) when of the wrong type; `b` is the
+// body, or the object at dotted path `where` (then the error names where.k).
+std::optional<double> number(const json& b, const char* k, const std::string& where = "");
+std::optional<int64_t> integer(const json& b, const char* k, const std::string& where = "");
+std::optional<bool> boolean(const json& b, const char* k, const std::string& where = "");
 
 }  // namespace lily::server

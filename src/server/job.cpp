@@ -77,7 +77,8 @@ bool GenJob::on_token(int32_t t, std::span<const float> logits) {
   if (!txt.empty()) e.delta = split(txt);
   release(e, false);
   if (!e.delta.empty() || !e.items.empty()) channel.push(std::move(e));
-  return !filter_.stopped() && !check_deadline();
+  const bool calls_done = max_tool_calls_ > 0 && parser_ && parser_->tool_calls() >= max_tool_calls_;
+  return !filter_.stopped() && !calls_done && !check_deadline();
 }
 
 void GenJob::on_finish(const GenResult& r) {

@@ -72,6 +72,9 @@ class GenJob : public Job {
   void set_deadline(Clock::time_point t) { deadline_ = t; }
   // Called by the waiting HTTP thread too: true (and the job cancelled) once the deadline has passed.
   bool check_deadline();
+  // The job stops ("stop") once the output holds this many complete tool calls (0: no limit). Set
+  // before the job is scheduled.
+  void set_max_tool_calls(int n) { max_tool_calls_ = n; }
 
   void on_prefill(int64_t done, int64_t total) override;
   void on_prompt_logits(int64_t first, int64_t rows, std::span<const float> logits) override;
@@ -98,6 +101,7 @@ class GenJob : public Job {
   std::deque<Pending> pending_;
   size_t total_bytes_ = 0;
   int reasoning_tokens_ = 0;
+  int max_tool_calls_ = 0;
   std::vector<int32_t> ids_;
 };
 

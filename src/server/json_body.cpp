@@ -55,8 +55,16 @@ class Builder {
     std::string msg = text::utf8_sanitize(e.what());
     // nlohmann's messages start "[json.exception.parse_error.101] parse error at line 1, column 5: ...".
     if (auto at = msg.find("] "); at != std::string::npos) msg = msg.substr(at + 2);
+    // Between two members ("max_tokens": 01 reads as 0, then 1): the text right after the last member's
+    // value is wrong, most likely that value.
+    const char* where = "in";
+    if (!stack_.empty() && stack_.back().value.is_object() && stack_.back().key.empty() && !stack_.back().last.empty()) {
+      if (!p.empty()) p += '.';
+      p += text::utf8_sanitize(stack_.back().last);
+      where = "after";
+    }
     bad(p, p.empty() ? fmt::format("the request body is not valid JSON: {}", msg)
-                     : fmt::format("the request body is not valid JSON (in {}): {}", p, msg),
+                     : fmt::format("the request body is not valid JSON ({} {}): {}", where, p, msg),
         "invalid_json");
   }
 
@@ -64,6 +72,7 @@ class Builder {
   struct Frame {
     json value;
     std::string key;                       // objects: the member being read
+    std::string last;                      // objects: the member read last
     std::unordered_set<std::string> keys;  // objects: keys so far
   };
 
@@ -94,7 +103,7 @@ class Builder {
     if (stack_.size() >= lim_.depth)
       bad(path(), fmt::format("{} nests deeper than {} levels", name(path()), lim_.depth), "limit_exceeded");
     if (!stack_.empty() && stack_.back().value.is_array()) check_items();
-    stack_.push_back(Frame{std::move(v), {}, {}});
+    stack_.push_back(Frame{std::move(v), {}, {}, {}});
     return true;
   }
 
@@ -126,6 +135,7 @@ class Builder {
       f.value.get_ref<json::array_t&>().push_back(std::move(v));
     } else {
       auto& members = static_cast<json::object_t::Container&>(f.value.get_ref<json::object_t&>());
+      f.last = f.key;
       members.emplace_back(std::move(f.key), std::move(v));
       f.key.clear();
     }

@@ -173,7 +173,8 @@ void chat_completions(Core& core, Structured* structured, const HttpRequest& req
   gp.stop_ids = core.stop_ids();
   gp.token_logits = cr.logprobs;
   gp.constraint = output_constraint(structured, cr.constraint, cr.tools, prompt, thinking_enabled(cr.kwargs), gp.max_tokens);
-  auto job = core.submit(std::move(gp), c.stops, chat->output(prompt, cr.tools), cr.logprobs ? cr.top_logprobs : -1, c.stream);
+  auto job = core.submit(std::move(gp), c.stops, chat->output(prompt, cr.tools), cr.logprobs ? cr.top_logprobs : -1, c.stream,
+                         cr.max_tool_calls);
 
   const std::string id = random_id("chatcmpl-");
   const int64_t created_at = int64_t(std::time(nullptr));
@@ -306,6 +307,7 @@ ChatRequest parse_chat_request(const json& b, const RequestLimits& limits) {
   cr.messages = normalize_messages(b, limits);
   OutputConstraint force;
   cr.tools = parse_tools(b, limits, force);
+  if (!boolean(b, "parallel_tool_calls").value_or(true)) cr.max_tool_calls = 1;
   if (force.kind != OutputConstraint::None) {
     if (cr.constraint.kind != OutputConstraint::None) bad("response_format", "a forced tool call cannot be combined with response_format");
     force.where = "tools";

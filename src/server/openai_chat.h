@@ -16,6 +16,7 @@ struct ChatRequest {
   json tools;                  // the tools the template sees, after tool_choice (none: empty)
   json kwargs;                 // template variables (chat_template_kwargs, enable_thinking)
   OutputConstraint constraint; // response_format json_object / json_schema, tool_choice required / named
+  int max_tool_calls = 0;      // parallel_tool_calls false: 1 (the reply ends after its first call)
 };
 
 // A pure function of the body: FieldError naming the field on bad input.

@@ -94,7 +94,7 @@ OpenAiSampling parse_openai_sampling(const json& b, const RequestLimits& limits)
   }
   if (auto* so = field(b, "stream_options")) {
     if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
-    c.include_usage = boolean(*so, "include_usage").value_or(false);
+    c.include_usage = boolean(*so, "include_usage", "stream_options").value_or(false);
   }
   return c;
 }

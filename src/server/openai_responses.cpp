@@ -102,14 +102,21 @@ json convert_input(const json& in, const RequestLimits& limits) {
       if (!o) bad(w + ".output", fmt::format("{}.output is required", w));
       out.push_back({{"role", "tool"}, {"content", content_text(*o, w + ".output")}, {"tool_call_id", need_string(x, "call_id", w)}});
     } else if (type == "reasoning") {
-      std::string text;
-      if (auto* c = field(x, "content")) {
-        if (!c->is_array()) bad(w + ".content", fmt::format("{}.content must be an array", w));
-        for (size_t k = 0; k < c->size(); ++k) text += need_string((*c)[k], "text", fmt::format("{}.content[{}]", w, k));
-      } else if (auto* s = field(x, "summary")) {
-        if (!s->is_array()) bad(w + ".summary", fmt::format("{}.summary must be an array", w));
-        for (size_t k = 0; k < s->size(); ++k) text += need_string((*s)[k], "text", fmt::format("{}.summary[{}]", w, k));
-      }
+      // The reasoning text, or its summary when there is none (encrypted_content is not ours to read).
+      auto texts = [&](const char* key) {
+        std::string t;
+        auto* c = field(x, key);
+        if (!c) return t;
+        if (!c->is_array()) bad(w + "." + key, fmt::format("{}.{} must be an array", w, key));
+        for (size_t k = 0; k < c->size(); ++k) {
+          const std::string wk = fmt::format("{}.{}[{}]", w, key, k);
+          if (!(*c)[k].is_object()) bad(wk, fmt::format("{} must be an object", wk));
+          t += need_string((*c)[k], "text", wk);
+        }
+        return t;
+      };
+      std::string text = texts("content");
+      if (text.empty()) text = texts("summary");
       if (!turn.is_null() && (!turn["content"].get<std::string>().empty() || turn.contains("tool_calls"))) close();
       json* t = open();
       (*t)["reasoning_content"] = (*t).value("reasoning_content", std::string()) + text;
@@ -247,10 +254,11 @@ namespace {
 struct Item {
   std::string type;  // reasoning, message, function_call
   std::string id, text, call_id, name;
+  bool cut = false;  // the reply ended inside it (max_output_tokens)
 };
 
 json item_json(const Item& it, bool done) {
-  const char* status = done ? "completed" : "in_progress";
+  const char* status = !done ? "in_progress" : it.cut ? "incomplete" : "completed";
   if (it.type == "reasoning") {
     json content = json::array();
     if (done || !it.text.empty()) content.push_back({{"type", "reasoning_text"}, {"text", it.text}});
@@ -355,8 +363,9 @@ void responses(Core& core, Structured* st, ResponseStore& store, const HttpReque
   gp.sample_vocab = core.sample_vocab();
   gp.stop_ids = core.stop_ids();
   gp.token_logits = false;
+  gp.spec = core.opt.spec;
   gp.constraint = output_constraint(st, rq->constraint, rq->tools, p.text, thinking_enabled(rq->kwargs), gp.max_tokens);
-  auto job = core.submit(std::move(gp), {}, core.chat->output(p.text, rq->tools), -1, rq->stream);
+  auto job = core.submit(std::move(gp), {}, core.chat->output(p.text, rq->tools), -1, rq->stream, rq->parallel_tool_calls ? 0 : 1);
 
   auto reply = std::make_shared<Reply>();
   reply->id = random_id("resp_");
@@ -406,9 +415,11 @@ void responses(Core& core, Structured* st, ResponseStore& store, const HttpReque
         out.push_back(ev("response.output_item.done", {{"output_index", idx}, {"item", item_json(it, true)}}));
         bld->open = -1;
       };
-      auto text = [&](const char* type, const std::string& s) {
+      auto text = [&](const char* type, const std::string& all) {
+        const bool fresh = bld->open < 0 || bld->items[size_t(bld->open)].type != type;
+        const std::string s(fresh ? block_start(all) : std::string_view(all));
         if (s.empty()) return;
-        if (bld->open < 0 || bld->items[size_t(bld->open)].type != type) {
+        if (fresh) {
           close();
           Item it;
           it.type = type;
@@ -452,6 +463,7 @@ void responses(Core& core, Structured* st, ResponseStore& store, const HttpReque
       }
       if (e.kind != Event::Final) return false;
       if (e.result.finish_reason == "cancelled") return true;
+      if (e.result.finish_reason == "length" && bld->open >= 0) bld->items[size_t(bld->open)].cut = true;
       close();
       const char* status = final_status(e.result);
       json obj = reply->object(status, bld->items, &e);
@@ -465,9 +477,11 @@ void responses(Core& core, Structured* st, ResponseStore& store, const HttpReque
   }
 
   Builder bld;
-  auto add_text = [&](const char* type, const std::string& s) {
+  auto add_text = [&](const char* type, const std::string& all) {
+    const bool fresh = bld.items.empty() || bld.items.back().type != type || bld.open < 0;
+    const std::string s(fresh ? block_start(all) : std::string_view(all));
     if (s.empty()) return;
-    if (bld.items.empty() || bld.items.back().type != type || bld.open < 0) {
+    if (fresh) {
       Item it;
       it.type = type;
       it.id = random_id(std::string(type) == "reasoning" ? "rs_" : "msg_");
@@ -491,6 +505,7 @@ void responses(Core& core, Structured* st, ResponseStore& store, const HttpReque
       bld.open = -1;
     }
   });
+  if (fin.result.finish_reason == "length" && bld.open >= 0) bld.items.back().cut = true;
   json obj = reply->object(final_status(fin.result), bld.items, &fin);
   remember(bld.items, fin, obj);
   res.set(dump_json(obj), "application/json");

@@ -1,14 +1,49 @@
 // Drives a running lily server with the official `@anthropic-ai/sdk`: a message, a streamed message
 // (every event parsed by the SDK's stream helper), count_tokens, a two-turn tool-use conversation with
 // thinking on (tool_use -> tool_result -> answer), and errors. The demo model's text is random, so the
-// tool call comes from tool_choice forcing. Usage: node anthropic_sdk.mjs http://127.0.0.1:PORT [KEY]
+// tool call comes from tool_choice forcing. With --scripted, against a server whose replies follow
+// api_fixture.h's kThinkAndCallsScript instead: the SDK's accumulation of thinking, tool_use (one written
+// inside the think block), thinking, text and tool_use blocks, streamed and not, and the tool results fed
+// back. Usage: node anthropic_sdk.mjs http://127.0.0.1:PORT [--scripted]
 // Exits 0 when every check holds; prints what went wrong otherwise.
 import Anthropic from "@anthropic-ai/sdk";
 
-const [baseURL, apiKey] = process.argv.slice(2);
-const client = new Anthropic({ baseURL, apiKey: apiKey ?? "unused", timeout: 120_000, maxRetries: 0 });
+const [baseURL, mode] = process.argv.slice(2);
+const client = new Anthropic({ baseURL, apiKey: "unused", timeout: 120_000, maxRetries: 0 });
 const fail = (msg) => { console.error("FAIL:", msg); process.exit(1); };
-const model = "claude-sonnet-4-5";  // any name: the server answers with its own model
+const model = "claude-sonnet-4-6";  // any name: the server answers with its own model
+
+if (mode === "--scripted") {
+  const tools = [{ name: "get_weather", input_schema: { type: "object", properties: { city: { type: "string" }, days: { type: "integer" } } } }];
+  const ask = [{ role: "user", content: "Weather?" }];
+  const thinking = { type: "enabled", budget_tokens: 1024 };
+  const events = [];
+  const s = client.messages.stream({ model, max_tokens: 200, messages: ask, tools, thinking });
+  s.on("streamEvent", (e) => events.push(e.type));
+  const m = await s.finalMessage();
+  const plain = await client.messages.create({ model, max_tokens: 200, messages: ask, tools, thinking });
+  const shape = (msg) => msg.content.map((b) => b.type).join(",");
+  const want = "thinking,tool_use,thinking,text,tool_use";
+  if (shape(m) !== want || shape(plain) !== want) fail(`blocks ${shape(m)} / ${shape(plain)}`);
+  const uses = m.content.filter((b) => b.type === "tool_use");
+  if (uses[0].input.city !== "Paris" || uses[0].input.days !== 2 || uses[1].input.city !== "Oslo") fail(`inputs ${JSON.stringify(uses)}`);
+  if (JSON.stringify(m.content) !== JSON.stringify(plain.content.map((b, i) => (b.type === "tool_use" ? { ...b, id: m.content[i].id } : b))))
+    fail(`streamed ${JSON.stringify(m.content)} != ${JSON.stringify(plain.content)}`);
+  if (m.content[3].text !== "It is sunny." || m.content.some((b) => b.type === "thinking" && b.thinking.includes("<tool_call>")))
+    fail(`text ${JSON.stringify(m.content)}`);
+  if (m.stop_reason !== "tool_use" || m.usage.output_tokens !== plain.usage.output_tokens) fail(`end ${JSON.stringify(m)}`);
+  const one = await client.messages.create({ model, max_tokens: 200, messages: ask, tools, thinking,
+                                             tool_choice: { type: "auto", disable_parallel_tool_use: true } });
+  if (shape(one) !== "thinking,tool_use") fail(`disable_parallel_tool_use: ${shape(one)}`);
+  const t2 = await client.messages.create({
+    model, max_tokens: 200, tools, thinking,
+    messages: [...ask, { role: "assistant", content: m.content },
+               { role: "user", content: uses.map((u) => ({ type: "tool_result", tool_use_id: u.id, content: [{ type: "text", text: "18 C" }] })) }],
+  });
+  if (t2.stop_reason !== "tool_use") fail(`turn 2 ${t2.stop_reason}`);
+  console.log(`ok: scripted, ${events.length} stream events (${shape(m)}), turn 2 ${t2.stop_reason}`);
+  process.exit(0);
+}
 const user = [{ role: "user", content: "Say hello." }];
 
 const m = await client.messages.create({ model, max_tokens: 8, temperature: 0, messages: user, system: "Be brief." });

@@ -1,331 +1,21 @@
-// The Anthropic Messages and OpenAI Responses APIs and structured outputs over HTTP on the demo model:
-// reply shapes, the streamed event sequences, forced tool calls and JSON that parse against their
-// schemas, count_tokens, previous_response_id, and every malformed field answered in the API's own
-// envelope with a 4xx naming it. Also: each API's messages render like the equivalent chat request.
-#include <cctype>
+// Structured outputs in chat completions over HTTP on the demo model (response_format json_object /
+// json_schema, tool_choice required under a tight max_tokens), how a reply with reasoning and tool calls
+// (inside the think block too) is split, and the rendering of each API's messages: the Anthropic and
+// Responses requests render through the Qwen3 and Qwen3.5-style templates exactly as the equivalent chat
+// request does.
+#include <chrono>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "api_fixture.h"
 #include "server/anthropic_messages.h"
 #include "server/openai_chat.h"
 #include "server/openai_responses.h"
-#include "server_fixture.h"
 #include "text/chat_template.h"
 
 namespace lily::server::test {
 namespace {
-
-// Anthropic SSE: (event name, data) pairs.
-std::vector<std::pair<std::string, json>> named_events(const std::string& raw) {
-  std::vector<std::pair<std::string, json>> out;
-  size_t pos = 0;
-  while (pos < raw.size()) {
-    size_t end = raw.find("\n\n", pos);
-    if (end == std::string::npos) break;
-    std::string ev = raw.substr(pos, end - pos);
-    pos = end + 2;
-    if (ev.rfind("event: ", 0) != 0) continue;
-    size_t nl = ev.find('\n');
-    std::string name = ev.substr(7, nl - 7);
-    std::string data = ev.substr(nl + 1);
-    if (data.rfind("data: ", 0) != 0) continue;
-    out.emplace_back(name, json::parse(data.substr(6), nullptr, false));
-  }
-  return out;
-}
-
-SseResult post_stream(int port, const std::string& path, const json& body) { return post_sse(port, path, body); }
-
-const json kWeatherSchema = json::parse(R"({"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
-    "days": {"type": "integer"}}, "required": ["city", "days"], "additionalProperties": false})");
-
-bool valid_weather(const json& a) {
-  return a.is_object() && a.size() == 2 && a.contains("city") && a["city"].is_string() && a.contains("days") &&
-         a["days"].is_number_integer();
-}
-
-// ---- Anthropic ----
-
-TEST(AnthropicApi, MessageShapeAndUsage) {
-  NEED_DEMO();
-  int st = 0;
-  json r = post_json(demo->port(), "/v1/messages",
-                     {{"model", "claude-anything"}, {"max_tokens", 6}, {"system", "Be brief."},
-                      {"messages", {{{"role", "user"}, {"content", "Hello"}}}}}, &st, {{"anthropic-version", "2023-06-01"}});
-  ASSERT_EQ(st, 200) << r.dump();
-  EXPECT_EQ(r["type"], "message");
-  EXPECT_EQ(r["model"], "lily-demo");
-  EXPECT_EQ(r["content"][0]["type"], "text");
-  EXPECT_TRUE(r["stop_reason"] == "max_tokens" || r["stop_reason"] == "end_turn");
-  EXPECT_GT(r["usage"]["input_tokens"].get<int>() + r["usage"]["cache_read_input_tokens"].get<int>(), 0);
-  EXPECT_GT(r["usage"]["output_tokens"].get<int>(), 0);
-  json c = post_json(demo->port(), "/v1/messages/count_tokens",
-                     {{"model", "x"}, {"system", "Be brief."}, {"messages", {{{"role", "user"}, {"content", "Hello"}}}}}, &st);
-  ASSERT_EQ(st, 200) << c.dump();
-  EXPECT_EQ(c["input_tokens"], r["usage"]["input_tokens"].get<int>() + r["usage"]["cache_read_input_tokens"].get<int>());
-}
-
-TEST(AnthropicApi, StreamEventSequenceAndForcedToolUse) {
-  NEED_DEMO();
-  json body = {{"model", "m"}, {"max_tokens", 128}, {"stream", true},
-               {"messages", {{{"role", "user"}, {"content", "Weather?"}}}},
-               {"tools", {{{"name", "get_weather"}, {"description", "d"}, {"input_schema", kWeatherSchema}}}},
-               {"tool_choice", {{"type", "any"}, {"disable_parallel_tool_use", true}}},
-               {"thinking", {{"type", "enabled"}, {"budget_tokens", 8}}}};
-  auto s = post_stream(demo->port(), "/v1/messages", body);
-  ASSERT_EQ(s.status, 200) << s.raw;
-  auto ev = named_events(s.raw);
-  ASSERT_GE(ev.size(), 4u) << s.raw;
-  EXPECT_EQ(ev.front().first, "message_start");
-  EXPECT_EQ(ev.back().first, "message_stop");
-  int open = -1;
-  std::string json_in;
-  bool tool = false;
-  for (auto& [name, d] : ev) {
-    EXPECT_EQ(d["type"], name);  // the event line and the data agree
-    if (name == "content_block_start") {
-      EXPECT_EQ(open, -1) << "a block started inside another";
-      open = d["index"];
-      tool = d["content_block"]["type"] == "tool_use";
-      if (tool) {
-        EXPECT_EQ(d["content_block"]["name"], "get_weather");
-      }
-    } else if (name == "content_block_delta") {
-      EXPECT_EQ(d["index"], open);
-      if (tool) {
-        json_in += d["delta"]["partial_json"].get<std::string>();
-      } else {
-        EXPECT_TRUE(d["delta"]["type"] == "thinking_delta" || d["delta"]["type"] == "text_delta") << d.dump();
-      }
-    } else if (name == "content_block_stop") {
-      EXPECT_EQ(d["index"], open);
-      open = -1;
-    } else if (name == "message_delta") {
-      EXPECT_EQ(d["delta"]["stop_reason"], "tool_use");
-      EXPECT_GT(d["usage"]["output_tokens"].get<int>(), 0);
-    }
-  }
-  EXPECT_TRUE(valid_weather(json::parse(json_in, nullptr, false))) << json_in;
-}
-
-// max_tokens far below the shortest call's bytes still leaves a complete call: the mask counts the
-// fewest tokens that can finish it (the Qwen3 tokenizer's multi-byte tokens), not bytes.
-TEST(AnthropicApi, ForcedToolUseFitsATightMaxTokens) {
-  NEED_DEMO();
-  for (int i = 0; i < 4; ++i) {
-    int st = 0;
-    json r = post_json(demo->port(), "/v1/messages",
-                       {{"model", "m"}, {"max_tokens", 24}, {"messages", {{{"role", "user"}, {"content", "Weather?"}}}},
-                        {"tools", {{{"name", "get_weather"}, {"input_schema", kWeatherSchema}}}},
-                        {"tool_choice", {{"type", "tool"}, {"name", "get_weather"}, {"disable_parallel_tool_use", true}}}},
-                       &st);
-    ASSERT_EQ(st, 200) << r.dump();
-    EXPECT_EQ(r["stop_reason"], "tool_use") << r.dump();
-    ASSERT_EQ(r["content"].size(), 1u) << r.dump();
-    EXPECT_TRUE(valid_weather(r["content"][0]["input"])) << r.dump();
-    EXPECT_LE(r["usage"]["output_tokens"].get<int>(), 24);
-  }
-  // The shortest such call is 20 tokens; with the end id, 21 end the reply as a tool call.
-  json tools = {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", kWeatherSchema}}}}};
-  for (int i = 0; i < 4; ++i) {
-    int st = 0;
-    json c = post_json(demo->port(), "/v1/chat/completions",
-                       {{"messages", {{{"role", "user"}, {"content", "Weather?"}}}}, {"max_tokens", 21}, {"tools", tools},
-                        {"tool_choice", "required"}, {"parallel_tool_calls", false},
-                        {"chat_template_kwargs", {{"enable_thinking", false}}}}, &st);
-    ASSERT_EQ(st, 200) << c.dump();
-    EXPECT_EQ(c["choices"][0]["finish_reason"], "tool_calls") << c.dump();
-    ASSERT_EQ(c["choices"][0]["message"]["tool_calls"].size(), 1u) << c.dump();
-  }
-  int st = 0;
-  json b = post_json(demo->port(), "/v1/chat/completions",
-                     {{"messages", {{{"role", "user"}, {"content", "JSON"}}}}, {"max_tokens", 12},
-                      {"chat_template_kwargs", {{"enable_thinking", false}}},
-                      {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "w"}, {"schema", kWeatherSchema}}}}}}, &st);
-  ASSERT_EQ(st, 200) << b.dump();
-  EXPECT_TRUE(valid_weather(json::parse(b["choices"][0]["message"]["content"].get<std::string>(), nullptr, false))) << b.dump();
-}
-
-TEST(AnthropicApi, StopSequenceIsReported) {
-  NEED_DEMO();
-  // Generate once, then stop on a piece of that text.
-  json base = {{"model", "m"}, {"max_tokens", 24}, {"temperature", 0}, {"messages", {{{"role", "user"}, {"content", "Go"}}}}};
-  json r = post_json(demo->port(), "/v1/messages", base);
-  std::string text = r["content"][0]["text"];
-  size_t at = text.size() / 2;
-  while (at < text.size() && !std::isalnum(static_cast<unsigned char>(text[at]))) ++at;  // an ASCII character
-  if (at >= text.size()) GTEST_SKIP() << "no ASCII letter in the second half to stop on: " << text;
-  std::string stop = text.substr(at, 1);
-  base["stop_sequences"] = {stop};
-  json s = post_json(demo->port(), "/v1/messages", base);
-  EXPECT_EQ(s["stop_reason"], "stop_sequence") << s.dump();
-  EXPECT_EQ(s["stop_sequence"], stop);
-}
-
-TEST(AnthropicApi, MalformedFieldsGetTheEnvelope) {
-  NEED_DEMO();
-  json ok = {{"model", "m"}, {"max_tokens", 4}, {"messages", {{{"role", "user"}, {"content", "x"}}}}};
-  auto with = [&](const char* k, json v) {
-    json b = ok;
-    if (v.is_null()) b.erase(k);
-    else b[k] = v;
-    return b;
-  };
-  struct Case {
-    json body;
-    std::string names;
-  };
-  std::vector<Case> cases = {
-      {with("max_tokens", nullptr), "max_tokens"},
-      {with("max_tokens", 0), "max_tokens"},
-      {with("model", nullptr), "model"},
-      {with("messages", json::array()), "messages"},
-      {with("messages", {{{"role", "system"}, {"content", "x"}}}), "messages.0.role"},
-      {with("messages", {{{"role", "user"}}}), "messages.0.content"},
-      {with("messages", {{{"role", "user"}, {"content", {{{"type", "image"}}}}}}), "messages.0.content.0.type"},
-      {with("messages", {{{"role", "user"}, {"content", {{{"type", "tool_result"}}}}}}), "tool_use_id"},
-      {with("messages", {{{"role", "assistant"}, {"content", {{{"type", "tool_use"}, {"id", "a"}, {"name", "f"}, {"input", 3}}}}}}), "input"},
-      {with("temperature", 1.5), "temperature"},
-      {with("top_k", -1), "top_k"},
-      {with("stop_sequences", "x"), "stop_sequences"},
-      {with("system", 5), "system"},
-      {with("thinking", {{"type", "sometimes"}}), "thinking.type"},
-      {with("thinking", {{"type", "enabled"}}), "thinking.budget_tokens"},
-      {with("tools", {{{"name", "f"}}}), "input_schema"},
-      {with("tools", {{{"type", "web_search_20250305"}, {"name", "w"}}}), "tools.0.type"},
-      {with("tool_choice", {{"type", "any"}}), "tool_choice"},
-      {with("tool_choice", {{"type", "maybe"}}), "tool_choice.type"},
-      {with("metadata", "x"), "metadata"},
-  };
-  json forced = with("tools", {{{"name", "f"}, {"input_schema", {{"type", "object"}, {"properties", {{"a", {{"type", "strin"}}}}}}}}});
-  forced["tool_choice"] = {{"type", "tool"}, {"name", "f"}};
-  cases.push_back({forced, "properties/a/type"});
-  for (auto& c : cases) {
-    int st = 0;
-    json r = post_json(demo->port(), "/v1/messages", c.body, &st);
-    EXPECT_EQ(st, 400) << c.body.dump() << " -> " << r.dump();
-    EXPECT_EQ(r["type"], "error") << r.dump();
-    EXPECT_EQ(r["error"]["type"], "invalid_request_error") << r.dump();
-    EXPECT_NE(r["error"]["message"].get<std::string>().find(c.names), std::string::npos) << c.names << ": " << r.dump();
-  }
-  int st = 0;
-  json r = post_json(demo->port(), "/v1/messages", ok, &st, {{"anthropic-version", "latest"}});
-  EXPECT_EQ(st, 400);
-  EXPECT_NE(r["error"]["message"].get<std::string>().find("anthropic-version"), std::string::npos) << r.dump();
-  auto c = client(demo->port());
-  auto res = c.Post("/v1/messages", "{not json", "application/json");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 400);
-  EXPECT_EQ(json::parse(res->body)["type"], "error") << res->body;
-}
-
-// ---- Responses ----
-
-TEST(ResponsesApi, ResponseShapeStreamAndContinuation) {
-  NEED_DEMO();
-  int st = 0;
-  json body = {{"model", "gpt-x"}, {"input", "Hello"}, {"instructions", "Be brief."}, {"max_output_tokens", 6}, {"temperature", 0},
-               {"reasoning", {{"effort", "none"}}}};
-  json r = post_json(demo->port(), "/v1/responses", body, &st);
-  ASSERT_EQ(st, 200) << r.dump();
-  EXPECT_EQ(r["object"], "response");
-  EXPECT_EQ(r["model"], "lily-demo");
-  EXPECT_TRUE(r["status"] == "completed" || r["status"] == "incomplete");
-  ASSERT_FALSE(r["output"].empty());
-  EXPECT_EQ(r["output"].back()["type"], "message");
-  const std::string text = r["output"].back()["content"][0]["text"];
-
-  body["stream"] = true;
-  auto s = post_stream(demo->port(), "/v1/responses", body);
-  ASSERT_EQ(s.status, 200);
-  auto ev = named_events(s.raw);
-  ASSERT_GE(ev.size(), 4u);
-  EXPECT_EQ(ev[0].first, "response.created");
-  EXPECT_EQ(ev[1].first, "response.in_progress");
-  std::string streamed;
-  int64_t seq = -1;
-  for (auto& [name, d] : ev) {
-    EXPECT_EQ(d["type"], name);
-    EXPECT_EQ(d["sequence_number"].get<int64_t>(), seq + 1);
-    seq = d["sequence_number"];
-    if (name == "response.output_text.delta") streamed += d["delta"].get<std::string>();
-  }
-  EXPECT_EQ(streamed, text);
-  EXPECT_TRUE(ev.back().first == "response.completed" || ev.back().first == "response.incomplete") << ev.back().first;
-
-  json next = post_json(demo->port(), "/v1/responses",
-                        {{"previous_response_id", r["id"]}, {"input", "Again"}, {"instructions", "Be brief."}, {"max_output_tokens", 3}}, &st);
-  ASSERT_EQ(st, 200) << next.dump();
-  EXPECT_EQ(next["previous_response_id"], r["id"]);
-  EXPECT_GT(next["usage"]["input_tokens_details"]["cached_tokens"].get<int>(), 0) << next["usage"].dump();
-  auto c = client(demo->port());
-  auto got = c.Get(("/v1/responses/" + r["id"].get<std::string>()).c_str());
-  ASSERT_TRUE(got);
-  EXPECT_EQ(got->status, 200);
-  EXPECT_EQ(json::parse(got->body)["id"], r["id"]);
-}
-
-TEST(ResponsesApi, StructuredOutputAndForcedCall) {
-  NEED_DEMO();
-  int st = 0;
-  json j = post_json(demo->port(), "/v1/responses",
-                     {{"input", "JSON"}, {"max_output_tokens", 40}, {"reasoning", {{"effort", "none"}}},
-                      {"text", {{"format", {{"type", "json_schema"}, {"name", "w"}, {"schema", kWeatherSchema}, {"strict", true}}}}}},
-                     &st);
-  ASSERT_EQ(st, 200) << j.dump();
-  std::string out;
-  for (auto& o : j["output"])
-    if (o["type"] == "message") out += o["content"][0]["text"].get<std::string>();
-  EXPECT_TRUE(valid_weather(json::parse(out, nullptr, false))) << out;
-  json t = post_json(demo->port(), "/v1/responses",
-                     {{"input", "Weather?"}, {"max_output_tokens", 128}, {"tool_choice", "required"}, {"parallel_tool_calls", false},
-                      {"tools", {{{"type", "function"}, {"name", "get_weather"}, {"parameters", kWeatherSchema}}}}},
-                     &st);
-  ASSERT_EQ(st, 200) << t.dump();
-  int calls = 0;
-  for (auto& o : t["output"]) {
-    if (o["type"] != "function_call") continue;
-    ++calls;
-    EXPECT_EQ(o["name"], "get_weather");
-    EXPECT_TRUE(valid_weather(json::parse(o["arguments"].get<std::string>(), nullptr, false))) << o.dump();
-  }
-  EXPECT_EQ(calls, 1) << t.dump();
-}
-
-TEST(ResponsesApi, MalformedFieldsNameTheParam) {
-  NEED_DEMO();
-  json ok = {{"input", "x"}, {"max_output_tokens", 2}};
-  auto with = [&](const char* k, json v) {
-    json b = ok;
-    if (v.is_null()) b.erase(k);
-    else b[k] = v;
-    return b;
-  };
-  std::vector<std::pair<json, std::string>> cases = {
-      {with("input", nullptr), "input"},
-      {with("input", 3), "input"},
-      {with("input", {{{"type", "message"}, {"role", "robot"}, {"content", "x"}}}), "input[0].role"},
-      {with("input", {{{"type", "function_call"}, {"name", "f"}, {"arguments", "{}"}}}), "input[0].call_id"},
-      {with("input", {{{"type", "function_call_output"}, {"call_id", "c"}}}), "input[0].output"},
-      {with("input", {{{"type", "input_image"}}}), "input[0].type"},
-      {with("instructions", 1), "instructions"},
-      {with("max_output_tokens", 0), "max_output_tokens"},
-      {with("temperature", 3), "temperature"},
-      {with("tools", {{{"type", "web_search"}}}), "tools[0].type"},
-      {with("tool_choice", "required"), "tool_choice"},
-      {with("text", {{"format", {{"type", "yaml"}}}}), "text.format.type"},
-      {with("text", {{"format", {{"type", "json_schema"}}}}), "text.format.schema"},
-      {with("text", {{"format", {{"type", "json_schema"}, {"schema", {{"type", "strin"}}}}}}), "text.format.schema"},
-      {with("reasoning", {{"effort", "max"}}), "reasoning.effort"},
-      {with("previous_response_id", "resp_missing"), "previous_response_id"},
-  };
-  for (auto& [body, param] : cases) {
-    int st = 0;
-    json r = post_json(demo->port(), "/v1/responses", body, &st);
-    EXPECT_EQ(st, 400) << body.dump() << " -> " << r.dump();
-    EXPECT_EQ(r["error"]["param"], param) << body.dump() << " -> " << r.dump();
-  }
-}
 
 // ---- chat completions: response_format and forced tool calls ----
 
@@ -356,6 +46,93 @@ TEST(ChatStructured, ResponseFormatAndRequiredTool) {
                               {{"messages", msgs}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"enum", json::array()}}}}}}}}, &st);
   EXPECT_EQ(st, 400);
   EXPECT_EQ(bad_schema["error"]["param"], "response_format.json_schema.schema") << bad_schema.dump();
+}
+
+// A reply with a tool call written inside its think block, reasoning after it, text and a second call:
+// two tool_calls, the reasoning in reasoning_content, only the text in content (streamed and not);
+// parallel_tool_calls false ends the reply after the first call.
+TEST(ChatStructured, ToolCallsInsideThinkingAreToolCalls) {
+  NEED_SCRIPTED();
+  sd->script(kThinkAndCallsScript);
+  json tools = {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", kWeatherSchema}}}}};
+  json body = {{"messages", {{{"role", "user"}, {"content", "Weather?"}}}}, {"max_tokens", 200}, {"tools", tools}};
+  int st = 0;
+  json r = post_json(sd->port(), "/v1/chat/completions", body, &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  const json& m = r["choices"][0]["message"];
+  EXPECT_EQ(m["content"], kScriptText) << r.dump();
+  const std::string reasoning = m["reasoning_content"];
+  EXPECT_NE(reasoning.find(kScriptReasoning[0]), std::string::npos) << reasoning;
+  EXPECT_NE(reasoning.find(kScriptReasoning[1]), std::string::npos) << reasoning;
+  EXPECT_EQ(reasoning.find("<tool_call>"), std::string::npos) << reasoning;
+  ASSERT_EQ(m["tool_calls"].size(), 2u) << r.dump();
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(json::parse(m["tool_calls"][i]["function"]["arguments"].get<std::string>()), kScriptCalls[i]);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
+
+  json sb = body;
+  sb["stream"] = true;
+  auto s = post_sse(sd->port(), "/v1/chat/completions", sb);
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(joined(s, "content"), kScriptText);
+  EXPECT_EQ(joined(s, "reasoning_content"), reasoning);
+  int calls = 0;
+  for (auto& e : s.events)
+    if (e.contains("choices") && !e["choices"].empty() && e["choices"][0]["delta"].contains("tool_calls")) calls += int(e["choices"][0]["delta"]["tool_calls"].size());
+  EXPECT_EQ(calls, 2);
+
+  body["parallel_tool_calls"] = false;
+  json one = post_json(sd->port(), "/v1/chat/completions", body, &st);
+  ASSERT_EQ(st, 200) << one.dump();
+  ASSERT_EQ(one["choices"][0]["message"]["tool_calls"].size(), 1u) << one.dump();
+  EXPECT_EQ(one["choices"][0]["finish_reason"], "tool_calls");
+  sd->script("");
+}
+
+// A server started with speculative decoding uses it for the agent APIs too (prompt lookup on a reply
+// that repeats itself): the same reply, rounds counted, drafts accepted; under a forced call as well.
+TEST(ApiSpeculation, ServerDefaultServesMessagesAndResponses) {
+  ServerOptions so;
+  so.model_id = "lily-scripted-spec";
+  so.spec.mode = SpecMode::Ngram;
+  so.spec.depth = 4;
+  auto sd = start_scripted(so);
+  if (!sd) GTEST_SKIP() << "Qwen3 tokenizer not fetched (scripts/fetch-assets.sh)";
+  const std::string text = "alpha beta gamma delta epsilon. alpha beta gamma delta epsilon. alpha beta gamma delta epsilon.";
+  sd->script(text);
+  // The scheduler counts a request once it is reaped, just after its reply went out.
+  auto settled = [&](const char* name) {
+    for (int i = 0; i < 50 && metric(sd->port(), "lily_requests_active") > 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return metric(sd->port(), name);
+  };
+  auto rounds = [&] { return settled("lily_spec_rounds_total"); };
+  auto accepted = [&] { return settled("lily_spec_accepted_tokens_total"); };
+  double r0 = rounds(), a0 = accepted();
+  int st = 0;
+  json m = post_json(sd->port(), "/v1/messages", {{"model", "m"}, {"max_tokens", 64}, {"messages", {{{"role", "user"}, {"content", "Go."}}}}}, &st);
+  ASSERT_EQ(st, 200) << m.dump();
+  EXPECT_EQ(m["content"][0]["text"], text);
+  EXPECT_GT(rounds(), r0);
+  EXPECT_GT(accepted(), a0);
+  r0 = rounds();
+  a0 = accepted();
+  json r = post_json(sd->port(), "/v1/responses", {{"input", "Go."}, {"max_output_tokens", 64}, {"reasoning", {{"effort", "none"}}}}, &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(r["output"].back()["content"][0]["text"], text);
+  EXPECT_GT(rounds(), r0);
+  EXPECT_GT(accepted(), a0);
+  // A forced call whose arguments repeat: drafted, checked against the grammar, still one valid call.
+  sd->script("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"abcabcabcabcabc\", \"days\": 12121212}}\n</tool_call>");
+  r0 = rounds();
+  json t = post_json(sd->port(), "/v1/messages",
+                     {{"model", "m"}, {"max_tokens", 80}, {"messages", {{{"role", "user"}, {"content", "Go."}}}},
+                      {"tools", {{{"name", "get_weather"}, {"input_schema", kWeatherSchema}}}},
+                      {"tool_choice", {{"type", "tool"}, {"name", "get_weather"}, {"disable_parallel_tool_use", true}}}}, &st);
+  ASSERT_EQ(st, 200) << t.dump();
+  ASSERT_EQ(t["content"].size(), 1u) << t.dump();
+  EXPECT_TRUE(valid_weather(t["content"][0]["input"])) << t.dump();
+  EXPECT_GT(rounds(), r0);
 }
 
 // ---- rendering: each API's messages render like the equivalent chat request ----

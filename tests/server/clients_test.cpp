@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "api_fixture.h"
 #include "serve_process.h"
-#include "server_fixture.h"
 
 namespace lily::server::test {
 namespace {
@@ -45,6 +45,7 @@ void run_sdk_script(int port, const std::string& script, const std::string& pack
   int rc = run(fmt::format("cd '{}' && timeout 300 node {} http://127.0.0.1:{}{}", dir.string(), script, port, base), out);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("ok:"), std::string::npos) << out;
+  std::printf("%s: %s", script.c_str(), out.c_str());  // what the SDK saw, for the log
 }
 
 TEST(Clients, AnthropicNpmSdk) {
@@ -55,6 +56,20 @@ TEST(Clients, AnthropicNpmSdk) {
 TEST(Clients, OpenAiResponsesNpmSdk) {
   NEED_DEMO();
   run_sdk_script(demo->port(), "openai_responses.mjs", "openai", "/v1");
+}
+
+// The SDKs on a reply with reasoning and tool calls, one of them inside the think block (the scripted
+// demo server).
+TEST(Clients, AnthropicNpmSdkOnThinkingAndToolCalls) {
+  NEED_SCRIPTED();
+  sd->script(kThinkAndCallsScript);
+  run_sdk_script(sd->port(), "anthropic_sdk.mjs", "@anthropic-ai/sdk", " --scripted");
+}
+
+TEST(Clients, OpenAiResponsesNpmSdkOnThinkingAndToolCalls) {
+  NEED_SCRIPTED();
+  sd->script(kThinkAndCallsScript);
+  run_sdk_script(sd->port(), "openai_responses.mjs", "openai", "/v1 --scripted");
 }
 
 TEST(Clients, ChatPageStreamsInHeadlessChromium) {

@@ -136,6 +136,7 @@ TEST(Hostile, OutOfRangeNumbersGet400NamingTheField) {
       {R"(,"repetition_penalty":1e39)", "repetition_penalty"}, {R"(,"logit_bias":{"5":1e400})", "logit_bias.5"},
       {R"(,"logit_bias":{"99999999999999999999":1})", "logit_bias"}, {R"(,"top_logprobs":1e20,"logprobs":true)", "top_logprobs"},
       {R"(,"n":1e400)", "n"},                            {R"(,"stream_options":{"include_usage":1e400})", "stream_options.include_usage"},
+      {R"(,"stream_options":{"include_usage":"yes"})", "stream_options.include_usage"},
   };
   for (auto& c : cases) {
     RawReply r = raw_request(port, post_bytes("/v1/chat/completions", chat_json("x", 2, c.extra)));
@@ -144,6 +145,18 @@ TEST(Hostile, OutOfRangeNumbersGet400NamingTheField) {
   for (const char* bad : {R"({"temperature":NaN})", R"({"temperature":Infinity})", R"({"temperature":-Infinity})", "{\"a\":\"\x01\"}"}) {
     RawReply r = raw_request(port, post_bytes("/v1/chat/completions", bad));
     expect_envelope(r, 400, nullptr, "invalid_json");
+  }
+  // Malformed number text reads as a number and then a syntax error: the member it follows is named.
+  for (const char* raw : {"01", "0x10", "1e", "-", "1.5.2", "+1"}) {
+    RawReply m = raw_request(port, post_bytes("/v1/chat/completions", chat_json("x", 2, std::string(R"(,"top_k":)") + raw)));
+    expect_envelope(m, 400, "top_k", "invalid_json");
+    m = raw_request(port, post_bytes("/v1/chat/completions", chat_json("x", 2, std::string(R"(,"stream_options":{"include_usage":)") + raw + "}")));
+    expect_envelope(m, 400, nullptr, "invalid_json");
+    EXPECT_NE(parsed(m)["error"]["param"].get<std::string>().find("stream_options"), std::string::npos) << m.body;
+    m = raw_request(port, post_bytes("/v1/messages", std::string(R"({"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":)") + raw + "}"));
+    EXPECT_EQ(m.status, 400) << m.body;
+    EXPECT_EQ(parsed(m)["type"], "error") << m.body;
+    EXPECT_NE(parsed(m)["error"]["message"].get<std::string>().find("max_tokens"), std::string::npos) << m.body;
   }
   RawReply r = raw_request(port, post_bytes("/v1/completions", R"({"prompt":[1,2,1e400]})"));
   expect_envelope(r, 400, "prompt[2]");

@@ -2,14 +2,42 @@
 // response (every event parsed by the SDK's stream helper), previous_response_id, store: false, a
 // two-turn tool-use conversation with reasoning on (function_call -> function_call_output -> answer),
 // structured output (text.format json_schema), and errors. The demo model's text is random, so tool calls
-// and JSON come from forcing. Usage: node openai_responses.mjs http://127.0.0.1:PORT/v1
+// and JSON come from forcing. With --scripted, against a server whose replies follow api_fixture.h's
+// kThinkAndCallsScript instead: reasoning, function_call (one written inside the think block), reasoning,
+// message and function_call items as the SDK's stream helper accumulates them, and the outputs fed back.
+// Usage: node openai_responses.mjs http://127.0.0.1:PORT/v1 [--scripted]
 // Exits 0 when every check holds; prints what went wrong otherwise.
 import OpenAI from "openai";
 
-const [baseURL] = process.argv.slice(2);
+const [baseURL, mode] = process.argv.slice(2);
 const client = new OpenAI({ baseURL, apiKey: "unused", timeout: 120_000, maxRetries: 0 });
 const fail = (msg) => { console.error("FAIL:", msg); process.exit(1); };
 const model = "gpt-5-codex";  // any name: the server answers with its own model
+
+if (mode === "--scripted") {
+  const tools = [{ type: "function", name: "get_weather", strict: false, parameters: { type: "object", properties: { city: { type: "string" } } } }];
+  const events = [];
+  const s = client.responses.stream({ model, input: "Weather?", tools, max_output_tokens: 200, reasoning: { effort: "high" } });
+  s.on("event", (e) => events.push(e.type));
+  const r = await s.finalResponse();
+  const plain = await client.responses.create({ model, input: "Weather?", tools, max_output_tokens: 200, reasoning: { effort: "high" } });
+  const shape = (x) => x.output.map((o) => o.type).join(",");
+  const want = "reasoning,function_call,reasoning,message,function_call";
+  if (shape(r) !== want || shape(plain) !== want) fail(`items ${shape(r)} / ${shape(plain)}`);
+  if (r.output_text !== "It is sunny." || plain.output_text !== "It is sunny.") fail(`output_text ${r.output_text}`);
+  const calls = r.output.filter((o) => o.type === "function_call");
+  if (JSON.parse(calls[0].arguments).city !== "Paris" || JSON.parse(calls[1].arguments).city !== "Oslo") fail(`calls ${JSON.stringify(calls)}`);
+  if (r.output[0].content[0].text !== plain.output[0].content[0].text || r.output[2].content[0].text !== plain.output[2].content[0].text)
+    fail(`reasoning ${JSON.stringify(r.output)} vs ${JSON.stringify(plain.output)}`);
+  if (r.usage.output_tokens !== plain.usage.output_tokens || !(r.usage.output_tokens_details.reasoning_tokens > 0)) fail(`usage ${JSON.stringify(r.usage)}`);
+  const one = await client.responses.create({ model, input: "Weather?", tools, max_output_tokens: 200, parallel_tool_calls: false });
+  if (shape(one) !== "reasoning,function_call") fail(`parallel_tool_calls false: ${shape(one)}`);
+  const t2 = await client.responses.create({ model, previous_response_id: r.id, tools, max_output_tokens: 200,
+                                             input: calls.map((c) => ({ type: "function_call_output", call_id: c.call_id, output: "18 C" })) });
+  if (t2.status !== "completed") fail(`turn 2 ${t2.status}`);
+  console.log(`ok: scripted, ${events.length} stream events (${shape(r)}), turn 2 ${t2.status}`);
+  process.exit(0);
+}
 
 const r = await client.responses.create({ model, input: "Say hello.", instructions: "Be brief.", max_output_tokens: 8,
                                           temperature: 0, reasoning: { effort: "none" } });

@@ -31,23 +31,32 @@ struct Running {
 
 inline std::string tokenizer_dir() { return find_demo_tokenizer_dir(); }
 
+// A server on `engine` (its context size: ctx) with the chat template of `tok_dir`, or `template_file`.
+inline std::unique_ptr<Running> start_server_on(std::unique_ptr<Engine> engine, std::shared_ptr<const text::Tokenizer> tok,
+                                                const std::string& tok_dir, ServerOptions so, int64_t ctx,
+                                                const std::string& template_file = "",
+                                                const std::function<void(Server&)>& before_start = {}) {
+  auto r = std::make_unique<Running>();
+  r->engine = std::move(engine);
+  r->tok = tok;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  so.sched.ctx_size = ctx;
+  auto chat = tok ? load_chat_format(tok_dir, template_file) : nullptr;
+  r->server = std::make_unique<Server>(*r->engine, tok, chat, so);
+  if (before_start) before_start(*r->server);
+  r->server->start();
+  return r;
+}
+
 // `before_start` may add routes to the server's core.
 inline std::unique_ptr<Running> start_server(std::shared_ptr<const ModelWeights> w,
                                              std::shared_ptr<const text::Tokenizer> tok,
                                              const std::string& tok_dir, ServerOptions so, int64_t ctx = 4096,
                                              int64_t prefill_chunk = 64,
                                              const std::function<void(Server&)>& before_start = {}) {
-  auto r = std::make_unique<Running>();
-  r->engine = Engine::from_weights(std::move(w), EngineOptions{"cpu", ctx, prefill_chunk});
-  r->tok = tok;
-  so.host = "127.0.0.1";
-  so.port = 0;
-  so.sched.ctx_size = ctx;
-  auto chat = tok ? load_chat_format(tok_dir, "") : nullptr;
-  r->server = std::make_unique<Server>(*r->engine, tok, chat, so);
-  if (before_start) before_start(*r->server);
-  r->server->start();
-  return r;
+  return start_server_on(Engine::from_weights(std::move(w), EngineOptions{"cpu", ctx, prefill_chunk}), std::move(tok), tok_dir,
+                         std::move(so), ctx, "", before_start);
 }
 
 // The demo model with the real Qwen3 tokenizer: 2 slots, a queue of 2, 1 MiB bodies. Shared by tests.
