@@ -10,7 +10,7 @@ checks the answer: never a status >= 500, never a reset or a connection closed w
 refusal (>= 400) a JSON error in the envelope of the API its path belongs to (Anthropic's for
 /v1/messages*, OpenAI's elsewhere), a 400 for a mutated field naming that field, the server alive at the
 end and, with --pid, its RSS back within --rss-tolerance of its value after a warm-up round of the same
-requests.
+mix.
 
     scripts/hostile.py --port 8080 [--pid PID] [--count 1200] [--seed 1] [--threads 4]
 
@@ -380,15 +380,22 @@ BOMB = b""
 
 
 GENERATORS = {"chat": 0.18, "completions": 0.1, "anthropic": 0.08, "count_tokens": 0.04, "responses": 0.08, "tokenize": 0.02,
-              "detokenize": 0.02, "structured": 0.1, "messages": 0.1, "agent": 0.08, "structural": 0.08, "framing": 0.2}
+              "detokenize": 0.02, "structured": 0.1, "messages": 0.1, "structural": 0.08, "framing": 0.2}
+# Drawn from their own random stream, so that adding them left the sequence of the others as it was.
+AGENT_SHARE = 0.08
 
 
-def hostile_requests(rng, n, only=None):
-    """n (name, bytes, kind) items; kind 'hangup' closes after sending part of the request."""
+def hostile_requests(rng, n, only=None, agent_rng=None):
+    """n (name, bytes, kind) items, and AGENT_SHARE * n agent mutations from agent_rng after them; kind
+    'hangup' closes after sending part of the request."""
     make = {api: (lambda api=api: field_mutations(rng, api)) for api in APIS}
     make.update({"messages": lambda: message_mutations(rng), "structured": lambda: structured_mutations(rng),
-                 "agent": lambda: agent_mutations(rng),
                  "structural": lambda: structural(rng), "framing": lambda: framing(rng)})
+    agents = []
+    if agent_rng is not None and (not only or "agent" in only):
+        agents = [agent_mutations(agent_rng) + ("normal",) for _ in range(int(n * AGENT_SHARE) if only != ["agent"] else n)]
+        if only == ["agent"]:
+            return agents
     gens = [(w, make[k]) for k, w in GENERATORS.items() if not only or k in only]
     total = sum(w for w, _ in gens)
     gens = [(w / total, g) for w, g in gens]
@@ -406,7 +413,7 @@ def hostile_requests(rng, n, only=None):
         if rng.random() < 0.03:
             kind = "hangup"  # the client leaves half-way through sending (or right after)
         out.append((name, data, kind))
-    return out
+    return out + agents
 
 
 # ------------------------------------------------------------------------------------- sending
@@ -572,16 +579,17 @@ def main():
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=20.0, help="seconds per request")
     ap.add_argument("--rss-tolerance", type=float, default=0.10)
-    ap.add_argument("--only", nargs="*", choices=sorted(GENERATORS), help="generators to use (default: all)")
+    ap.add_argument("--only", nargs="*", choices=sorted(list(GENERATORS) + ["agent"]), help="generators to use (default: all)")
     a = ap.parse_args()
     BOMB = _bomb()
     rng = random.Random(a.seed)
+    agent_rng = random.Random(a.seed * 7919 + 1)
     t0 = time.monotonic()
     tally = {"sent": 0, "status": {}, "bad": []}
-    run_round(a.port, hostile_requests(rng, a.warmup, a.only), a.threads, a.timeout, tally)
+    run_round(a.port, hostile_requests(rng, a.warmup, a.only, agent_rng), a.threads, a.timeout, tally)
     time.sleep(0.5)
     rss0 = rss_kb(a.pid) if a.pid else 0
-    run_round(a.port, hostile_requests(rng, a.count, a.only), a.threads, a.timeout, tally)
+    run_round(a.port, hostile_requests(rng, a.count, a.only, agent_rng), a.threads, a.timeout, tally)
     time.sleep(0.5)
     rss1 = rss_kb(a.pid) if a.pid else 0
     alive = healthy(a.port)

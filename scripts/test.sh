@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 # runtime, text, server, tools, cli: the lily binary through Cli, SpecCli, BadInput and Clients), leaving
 # out the model-scale and long ones (QuantizeModel, StructuredOutput, Verify, Spec, LlamaCpp, the server's
 # API and generator suites): they run under `--sanitize`. Sized for the CI budget on 2 cores.
-SANITIZE_CI='^(Config|SafeTensors|BadInput|DenseBadInput|MtpBadInput|Layout|State|Step|MtpStep|ThreadPool|Sampler|Matmul|DeltaRule|Conv|Simd|Half|Affine|AffineInt8|Exl3Decode|QuantLoad|QuantKernels|SchedulerDevice|Loop|ReasoningBudget|DepthPlanner|Tokenizer|OutputParser|Utf8|Jinja|JinjaSemantics|Grammar|JsonGrammar|TokenGrammar|OutputGrammar|Cli|SpecCli|SamplingCli|ChatFormat|StopFilter|ServerAuth|ServerQueue|ServerSpec|PromptCacheTest|Clients|Hostile|Gguf|GgufReader|GgufExport)\.'
+SANITIZE_CI='^(Config|SafeTensors|BadInput|DenseBadInput|MtpBadInput|Layout|State|Step|MtpStep|ThreadPool|Sampler|Matmul|DeltaRule|Conv|Simd|Half|Affine|AffineInt8|Exl3Decode|QuantLoad|QuantKernels|SchedulerDevice|Loop|ReasoningBudget|DepthPlanner|Tokenizer|OutputParser|Utf8|Jinja|JinjaSemantics|Grammar|JsonGrammar|TokenGrammar|OutputGrammar|StructuredCache|Cli|SpecCli|SamplingCli|ChatFormat|StopFilter|ServerAuth|ServerQueue|ServerSpec|PromptCacheTest|Clients|Hostile|Gguf|GgufReader|GgufExport)\.'
 
 mode=release
 ctest_args=()

@@ -1,5 +1,7 @@
 #include "server/chat_prompt.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -16,17 +18,26 @@ ChatPrompt render_chat_prompt(const Core& core, const json& messages, const json
   }
   p.ids = core.tok->encode(p.text, true);
   core.check_prompt_ids(p.ids, param);
-  // Also save the state where the last message starts: a regenerated or edited last turn reuses it.
-  if (messages.size() >= 2) {
+  // Also save the state where the last message starts (a regenerated or edited last turn reuses it)
+  // and where it ends, before the generation prompt: the next turn renders this one's reply after it
+  // (the Qwen templates render a reply differently once a later user turn follows, so the state after
+  // the reply is no prefix of the next prompt), and continues from there. A cut counts when the text
+  // before it starts the prompt's and the rest encodes to the prompt's last tokens.
+  auto cut = [&](const json& msgs) {
     try {
-      json head(messages.begin(), messages.end() - 1);
-      auto ids = core.tok->encode(core.chat->render(head, tools, kwargs, false), true);
-      if (!ids.empty() && ids.size() < p.ids.size() && std::equal(ids.begin(), ids.end(), p.ids.begin()))
-        p.boundaries.push_back(ids.size());
+      const std::string before = core.chat->render(msgs, tools, kwargs, false);
+      if (before.empty() || before.size() >= p.text.size() || p.text.compare(0, before.size(), before) != 0) return;
+      const auto rest = core.tok->encode(std::string_view(p.text).substr(before.size()), true);
+      if (rest.empty() || rest.size() >= p.ids.size() || !std::equal(rest.rbegin(), rest.rend(), p.ids.rbegin())) return;
+      p.boundaries.push_back(p.ids.size() - rest.size());
     } catch (const std::exception&) {
-      // Some templates refuse a conversation that ends early; then there is no boundary snapshot.
+      // Some templates refuse a conversation that ends early; then there is no snapshot there.
     }
-  }
+  };
+  if (messages.size() >= 2) cut(json(messages.begin(), messages.end() - 1));
+  cut(messages);
+  std::sort(p.boundaries.begin(), p.boundaries.end());
+  p.boundaries.erase(std::unique(p.boundaries.begin(), p.boundaries.end()), p.boundaries.end());
   return p;
 }
 

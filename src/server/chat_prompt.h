@@ -15,7 +15,7 @@ namespace lily::server {
 struct ChatPrompt {
   std::string text;
   std::vector<int32_t> ids;
-  std::vector<size_t> boundaries;  // where the last message starts (for the prompt cache)
+  std::vector<size_t> boundaries;  // where the last message starts and ends, ascending (prompt cache)
 };
 
 // FieldError(param, template_error) when the template refuses the messages.

@@ -321,6 +321,14 @@ TEST(AnthropicApi, ToolCallsInsideThinkingAreToolUseBlocks) {
   EXPECT_EQ(r1["content"][1]["input"], kScriptCalls[0]);
   EXPECT_EQ(r1["stop_reason"], "tool_use");
   EXPECT_LT(r1["usage"]["output_tokens"].get<int>(), r["usage"]["output_tokens"].get<int>());
+
+  // tool_choice none: the tools leave the prompt, and markup the model writes anyway is no call.
+  json none = body;
+  none["tool_choice"] = {{"type", "none"}};
+  json rn = post_json(sd->port(), "/v1/messages", none, &st);
+  ASSERT_EQ(st, 200) << rn.dump();
+  for (auto& b : rn["content"]) EXPECT_NE(b["type"], "tool_use") << rn.dump();
+  EXPECT_EQ(rn["stop_reason"], "end_turn");
   sd->script("");
 }
 

@@ -85,6 +85,16 @@ TEST(ChatStructured, ToolCallsInsideThinkingAreToolCalls) {
   ASSERT_EQ(st, 200) << one.dump();
   ASSERT_EQ(one["choices"][0]["message"]["tool_calls"].size(), 1u) << one.dump();
   EXPECT_EQ(one["choices"][0]["finish_reason"], "tool_calls");
+
+  // A call right after <think>, the block never closed: a call, no reasoning, no content.
+  sd->script("<think>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\", \"days\": 4}}\n</tool_call>");
+  json open = post_json(sd->port(), "/v1/chat/completions", body, &st);
+  ASSERT_EQ(st, 200) << open.dump();
+  const json& om = open["choices"][0]["message"];
+  ASSERT_EQ(om["tool_calls"].size(), 1u) << open.dump();
+  EXPECT_EQ(json::parse(om["tool_calls"][0]["function"]["arguments"].get<std::string>())["city"], "Lima");
+  EXPECT_TRUE(om["content"].is_null() || om["content"] == "") << open.dump();
+  EXPECT_TRUE(!om.contains("reasoning_content") || om["reasoning_content"].is_null() || om["reasoning_content"] == "") << open.dump();
   sd->script("");
 }
 

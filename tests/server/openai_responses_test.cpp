@@ -257,6 +257,44 @@ TEST(ResponsesApi, MaxOutputTokensIsIncomplete) {
   EXPECT_EQ(fin["output"].back()["status"], "incomplete");
 }
 
+// A chain of continuations: each one's prompt holds the whole conversation so far (input tokens grow),
+// and the prompt cache serves it up to the end of the previous turn's input (the state saved where the
+// last message ends: the reply is re-rendered without its think block once a user turn follows);
+// store: false leaves nothing to continue.
+TEST(ResponsesApi, PreviousResponseIdChains) {
+  NEED_DEMO();
+  std::string prev;
+  int64_t last_input = 0, last_cached = 0;
+  for (const char* turn : {"First.", "Second.", "Third."}) {
+    json b = {{"input", turn}, {"max_output_tokens", 4}, {"reasoning", {{"effort", "none"}}}};
+    if (!prev.empty()) b["previous_response_id"] = prev;
+    int st = 0;
+    json r = post_json(demo->port(), "/v1/responses", b, &st);
+    ASSERT_EQ(st, 200) << r.dump();
+    const int64_t input = r["usage"]["input_tokens"];
+    EXPECT_GT(input, last_input) << turn;
+    const int64_t cached = r["usage"]["input_tokens_details"]["cached_tokens"];
+    if (!prev.empty()) {
+      EXPECT_EQ(r["previous_response_id"], prev);
+      EXPECT_GT(cached, last_cached) << turn << ": " << r["usage"].dump();
+      EXPECT_GE(cached, last_input - 8) << turn << ": all but the last turn's generation prompt, " << r["usage"].dump();
+    }
+    last_input = input;
+    last_cached = cached;
+    prev = r["id"];
+  }
+  int st = 0;
+  json u = post_json(demo->port(), "/v1/responses", {{"input", "x"}, {"max_output_tokens", 1}, {"store", false}}, &st);
+  ASSERT_EQ(st, 200);
+  EXPECT_EQ(u["store"], false);
+  json c = post_json(demo->port(), "/v1/responses", {{"input", "y"}, {"max_output_tokens", 1}, {"previous_response_id", u["id"]}}, &st);
+  EXPECT_EQ(st, 400) << c.dump();
+  EXPECT_EQ(c["error"]["param"], "previous_response_id");
+  auto g = client(demo->port()).Get(("/v1/responses/" + u["id"].get<std::string>()).c_str());
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->status, 404);
+}
+
 // Reasoning items fed back: their reasoning_text content, or the summary when the content is absent or
 // empty (as Codex sends them back), becomes the turn's reasoning.
 TEST(ResponsesApi, ReasoningItemsFedBackBecomeReasoning) {
