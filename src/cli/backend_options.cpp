@@ -1,9 +1,12 @@
 #include "cli/backend_options.h"
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_rank.h"
+#include "backend/rank_driver.h"
 #include "core/error.h"
 #ifdef LILY_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/shard_ranks.h"
 #endif
 
 namespace lily::cli {
@@ -25,19 +28,29 @@ void add_cpu_opt(CLI::App& app, std::vector<std::string>& dst) {
                  "emulating the CUDA bf16 prompt GEMMs; emulate_bf16_rows, recurrent_max_rows, affine)");
 }
 
+void add_devices_opt(CLI::App& app, std::string& dst) {
+  app.add_option("--devices", dst,
+                 "Split the model over N ranks (tensor parallel heads, expert ranges, vocabulary-split head): GPUs "
+                 "0..N-1 with --backend cuda (NCCL), N CPU ranks in turn with --backend cpu; or a GPU list a,b,... "
+                 "(a GPU named twice runs its ranks in turn)");
+}
+
 void require_cuda_backend(const std::vector<std::string>& cuda_opts, const std::string& backend) {
   if (!cuda_opts.empty() && backend != "cuda")
     fail("--cuda-opt / --precision need --backend cuda (got --backend {}; the CPU backend computes in float32)", backend);
 }
 
-std::unique_ptr<Backend> make_backend_with(std::shared_ptr<const ModelWeights> w, const std::vector<std::string>& cuda_opts) {
+std::unique_ptr<Backend> make_backend_with(std::shared_ptr<const ModelWeights> w, const std::vector<std::string>& cuda_opts,
+                                           const std::string& devices) {
 #ifdef LILY_HAVE_CUDA
   CudaOptions co;
   for (const std::string& kv : cuda_opts) set_cuda_option(co, kv);
+  if (!devices.empty()) return make_cuda_ranks(std::move(w), parse_devices(devices), co);
   return make_cuda_backend(std::move(w), co);
 #else
   (void)w;
   (void)cuda_opts;
+  (void)devices;
   fail("--cuda-opt: this build has no CUDA backend (configure with nvcc present)");
 #endif
 }
@@ -46,7 +59,7 @@ std::unique_ptr<Engine> engine_from_weights(std::shared_ptr<const ModelWeights> 
                                             const std::vector<std::string>& cuda_opts) {
   if (cuda_opts.empty()) return Engine::from_weights(std::move(w), eo);
   require_cuda_backend(cuda_opts, eo.backend);
-  auto be = make_backend_with(w, cuda_opts);
+  auto be = make_backend_with(w, cuda_opts, eo.devices);
   return Engine::from_backend(std::move(w), std::move(be), eo);
 }
 
@@ -58,7 +71,7 @@ std::unique_ptr<Engine> open_engine(const std::string& dir, const EngineOptions&
     cpu::CpuOptions co;
     for (const std::string& kv : cpu_opts) cpu::set_cpu_option(co, kv);
     auto w = ModelWeights::load(dir);
-    auto be = std::make_unique<cpu::CpuBackend>(w, co);
+    auto be = cpu::make_cpu_backend(w, eo.devices, co);
     return Engine::from_backend(std::move(w), std::move(be), eo);
   }
   if (cuda_opts.empty()) return Engine::open(dir, eo);

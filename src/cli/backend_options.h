@@ -17,11 +17,14 @@ namespace lily::cli {
 void add_cuda_opt(CLI::App& app, std::vector<std::string>& dst);
 // --cpu-opt name=value (repeatable).
 void add_cpu_opt(CLI::App& app, std::vector<std::string>& dst);
+// --devices N | a,b,... (EngineOptions::devices).
+void add_devices_opt(CLI::App& app, std::string& dst);
 // Throws InputError when CUDA options were given for another backend.
 void require_cuda_backend(const std::vector<std::string>& cuda_opts, const std::string& backend);
 // The CUDA backend for `w` with the options (throws InputError for an unknown option, a bad value, or a
-// build without CUDA).
-std::unique_ptr<Backend> make_backend_with(std::shared_ptr<const ModelWeights> w, const std::vector<std::string>& cuda_opts);
+// build without CUDA), over the ranks of `devices` when given (EngineOptions::devices).
+std::unique_ptr<Backend> make_backend_with(std::shared_ptr<const ModelWeights> w, const std::vector<std::string>& cuda_opts,
+                                           const std::string& devices = "");
 // Engine::open / Engine::from_weights, or with options given the engine over a backend built with them (CUDA
 // options need --backend cuda, CPU options --backend cpu: InputError otherwise).
 std::unique_ptr<Engine> open_engine(const std::string& dir, const EngineOptions& eo, const std::vector<std::string>& cuda_opts,

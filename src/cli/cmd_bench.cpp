@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/cpu/cpu_rank.h"
 #include "cli/backend_options.h"
 #include "cli/registry.h"
 #include "core/error.h"
@@ -71,6 +72,7 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   auto opt = std::make_shared<BenchOptions>();
   auto json = std::make_shared<bool>(false);
   auto cuda_opts = std::make_shared<std::vector<std::string>>();
+  auto devices = std::make_shared<std::string>();
   auto streams = std::make_shared<std::string>();
   auto verify = std::make_shared<std::string>();
   auto sampler = std::make_shared<bool>(false);
@@ -83,6 +85,7 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   app.add_option("--seed", *seed, "With --synth: random seed");
   app.add_option("--backend", *backend, "cpu | cuda");
   add_cuda_opt(app, *cuda_opts);
+  add_devices_opt(app, *devices);
   auto* prefill_opt = app.add_option("--prefill", *prefill, "Prompt lengths, comma separated (k = 1024)");
   app.add_option("--decode-context", *decode, "Context lengths for decode, comma separated");
   app.add_option("--repeats", opt->repeats, "Timed runs per figure (median reported)");
@@ -150,15 +153,20 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
     if (model->empty() == synth->empty()) fail("bench: give exactly one of --model DIR or --synth PRESET");
     BenchOptions o = *opt;
     o.backend = *backend;
-    if (!cuda_opts->empty()) {
+    if (!cuda_opts->empty() || (!devices->empty() && *backend == "cuda")) {
       require_cuda_backend(*cuda_opts, *backend);
-      o.make_backend = [opts = *cuda_opts](std::shared_ptr<const ModelWeights> w) { return make_backend_with(std::move(w), opts); };
 #ifdef LILY_HAVE_CUDA
-      // the step kernel's timeline of the last decode step (--cuda-opt mk_trace=1)
+      // the step kernel's timeline of the last decode step (--cuda-opt mk_trace=1; one GPU)
       o.after_decode = [](Backend& be, int64_t ctx) {
+        if (be.name() != "cuda") return;
         for (const std::string& line : cuda_mk_info(be).trace) fmt::print(stderr, "bench: decode @{}: {}\n", ctx, line);
       };
 #endif
+      o.make_backend = [opts = *cuda_opts, d = *devices](std::shared_ptr<const ModelWeights> w) {
+        return make_backend_with(std::move(w), opts, d);
+      };
+    } else if (!devices->empty()) {
+      o.make_backend = [d = *devices](std::shared_ptr<const ModelWeights> w) { return cpu::make_cpu_backend(std::move(w), d); };
     }
     o.prefill = parse_sizes(*prefill, "--prefill");
     o.decode_context = parse_sizes(*decode, "--decode-context");
@@ -189,6 +197,8 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
       so.codebook = parse_codebook(*codebook);
       so.seed = *seed;
       so.progress = true;
+      // split over GPUs: each rank's share drawn on its GPU (a 397B-A17B in 4-bit does not fit host memory)
+      so.shapes_only = !devices->empty() && *backend == "cuda";
       o.label = fmt::format("synth {} {}", *synth, *format);
       w = synth_model(so);
     } else {

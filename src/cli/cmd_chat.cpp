@@ -110,6 +110,7 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
     SamplingArgs sampling = chat_sampling();
     bool no_think = false, hide_think = false;
     std::vector<std::string> cuda_opts;
+    std::string devices;
     SpecArgs spec;
   };
   auto o = std::make_shared<Opts>();
@@ -122,6 +123,7 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
   add_sampling_options(app, o->sampling);
   app.add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
   add_cuda_opt(app, o->cuda_opts);
+  add_devices_opt(app, o->devices);
   app.add_option("--template-kwargs", o->kwargs, "JSON object of extra template variables");
   app.add_flag("--no-think", o->no_think, "Ask the template not to think (enable_thinking=false)");
   app.add_flag("--hide-think", o->hide_think, "Do not print the reasoning");
@@ -135,6 +137,7 @@ Register reg("chat", "Talk with a model in the terminal (history, thinking shown
     if (o->no_think) kwargs["enable_thinking"] = false;
     EngineOptions eo;
     eo.backend = o->backend;
+    eo.devices = o->devices;
     eo.ctx_size = o->ctx;
     std::unique_ptr<Engine> engine;
     TextModel m;

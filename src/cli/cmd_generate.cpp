@@ -22,6 +22,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
   struct Opts {
     std::string model, tokens, backend = "cpu", prompt, tokenizer, chat_template, system, template_kwargs;
     std::vector<std::string> cuda_opts;
+    std::string devices;
     bool raw = false;
     int64_t max_tokens = 64, chunk = 0, ctx = 0;
     SamplingArgs sampling;  // greedy unless asked
@@ -44,6 +45,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
   app.add_option("--ctx-size", o->ctx, "Context size (default: prompt + max tokens)");
   app.add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
   add_cuda_opt(app, o->cuda_opts);
+  add_devices_opt(app, o->devices);
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the model's end-of-sequence ids");
   app.add_flag("--json", o->json, "Print one JSON object");
   add_spec_options(app, o->spec);
@@ -75,6 +77,7 @@ Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
     if (o->max_tokens < 0) fail("--max-tokens must be >= 0 (got {})", o->max_tokens);
     EngineOptions eo;
     eo.backend = o->backend;
+    eo.devices = o->devices;
     eo.prefill_chunk = o->chunk;
     eo.ctx_size = o->ctx > 0 ? o->ctx : int64_t(ids.size()) + o->max_tokens + 1;
     GenerateOptions go;

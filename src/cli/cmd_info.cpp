@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "backend/rank_driver.h"
 #include "cli/registry.h"
+#include "model/shard.h"
 #include "model/weights.h"
 
 namespace lily::cli {
@@ -36,11 +38,36 @@ nlohmann::json mtp_json(const ModelWeights& w) {
           {"active_bytes_per_draft", w.mtp_active_bytes_per_token()}};
 }
 
+// --devices N: each rank's share (model/shard.h): its heads, experts and vocabulary rows, and its bytes.
+nlohmann::json ranks_json(const ModelWeights& w, int n) {
+  const ShardPlan p = ShardPlan::make(w, n);
+  nlohmann::json a = nlohmann::json::array();
+  auto range = [](const Range& r) { return nlohmann::json::array({r.begin, r.end}); };
+  for (int r = 0; r < n; ++r) {
+    const RankPlan& rp = p.rank[size_t(r)];
+    int whole_ffn = 0;
+    for (const FfnCut& c : p.ffn) whole_ffn += c.owner == r;
+    a.push_back({{"rank", r},
+                 {"weight_bytes", rank_weight_bytes(w, p, r)},
+                 {"device_bytes", rank_weight_bytes(w, p, r, true)},
+                 {"query_heads", range(rp.q_heads)},
+                 {"kv_heads", range(rp.kv_heads)},
+                 {"deltanet_key_heads", range(rp.k_heads)},
+                 {"deltanet_value_heads", range(rp.v_heads)},
+                 {"experts", range(rp.experts)},
+                 {"vocab", range(rp.vocab)},
+                 {"whole_mlps", whole_ffn}});
+  }
+  return {{"ranks", n}, {"kv_heads_copied", p.kv_copied}, {"deltanet_key_heads_copied", p.k_copied}, {"per_rank", a}};
+}
+
 Register reg("info", "Show a model's architecture, sizes, layer kinds and tensors", [](CLI::App& app) {
   auto model = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
   app.add_option("--model", *model, "Model directory (config.json + safetensors)")->required();
   app.add_flag("--json", *json, "Print JSON");
+  auto devices = std::make_shared<std::string>();
+  app.add_option("--devices", *devices, "Also each rank's share when split over N devices (heads, experts, vocabulary, bytes)");
   return [=]() -> int {
     auto w = ModelWeights::load(*model);
     const auto& cfg = w->cfg;
@@ -59,6 +86,7 @@ Register reg("info", "Show a model's architecture, sizes, layer kinds and tensor
     j["weight_bytes"] = w->weight_bytes();
     j["active_bytes_per_token"] = w->active_bytes_per_token();
     j["mtp"] = mtp_json(*w);
+    if (!devices->empty()) j["devices"] = ranks_json(*w, int(parse_devices(*devices).size()));
     if (*json) {
       fmt::print("{}\n", j.dump(2));
       return 0;
@@ -89,6 +117,18 @@ Register reg("info", "Show a model's architecture, sizes, layer kinds and tensor
                  double(w->mtp_active_bytes_per_token()) / (1 << 20));
     else
       fmt::print("mtp            none ({})\n", w->mtp_absent);
+    if (j.contains("devices")) {
+      const auto& d = j["devices"];
+      fmt::print("devices        {} ranks (KV heads {}, DeltaNet key heads {})\n", d["ranks"].get<int>(),
+                 d["kv_heads_copied"].get<bool>() ? "copied" : "split", d["deltanet_key_heads_copied"].get<bool>() ? "copied" : "split");
+      auto rg = [](const nlohmann::json& r) { return fmt::format("{}-{}", r[0].get<int64_t>(), r[1].get<int64_t>() - 1); };
+      for (const auto& r : d["per_rank"])
+        fmt::print("  rank {:<3} {:>9.1f} MiB ({:.1f} MiB on a GPU)  q heads {}  kv {}  k {}  v {}  experts {}  vocab {}{}\n",
+                   r["rank"].get<int>(), double(r["weight_bytes"].get<size_t>()) / (1 << 20),
+                   double(r["device_bytes"].get<size_t>()) / (1 << 20), rg(r["query_heads"]), rg(r["kv_heads"]),
+                   rg(r["deltanet_key_heads"]), rg(r["deltanet_value_heads"]), rg(r["experts"]), rg(r["vocab"]),
+                   r["whole_mlps"].get<int>() > 0 ? fmt::format("  whole MLPs of {} layers", r["whole_mlps"].get<int>()) : "");
+    }
     return 0;
   };
 });

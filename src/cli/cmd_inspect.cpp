@@ -18,6 +18,7 @@
 #include <map>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/shard_ranks.h"
 #endif
 
 namespace lily::cli {
@@ -50,6 +51,7 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
   auto rows = std::make_shared<int>(1);
   auto groups = std::make_shared<int>(1);
   auto cuda_opts = std::make_shared<std::vector<std::string>>();
+  auto devices = std::make_shared<std::string>();
   app.add_option("--model", *model, "Model directory (config.json + safetensors)");
   app.add_option("--synth", *synth, "Build a random model of this preset in memory instead (see lily synth)");
   app.add_option("--format", *format, "With --synth: bf16 | affine4 | affine8 | exl3");
@@ -59,6 +61,7 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
   app.add_option("--rows", *rows, "Rows of the step (all groups together)")->capture_default_str();
   app.add_option("--groups", *groups, "Sequences in the step (rows / groups rows each)")->capture_default_str();
   add_cuda_opt(app, *cuda_opts);
+  add_devices_opt(app, *devices);  // rank 0's decode step (the all-reduces between its blocks are not listed)
   app.add_flag("--json", *json, "Print JSON");
   return [=]() -> int {
     if (*backend != "cuda") fail("--backend {}: inspect shows the CUDA decode graph (use --backend cuda)", *backend);
@@ -74,6 +77,7 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
       so.preset = *synth;
       so.format = parse_synth_format(*format);
       so.exl3_bits = *bits;
+      so.shapes_only = !devices->empty();  // drawn on the GPUs
       w = synth_model(so);
     } else {
       w = ModelWeights::load(*model);
@@ -83,6 +87,8 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
     // the step kernel (--cuda-opt mk=1): its op list, when this step ran it
     const CudaMkInfo mk = cuda_mk_info(*be);
     const bool mk_ran = std::any_of(ks.begin(), ks.end(), [](const KernelLaunch& k) { return k.name.find("mk_kernel") != std::string::npos; });
+    auto be = make_backend_with(w, *cuda_opts, *devices);
+    const auto ks = cuda_describe_decode_step(devices->empty() ? *be : cuda_rank_backend(*be, 0), *ctx, *rows, *groups);
     std::map<int, int> per_layer;
     for (const auto& k : ks) ++per_layer[k.layer];
     if (*json) {

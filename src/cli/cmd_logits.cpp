@@ -16,6 +16,7 @@ Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for 
   struct Opts {
     std::string model, tokens, out, backend = "cpu";
     std::vector<std::string> cuda_opts, cpu_opts;
+    std::string devices;
     int64_t chunk = 0;
     bool mtp = false;
   };
@@ -30,16 +31,19 @@ Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for 
                "predicting x_{t+2}); CPU reference");
   add_cuda_opt(app, o->cuda_opts);
   add_cpu_opt(app, o->cpu_opts);
+  add_devices_opt(app, o->devices);
   return [o]() -> int {
     auto ids = parse_ids(o->tokens, "--tokens");
     if (ids.empty()) fail("--tokens: no token ids given");
     EngineOptions eo;
     eo.backend = o->backend;
+    eo.devices = o->devices;
     eo.prefill_chunk = o->chunk;
     eo.ctx_size = int64_t(ids.size());
     if (o->mtp && o->backend != "cpu") fail("--mtp: the MTP head runs on --backend cpu (its CPU reference) for now");
     if (o->mtp && ids.size() < 2) fail("--mtp: --tokens needs at least 2 ids (row t pairs x_{{t+1}} with h_t)");
     if (o->mtp && !o->cpu_opts.empty()) fail("--mtp: the MTP reference takes no --cpu-opt");
+    if (o->mtp && !o->devices.empty()) fail("--mtp: the MTP reference runs unsplit (no --devices)");
     auto engine = open_engine(o->model, eo, o->cuda_opts, o->cpu_opts);
     const int64_t V = engine->config().vocab;
     std::vector<float> logits;

@@ -20,6 +20,7 @@ struct ServeArgs {
   int port = 8080, parallel = 1, queue = 16;
   int64_t ctx_size = 32768, cache_mem = 2048, prefill_chunk = 2048, max_tokens = 4096, step_tokens = 0;
   std::vector<std::string> cuda_opts;
+  std::string devices;
   SpecArgs spec;
 
   std::vector<std::string> cors_origins, allow_hosts;
@@ -41,6 +42,7 @@ Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --mo
   app.add_option("--tokenizer", a->tokenizer, "Directory or tokenizer.json when the model directory has none");
   app.add_option("--backend", a->backend, "cpu or cuda")->capture_default_str();
   add_cuda_opt(app, a->cuda_opts);
+  add_devices_opt(app, a->devices);
   app.add_option("--step-tokens", a->step_tokens, "Rows per forward step when prompts wait: every decoding stream's row, then prompt chunks up to this budget (0: --prefill-chunk)")->capture_default_str();
   app.add_option("--prefill-chunk", a->prefill_chunk, "Prompt tokens per forward step; a step stalls the other streams' decoding (0: the backend's choice, 8192 on CUDA)")->capture_default_str();
   app.add_option("--max-tokens", a->max_tokens, "Default completion limit when a request sets none")->capture_default_str();
@@ -78,7 +80,7 @@ Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --mo
     LILY_CHECK(a->port >= 0 && a->port <= 65535, "--port must be in 0..65535 (got {})", a->port);
     LILY_CHECK(a->cache_mem >= 0, "--cache-mem must be >= 0 MiB (got {})", a->cache_mem);
     LILY_CHECK(a->max_tokens >= 1, "--max-tokens must be >= 1 (got {})", a->max_tokens);
-    EngineOptions eo{a->backend, a->ctx_size, a->prefill_chunk};
+    EngineOptions eo{a->backend, a->ctx_size, a->prefill_chunk, a->devices};
     std::shared_ptr<const text::Tokenizer> tok;
     std::string tok_dir;
     std::unique_ptr<Engine> engine;

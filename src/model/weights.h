@@ -40,7 +40,8 @@ struct AttnWeights {
 struct FfnWeights {
   bool moe = true;
   Linear router;                // [E, H]
-  std::vector<Expert> experts;  // E
+  std::vector<Expert> experts;  // E; a rank's share (model/shard.h): experts [expert0, expert0 + size) of the router's E
+  int64_t expert0 = 0;
   Expert shared;                // shared expert (MoE) or the dense MLP (moe == false)
   Linear shared_gate;           // [1, H]; empty for dense MLP
 };
@@ -74,6 +75,11 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   std::optional<MtpWeights> mtp;  // empty when the checkpoint carries no mtp.* tensors
   std::string mtp_absent;         // when empty: why, naming the missing tensors (and config field)
+
+  // A rank's share of a model split over several devices (model/shard.h): cfg holds the rank's head counts,
+  // lm_head its vocabulary rows [vocab0, vocab0 + lm_head.out) of cfg.vocab; ranks == 1: the whole model.
+  int rank = 0, ranks = 1;
+  int64_t vocab0 = 0;
 
   std::shared_ptr<Checkpoint> ckpt;  // keeps the mappings alive
   std::vector<std::shared_ptr<void>> owned;  // buffers made at load time (regrouped matrices, ...)

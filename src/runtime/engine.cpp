@@ -1,9 +1,11 @@
 #include "runtime/engine.h"
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_rank.h"
+#include "backend/rank_driver.h"
 #include "core/error.h"
 #ifdef LILY_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/shard_ranks.h"
 #endif
 
 namespace lily {
@@ -28,11 +30,12 @@ std::unique_ptr<Engine> Engine::from_weights(std::shared_ptr<const ModelWeights>
   e->weights_ = std::move(w);
   e->opt_ = opt;
   if (opt.backend == "cpu") {
-    e->backend_ = std::make_unique<cpu::CpuBackend>(e->weights_);
+    e->backend_ = cpu::make_cpu_backend(e->weights_, opt.devices);
   } else if (opt.backend == "cuda") {
 #ifdef LILY_HAVE_CUDA
     if (!cuda_available()) fail("--backend cuda: no usable CUDA device is present");
-    e->backend_ = make_cuda_backend(e->weights_, CudaOptions{});
+    if (!opt.devices.empty()) e->backend_ = make_cuda_ranks(e->weights_, parse_devices(opt.devices), CudaOptions{});
+    else e->backend_ = make_cuda_backend(e->weights_, CudaOptions{});
 #else
     fail("--backend cuda: this build has no CUDA backend (configure with nvcc present)");
 #endif

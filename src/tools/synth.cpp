@@ -110,7 +110,18 @@ class Gen {
  public:
   Gen(const SynthOptions& o, const ModelConfig& c) : o_(o), c_(c) {}
 
+  // A shapes-only matrix (SynthOptions::shapes_only): sizes and format, no data.
+  Linear shape(const std::string& base, int64_t out, int64_t in) const {
+    Linear l;
+    l.name = base;
+    l.out = out;
+    l.in = in;
+    l.dense = {DType::BF16, nullptr, in};
+    return l;
+  }
+
   Linear dense(Sink& s, const std::string& base, int64_t out, int64_t in, float a = 0) {
+    if (o_.shapes_only) return shape(base, out, in);
     if (a == 0) a = std::sqrt(3.0f / float(in));
     Buffer b = uniform_bf16(name_key(o_.seed, base), out * in, a);
     s.add(base + ".weight", DType::BF16, {out, in}, b);
@@ -125,6 +136,7 @@ class Gen {
 
   // Router / equal-norm rows: each row scaled to unit L2 norm.
   Linear router(Sink& s, const std::string& base, int64_t out, int64_t in) {
+    if (o_.shapes_only) return shape(base, out, in);
     Buffer b = alloc(size_t(out * in) * 2);
     std::vector<uint64_t> w(static_cast<size_t>(out * in));
     fill_words(name_key(o_.seed, base), w.data(), out * in);
@@ -149,6 +161,19 @@ class Gen {
     const int gs = 64;
     if (in % gs != 0) fail("synth: '{}' has {} inputs, not a multiple of the affine group size {}", base, in, gs);
     const int64_t words = in * bits / 32, G = in / gs;
+    auto q = std::make_shared<quant::AffineWeight>();
+    q->bits = bits;
+    q->group_size = gs;
+    q->out = out;
+    q->in = in;
+    q->row_words = words;
+    q->scale_dtype = DType::BF16;
+    Linear l = shape(base, out, in);
+    l.format = WeightFormat::Affine;
+    if (o_.shapes_only) {
+      l.affine = std::move(q);
+      return l;
+    }
     Buffer packed = alloc(size_t(out * words) * 4);
     const uint64_t key = name_key(o_.seed, base);
     fill_words(key, reinterpret_cast<uint64_t*>(packed.data.get()), (out * words + 1) / 2);
@@ -160,22 +185,10 @@ class Gen {
     s.add(base + ".weight", DType::U32, {out, words}, packed);
     s.add(base + ".scales", DType::BF16, {out, G}, sc);
     s.add(base + ".biases", DType::BF16, {out, G}, bi);
-    auto q = std::make_shared<quant::AffineWeight>();
-    q->bits = bits;
-    q->group_size = gs;
-    q->out = out;
-    q->in = in;
     q->packed = reinterpret_cast<const uint32_t*>(packed.data.get());
-    q->row_words = words;
-    q->scale_dtype = DType::BF16;
     q->scales = sc.data.get();
     q->biases = bi.data.get();
     quant::affine_validate(*q, base.c_str());
-    Linear l;
-    l.name = base;
-    l.out = out;
-    l.in = in;
-    l.format = WeightFormat::Affine;
     l.affine = std::move(q);
     return l;
   }
@@ -183,6 +196,19 @@ class Gen {
   Linear exl3(Sink& s, const std::string& base, int64_t out, int64_t in, int K) {
     const int64_t in_p = (in + 127) / 128 * 128, out_p = (out + 127) / 128 * 128;
     const int64_t nw = in_p / 16 * (out_p / 16) * 16 * K;
+    auto q = std::make_shared<quant::Exl3Weight>();
+    q->K = K;
+    q->codebook = o_.codebook;
+    q->in = in;
+    q->out = out;
+    q->in_p = in_p;
+    q->out_p = out_p;
+    Linear l = shape(base, out, in);
+    l.format = WeightFormat::Exl3;
+    if (o_.shapes_only) {
+      l.exl3 = std::move(q);
+      return l;
+    }
     const uint64_t key = name_key(o_.seed, base);
     Buffer tr = alloc(size_t(nw) * 2);
     fill_words(key, reinterpret_cast<uint64_t*>(tr.data.get()), (nw + 3) / 4);
@@ -204,22 +230,10 @@ class Gen {
       std::memcpy(m.data.get(), &v, 4);
       s.add(base + (o_.codebook == quant::Exl3Codebook::Mcg ? ".mcg" : ".mul1"), DType::I32, {}, m);
     }
-    auto q = std::make_shared<quant::Exl3Weight>();
-    q->K = K;
-    q->codebook = o_.codebook;
-    q->in = in;
-    q->out = out;
-    q->in_p = in_p;
-    q->out_p = out_p;
     q->trellis = reinterpret_cast<const uint16_t*>(tr.data.get());
     q->suh = su16;
     q->svh = sv16;
     quant::exl3_validate(*q, base.c_str());
-    Linear l;
-    l.name = base;
-    l.out = out;
-    l.in = in;
-    l.format = WeightFormat::Exl3;
     l.exl3 = std::move(q);
     return l;
   }
@@ -289,7 +303,7 @@ class Gen {
       const std::string q = p + "linear_attn.";
       auto& g = L.gdn;
       const int64_t C = c_.conv_channels(), K = c_.conv_kernel;
-      if (c_.arch == Arch::Qwen3Next) {
+      if (c_.arch == Arch::Qwen3Next && !o_.shapes_only) {
         // Random weights: the grouped qkvz / ba rows are as random as the flat ones; the loader's
         // regrouping is replayed here so memory and disk hold the same model.
         Linear qkvz = linear(s, q + "in_proj_qkvz", 2 * Hk * dk + 2 * Hv * dv, H, Role::Quantized);

@@ -32,6 +32,10 @@ struct SynthOptions {
   int exl3_bits = 4;                  // K for exl3 (2..8)
   quant::Exl3Codebook codebook = quant::Exl3Codebook::Mcg;
   uint64_t seed = 1;
+  int64_t layers = 0;                 // decoder layers (full attention every fourth); 0: the preset's
+  // synth_model: the matrices' sizes and formats without their data (null pointers; norms and vectors are
+  // drawn): the CUDA backend then draws them on the device at upload (backend/cuda/shard_synth.cu).
+  bool shapes_only = false;
   bool progress = false;              // per-layer progress on stderr
 };
 

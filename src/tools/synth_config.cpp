@@ -22,6 +22,7 @@ struct Preset {
 const Preset kPresets[] = {
     {"qwen3.5-35b-a3b", "qwen3_5_moe_text", 2048, 40, 248320, 16, 2, 256, 16, 32, 128, 128, 256, 8, 512, 512, 0, 1e7, false},
     {"qwen3-next-80b-a3b", "qwen3_next", 2048, 48, 151936, 16, 2, 256, 16, 32, 128, 128, 512, 10, 512, 512, 5120, 1e7, false},
+    {"qwen3.5-397b-a17b", "qwen3_5_moe_text", 4096, 60, 248320, 32, 2, 256, 16, 64, 128, 128, 512, 10, 1024, 1024, 0, 1e7, false},
     // Dense Qwen3.5: a SwiGLU MLP of dense_inter in every layer, tied embeddings.
     {"qwen3.5-0.8b", "qwen3_5_text", 1024, 24, 248320, 8, 2, 256, 16, 16, 128, 128, 0, 0, 0, 0, 3584, 1e7, true},
     {"qwen3.5-4b", "qwen3_5_text", 2560, 32, 248320, 16, 4, 256, 16, 32, 128, 128, 0, 0, 0, 0, 9216, 1e7, true},
@@ -31,6 +32,8 @@ const Preset kPresets[] = {
     {"tiny-dense", "qwen3_5_text", 128, 4, 512, 4, 2, 64, 2, 4, 32, 32, 0, 0, 0, 0, 256, 1e6, true},
     // the shared expert as wide as the routed ones (it rides in the expert stacks on CUDA)
     {"tiny-stacked", "qwen3_5_moe_text", 256, 4, 1024, 4, 2, 128, 2, 4, 64, 64, 16, 4, 128, 128, 0, 1e6, false},
+    // Head counts, experts and widths that divide by 8 (model/shard.h at 8 ranks; affine groups of 64 per rank).
+    {"tiny-tp8", "qwen3_5_moe_text", 128, 4, 512, 8, 2, 64, 4, 8, 64, 64, 16, 4, 64, 512, 0, 1e6, false},
 };
 
 const Preset& preset(const std::string& name) {
@@ -87,10 +90,12 @@ nlohmann::json synth_config(const SynthOptions& opt) {
   const Preset& p = preset(opt.preset);
   if (opt.format == SynthFormat::Exl3 && (opt.exl3_bits < 1 || opt.exl3_bits > 8))
     fail("--bits: {} is outside 1..8", opt.exl3_bits);
+  if (opt.layers < 0) fail("synth: {} layers", opt.layers);
+  const int64_t n_layers = opt.layers > 0 ? opt.layers : p.layers;
   const std::string mt = p.model_type;
   const bool next = mt == "qwen3_next", dense = mt == "qwen3_5_text";
   nlohmann::json layer_types = nlohmann::json::array();
-  for (int64_t i = 0; i < p.layers; ++i) layer_types.push_back((i + 1) % 4 == 0 ? "full_attention" : "linear_attention");
+  for (int64_t i = 0; i < n_layers; ++i) layer_types.push_back((i + 1) % 4 == 0 ? "full_attention" : "linear_attention");
   nlohmann::json rope = {{"rope_type", "default"}, {"rope_theta", p.theta}, {"partial_rotary_factor", 0.25}};
   if (!next) {
     int64_t half = p.head_dim / 4 / 2;  // rotary/2 frequencies split 3:3:2 like [11, 11, 10] of 32
@@ -103,7 +108,7 @@ nlohmann::json synth_config(const SynthOptions& opt) {
       {"architectures", {arch}},
       {"model_type", p.model_type},
       {"hidden_size", p.hidden},
-      {"num_hidden_layers", p.layers},
+      {"num_hidden_layers", n_layers},
       {"vocab_size", p.vocab},
       {"num_attention_heads", p.heads},
       {"num_key_value_heads", p.kv_heads},

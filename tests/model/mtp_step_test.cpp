@@ -25,16 +25,7 @@ const char* const kMtpGoldens[] = {"qwen3_5_moe_text-a-mtp", "qwen3_next-a-mtp",
 
 using test::random_ids;
 
-// max |a - b| / RMS(b)
-double rel_maxdiff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double ss = 0, m = 0;
-  for (size_t i = 0; i < b.size() && i < a.size(); ++i) {
-    ss += double(b[i]) * b[i];
-    m = std::max(m, double(std::fabs(a[i] - b[i])));
-  }
-  return m / std::sqrt(ss / double(b.size()));
-}
+using test::rel_maxdiff;
 
 using test_support::draft_via_steps;
 using test_support::mtp_rows_via_steps;

@@ -2,6 +2,7 @@
 #pragma once
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -36,6 +37,17 @@ inline std::vector<int32_t> random_ids(size_t n, int64_t V, uint32_t seed) {
   std::vector<int32_t> v(n);
   for (auto& x : v) x = d(g);
   return v;
+}
+
+// max |a - b| / RMS(b); infinite when the sizes differ.
+inline double rel_maxdiff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double ss = 0, m = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    ss += double(b[i]) * b[i];
+    m = std::max(m, double(std::fabs(a[i] - b[i])));
+  }
+  return m / std::sqrt(ss / double(b.size()));
 }
 
 inline int64_t argmax(const float* p, int64_t n) {

@@ -361,7 +361,7 @@ void CpuBackend::gdn_mixer(int layer) {
     }
   std::vector<float> out(static_cast<size_t>(T * H));
   mm(G.out, e_.data(), T, out.data(), kProdGdnOut, T);
-  for (size_t i = 0; i < out.size(); ++i) x_[i] += out[i];
+  emit(out);
 }
 
 void CpuBackend::attn_mixer(int layer) {
@@ -431,7 +431,20 @@ void CpuBackend::attn_mixer(int layer) {
   });
   std::vector<float> out(static_cast<size_t>(T * H));
   mm(A.o, d_.data(), T, out.data(), kProdAttnOut, T);
+  emit(out);
+}
+
+void CpuBackend::emit(std::vector<float>& out) {
+  if (rank_mode_) {
+    partial_ = std::move(out);
+    return;
+  }
   for (size_t i = 0; i < out.size(); ++i) x_[i] += out[i];
+}
+
+void CpuBackend::add_partial() {
+  if (partial_.size() != x_.size()) throw InternalError("CpuBackend::add_partial: no partial of this step");
+  for (size_t i = 0; i < x_.size(); ++i) x_[i] += partial_[i];
 }
 
 void CpuBackend::expert_mlp(const Expert& e, const float* u, int64_t rows, float* out, uint32_t cls) {
@@ -451,8 +464,8 @@ void CpuBackend::ffn(int layer) {
   rms_norm(x_.data(), L.post_norm.data(), T, H, float(cfg.rms_eps), u_.data());
   std::vector<float> out(static_cast<size_t>(T * H));
   if (!F.moe) {
-    expert_mlp(F.shared, u_.data(), T, out.data(), kProdMlp);
-    for (size_t i = 0; i < out.size(); ++i) x_[i] += out[i];
+    if (!F.shared.gate.empty()) expert_mlp(F.shared, u_.data(), T, out.data(), kProdMlp);  // empty: another rank's
+    emit(out);
     return;
   }
   const int64_t E = cfg.n_experts, k = cfg.top_k;
@@ -495,8 +508,9 @@ void CpuBackend::ffn(int layer) {
     ngu += size_t(n * ex.gate.out);
     ny += size_t(n * H);
   };
-  for (int64_t e = 0; e < E; ++e)
-    if (!assigned[size_t(e)].empty()) add(F.experts[size_t(e)], e, int64_t(assigned[size_t(e)].size()));
+  const int64_t e0 = F.expert0, e1 = e0 + int64_t(F.experts.size());  // this rank's experts (all, unsplit)
+  for (int64_t e = e0; e < e1; ++e)
+    if (!assigned[size_t(e)].empty()) add(F.experts[size_t(e - e0)], e, int64_t(assigned[size_t(e)].size()));
   const bool shared = !F.shared.gate.empty();
   if (shared) add(F.shared, -1, T);
   std::vector<float> xin(nx), g(ngu), up(ngu), y(ny), sg(shared ? size_t(T) : 0);
@@ -543,7 +557,7 @@ void CpuBackend::ffn(int layer) {
       }
     }
   }
-  for (size_t i = 0; i < out.size(); ++i) x_[i] += out[i];
+  emit(out);
 }
 
 void CpuBackend::head() {
@@ -574,7 +588,15 @@ void CpuBackend::head() {
     r += g.out_rows;
   }
   out_.assign(static_cast<size_t>(rows * cfg.vocab), 0.0f);
-  if (rows > 0) mm(w_->lm_head, h.data(), rows, out_.data(), kProdLmHead, rows);
+  if (rows == 0) return;
+  const int64_t Vr = w_->lm_head.out, v0 = w_->vocab0;  // a rank's vocabulary rows (all, unsplit)
+  if (Vr == cfg.vocab) {
+    mm(w_->lm_head, h.data(), rows, out_.data(), kProdLmHead, rows);
+    return;
+  }
+  std::vector<float> part(static_cast<size_t>(rows * Vr));
+  mm(w_->lm_head, h.data(), rows, part.data(), kProdLmHead, rows);
+  for (int64_t i = 0; i < rows; ++i) std::copy_n(part.data() + i * Vr, Vr, out_.data() + i * cfg.vocab + v0);
 }
 
 uint64_t CpuBackend::end() {

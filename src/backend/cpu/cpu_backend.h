@@ -57,6 +57,14 @@ class CpuBackend final : public Backend {
   const std::vector<float>& residual() const { return x_; }
   CpuOptions& options() { return opt_; }
 
+  // Rank mode (backend/rank_backend.h, cpu_rank.h): the mixers and the FFN leave their output in partial()
+  // instead of adding it to the residual stream; head() writes the lm_head rows' columns
+  // [vocab0, vocab0 + lm_head.out) of its [rows, V] logits (logits()), zero elsewhere.
+  void set_rank_mode(bool on) { rank_mode_ = on; }
+  std::vector<float>& partial() { return partial_; }
+  void add_partial();
+  std::vector<float>& logits() { return out_; }
+
  private:
   struct Group {
     CpuState* st;
@@ -71,6 +79,8 @@ class CpuBackend final : public Backend {
   void mm(const Linear& W, const float* x, int64_t T, float* y, uint32_t cls, int64_t rows) const;
   // Independent products, each of its class (the MoE's batched passes).
   void mm_batch(const std::vector<MatJob>& jobs, const std::vector<uint32_t>& cls) const;
+  // x += out (rank mode: out becomes partial()).
+  void emit(std::vector<float>& out);
 
   std::shared_ptr<const ModelWeights> w_;
   CpuOptions opt_;
@@ -86,6 +96,8 @@ class CpuBackend final : public Backend {
   std::vector<float> out_;
   uint64_t next_ticket_ = 1;
   size_t peak_ = 0;
+  bool rank_mode_ = false;
+  std::vector<float> partial_;
 };
 
 }  // namespace lily::cpu

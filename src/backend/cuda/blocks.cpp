@@ -49,7 +49,7 @@ void CudaBackend::gdn_mixer(int layer) {
     gdn_core(g, proj_ + int64_t(gr.first) * PW, gr.rows, st.conv_at(l, st.cur_), st.S_at(l, st.cur_),
              core_ + int64_t(gr.first) * g.Hv * g.dv, work_, stream_, opt_.chunk_min, nullptr);
   }
-  linear(D.gdn_out, H, g.Hv * g.dv, core_, g.Hv * g.dv, T_, x_, H, true, stream_);
+  linear(D.gdn_out, H, g.Hv * g.dv, core_, g.Hv * g.dv, T_, rank_out_ ? rank_out_ : x_, H, !rank_out_, stream_);
 }
 
 void CudaBackend::attn_mixer(int layer) {
@@ -84,13 +84,14 @@ void CudaBackend::attn_mixer(int layer) {
     attn_rows(a, q + int64_t(gr.first) * a.Hq * a.hd, proj_ + int64_t(gr.first) * PW, gr.rows, &d_groups()[gi].pos,
               st.k[l], st.v[l], st.cap_, gr.nsplit, core_ + int64_t(gr.first) * a.Hq * a.hd, part, stream_);
   }
-  linear(D.attn_o, H, a.Hq * a.hd, core_, a.Hq * a.hd, T_, x_, H, true, stream_);
+  linear(D.attn_o, H, a.Hq * a.hd, core_, a.Hq * a.hd, T_, rank_out_ ? rank_out_ : x_, H, !rank_out_, stream_);
 }
 
 void CudaBackend::ffn(int layer) {
   if (replay_) return;
   mark(layer, "ffn");
   if (mk_) return mk_ffn(layer);
+  if (rank_) return rank_ffn(layer);  // shard_blocks.cpp
   const DevLayer& D = layers_[size_t(layer)];
   const int H = int(w_->cfg.hidden);
   const float eps = float(w_->cfg.rms_eps);
@@ -103,6 +104,7 @@ void CudaBackend::head() {
   if (replay_) return;
   mark(-1, "head");
   if (mk_) return mk_head();
+  if (rank_) return rank_head();  // shard_blocks.cpp
   keep_hidden();  // cuda_mtp.cpp: rows kept for MTP steps (before anything below changes u_)
   if (O_ == 0) return;
   const int H = int(w_->cfg.hidden), V = int(w_->cfg.vocab);

@@ -73,6 +73,7 @@ struct DevLayer {
 };
 
 class CudaBackend;
+struct RankExt;  // shard_rank.h
 
 // A saved sequence: per attention layer its n K rows then its n V rows ([Hkv][n][hd] bf16 each), per
 // DeltaNet layer the conv state then the recurrent state of the current version, then (MTP models) the
@@ -386,6 +387,15 @@ class CudaBackend final : public Backend {
   // record mode: graph node counts at block boundaries, then the listed launches
   std::vector<std::pair<size_t, std::pair<int, std::string>>> marks_;
   std::vector<KernelLaunch> recorded_;
+
+  // ---- rank mode (shard_blocks.cpp, backend/rank_backend.h): set by the CudaRank that owns this backend.
+  // The mixers write their output to rank_out_ instead of adding it to x_; ffn() and head() run the rank's
+  // MoE (its expert range) and its vocabulary rows.
+  RankExt* rank_ = nullptr;
+  float* rank_out_ = nullptr;
+  void rank_ffn(int layer);
+  void rank_head();
+  void rank_head_finish();
 
   const int32_t* d_tokens() const { return reinterpret_cast<const int32_t*>(static_cast<char*>(desc_dev_) + lay_.tokens); }
   const int32_t* d_row_group() const {

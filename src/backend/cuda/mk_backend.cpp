@@ -178,7 +178,7 @@ void CudaBackend::mk_free() {
 void CudaBackend::mk_begin() {
   mk_ = false;
   mk_plan_only_ = false;
-  if (!opt_.mk || T_ != 1 || groups_.size() != 1 || O_ != 1 || mtp_ || keep_ || groups_[0].tentative) return;
+  if (!opt_.mk || T_ != 1 || groups_.size() != 1 || O_ != 1 || mtp_ || keep_ || groups_[0].tentative || rank_) return;  // one device only
   if (!mk_state_) mk_state_ = std::make_unique<MkState>();
   if (!mk_uncovered().empty()) return;
   MkState& S = *mk_state_;

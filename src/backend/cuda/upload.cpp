@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_impl.h"
 #include "backend/cuda/mk_state.h"
+#include "backend/cuda/shard_synth.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "quant/affine/affine.h"
@@ -236,7 +237,9 @@ Mat CudaBackend::upload(const std::vector<const Linear*>& parts) {
     for (const Linear* p : parts) {
       const DenseWeight& d = p->dense;
       const size_t out = size_t(p->out);
-      if (d.dtype == DType::BF16) {
+      if (!d.data) {  // a shapes-only synth matrix: drawn here (shard_synth.h)
+        synth_dense(dst + r0 * in, *p, stream_);
+      } else if (d.dtype == DType::BF16) {
         LILY_CU(cudaMemcpy2D(dst + r0 * in, in * 2, d.data, size_t(d.row_stride) * 2, in * 2, out, cudaMemcpyHostToDevice));
       } else {
         std::vector<uint16_t> tmp(out * in);
@@ -273,6 +276,11 @@ Mat CudaBackend::upload(const std::vector<const Linear*>& parts) {
     if (a.scale_dtype != DType::BF16)
       fail("CUDA backend: weight '{}' has {} affine scales; the CUDA backend reads bf16 scales", p->name, dtype_name(a.scale_dtype));
     const size_t out = size_t(p->out);
+    if (!a.packed) {  // a shapes-only synth matrix: drawn here (shard_synth.h)
+      synth_affine(q + r0 * words, sc + r0 * groups, bi + r0 * groups, *p, stream_);
+      r0 += out;
+      continue;
+    }
     LILY_CU(cudaMemcpy(q + r0 * words, a.packed, out * words * 4, cudaMemcpyHostToDevice));
     LILY_CU(cudaMemcpy(sc + r0 * groups, a.scales, out * groups * 2, cudaMemcpyHostToDevice));
     LILY_CU(cudaMemcpy(bi + r0 * groups, a.biases, out * groups * 2, cudaMemcpyHostToDevice));
@@ -306,7 +314,7 @@ Mat CudaBackend::upload_exl3(const std::vector<const Linear*>& parts, int per_ex
   size_t off = 0;
   auto put = [&](const void* src, size_t bytes) {
     char* d = dev + off;
-    LILY_CU(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));
+    if (src) LILY_CU(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));  // none: drawn below
     off += al(bytes);
     return d;
   };
@@ -330,6 +338,7 @@ Mat CudaBackend::upload_exl3(const std::vector<const Linear*>& parts, int per_ex
     h.svh = reinterpret_cast<const uint16_t*>(put(w.svh, 2 * size_t(w.out_p)));
     if (w.bias) h.bias = reinterpret_cast<const uint16_t*>(put(w.bias, 2 * size_t(w.out_p)));
     if (w.out_rows) h.out_rows = reinterpret_cast<const int32_t*>(put(w.out_rows, 4 * size_t(w.out)));
+    if (!w.trellis) synth_exl3(h, l, stream_);  // a shapes-only synth matrix (shard_synth.h)
   }
   auto* dparts = static_cast<Exl3Part*>(alloc_w(sizeof(Exl3Part) * host.size()));
   LILY_CU(cudaMemcpy(dparts, host.data(), sizeof(Exl3Part) * host.size(), cudaMemcpyHostToDevice));
