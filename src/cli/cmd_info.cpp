@@ -8,6 +8,7 @@
 #include "cli/registry.h"
 #include "model/shard.h"
 #include "model/weights.h"
+#include "tools/synth.h"
 
 namespace lily::cli {
 namespace {
@@ -64,22 +65,38 @@ nlohmann::json ranks_json(const ModelWeights& w, int n) {
 Register reg("info", "Show a model's architecture, sizes, layer kinds and tensors", [](CLI::App& app) {
   auto model = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
-  app.add_option("--model", *model, "Model directory (config.json + safetensors)")->required();
+  auto synth = std::make_shared<std::string>();
+  auto format = std::make_shared<std::string>("bf16");
+  app.add_option("--model", *model, "Model directory (config.json + safetensors)");
+  app.add_option("--synth", *synth, "Instead: a synth preset's shapes (" + synth_preset_list() + "), nothing drawn");
+  app.add_option("--format", *format, "With --synth: bf16 | affine4 | affine8 | exl3");
   app.add_flag("--json", *json, "Print JSON");
   auto devices = std::make_shared<std::string>();
   app.add_option("--devices", *devices, "Also each rank's share when split over N devices (heads, experts, vocabulary, bytes)");
   return [=]() -> int {
-    auto w = ModelWeights::load(*model);
+    if (model->empty() == synth->empty()) fail("info: give exactly one of --model DIR or --synth PRESET");
+    std::shared_ptr<ModelWeights> w;
+    if (!synth->empty()) {
+      SynthOptions so;
+      so.preset = *synth;
+      so.format = parse_synth_format(*format);
+      so.shapes_only = true;
+      w = synth_model(so);
+    } else {
+      w = ModelWeights::load(*model);
+    }
+    const std::string where = synth->empty() ? *model : "synth " + *synth + " " + *format;
     const auto& cfg = w->cfg;
     std::map<std::string, size_t> bytes_by_dtype;
     size_t n_tensors = 0, total = 0;
-    for (auto& [name, t] : w->ckpt->tensors()) {
+    static const std::map<std::string, const TensorInfo*> none;  // a synth model has no checkpoint
+    for (auto& [name, t] : w->ckpt ? w->ckpt->tensors() : none) {
       bytes_by_dtype[dtype_name(t->dtype)] += t->nbytes;
       total += t->nbytes;
       ++n_tensors;
     }
     nlohmann::json j = cfg.to_json();
-    j["model_dir"] = *model;
+    j["model_dir"] = where;
     j["tensor_count"] = n_tensors;
     j["tensor_bytes"] = total;
     j["bytes_by_dtype"] = bytes_by_dtype;
@@ -91,7 +108,7 @@ Register reg("info", "Show a model's architecture, sizes, layer kinds and tensor
       fmt::print("{}\n", j.dump(2));
       return 0;
     }
-    fmt::print("model          {}\n", *model);
+    fmt::print("model          {}\n", where);
     fmt::print("architecture   {} (model_type {})\n", arch_name(cfg.arch), cfg.model_type);
     fmt::print("layers         {} ({} Gated DeltaNet + {} gated attention)\n", cfg.layers, cfg.n_linear_layers(), cfg.n_full_layers());
     fmt::print("hidden         {}   vocab {}{}\n", cfg.hidden, cfg.vocab, cfg.tie_embeddings ? "   (tied embeddings)" : "");

@@ -78,6 +78,19 @@ TEST(DevicesCli, InfoPrintsEachRanksShare) {
   out.clear();
   ASSERT_EQ(run_lily("info --devices 2 --model " + golden("qwen3_5_moe_text-a"), out), 0) << out;
   EXPECT_NE(out.find("rank 1"), std::string::npos) << out;
+  // the 397B-A17B shape in affine 4-bit, shapes only: about 223 GB, a quarter of it (and the replicated
+  // embedding and routers) a rank on 4
+  out.clear();
+  ASSERT_EQ(run_lily("info --json --devices 4 --synth qwen3.5-397b-a17b --format affine4", out, false), 0) << out;
+  const auto s = nlohmann::json::parse(out);
+  const double whole = double(s["weight_bytes"].get<size_t>()) + double(s["mtp"]["weight_bytes"].get<size_t>());
+  EXPECT_GT(whole, 215e9);
+  EXPECT_LT(whole, 235e9);
+  for (const auto& r : s["devices"]["per_rank"]) {
+    const double b = double(r["device_bytes"].get<size_t>());
+    EXPECT_GT(b, whole / 4);
+    EXPECT_LT(b, whole / 4 + 3e9) << r.dump();
+  }
 }
 
 TEST(DevicesCli, BadValuesExit2NamingTheCause) {

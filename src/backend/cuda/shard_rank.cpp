@@ -228,9 +228,14 @@ class CudaRank final : public RankBackend, public Backend {
 namespace lily {
 
 size_t cuda_rank_working_bytes(const ModelConfig& c) {
-  // logits of 256 rows, activations of an 8192-row prompt chunk, a few sequences' DeltaNet state
-  const size_t logits = 256 * size_t(c.vocab) * 4, acts = 8192 * size_t(c.hidden) * 4 * 8;
-  return logits + acts + (size_t(512) << 20);
+  // logits of 256 rows, activations and the MoE scratch of an 8192-row prompt chunk (every slot on this rank:
+  // the bound), a few sequences' state
+  const int T = 8192;
+  const size_t logits = 256 * size_t(c.vocab) * 4, acts = size_t(T) * size_t(c.hidden) * 4 * 8;
+  const size_t moe = c.n_experts > 0 ? cuda::rank_moe_layout(nullptr, T, int(c.top_k) + 1, int(c.n_experts), int(c.n_experts),
+                                                             int(c.moe_inter), int(c.shared_inter), int(c.hidden), 64).bytes
+                                     : 0;
+  return logits + acts + moe + (size_t(512) << 20);
 }
 
 std::unique_ptr<Backend> make_cuda_ranks(std::shared_ptr<const ModelWeights> w, const std::vector<int>& devices,
