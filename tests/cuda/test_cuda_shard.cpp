@@ -9,12 +9,17 @@
 #ifndef LILY_HAVE_CUDA
 TEST(CudaShard, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #else
+#include <cmath>
 #include <cstdio>
+#include <functional>
+#include <numeric>
+#include <random>
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda/shard_ops.h"
 #include "backend/cuda/shard_ranks.h"
 #include "../model/test_util.h"
 #include "cuda_compare.h"
@@ -114,6 +119,110 @@ std::string error_of(const std::function<void()>& f) {
 
 }  // namespace
 
+// The rank kernels against plain host references at awkward sizes.
+TEST(CudaShard, SumsAndAdds) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(3);
+  const size_t n = 100003;
+  std::vector<std::vector<float>> h;
+  std::vector<std::unique_ptr<Dev<float>>> d;
+  std::vector<const float*> src;
+  for (int j = 0; j < 5; ++j) {
+    h.push_back(randn(n, rng));
+    d.push_back(std::make_unique<Dev<float>>(h.back()));
+    src.push_back(d.back()->p);
+  }
+  cuda::sum_buffers(d[0]->p, src.data(), 5, n, nullptr);  // in place on the first source
+  cuda::add_into(d[1]->p, d[0]->p, n, nullptr);
+  const auto s0 = d[0]->down(), s1 = d[1]->down();
+  for (size_t i = 0; i < n; ++i) {
+    float ref = 0;
+    for (int j = 0; j < 5; ++j) ref += h[size_t(j)][i];
+    ASSERT_EQ(s0[i], ref) << i;
+    ASSERT_EQ(s1[i], h[1][i] + ref) << i;
+  }
+}
+
+TEST(CudaShard, VocabularySplitArgmax) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  const int rows = 7, S = 5;
+  const int64_t V = 1001;
+  std::vector<float> l = randn(size_t(rows * V), rng);
+  for (int r = 0; r < rows; ++r) l[size_t(r * V + 17)] = l[size_t(r * V + 900)] = 9.f;  // a tie across ranks: 17 wins
+  l[size_t(2 * V + 3)] = NAN;                                                            // NaN never wins
+  const std::vector<int32_t> row_index = {6, 0, 2, 2, 4};
+  const std::vector<int64_t> cuts = {0, 333, 334, 1001};  // 3 ranks, one of a single column
+  Dev<float> dl(l), cand(size_t(S) * 6);
+  Dev<int32_t> idx(row_index), out(static_cast<size_t>(S)), fed(std::vector<int32_t>(4, -7));
+  Dev<int32_t> fed_slot(std::vector<int32_t>{1, -1, 3, -1, 0});
+  for (int q = 0; q < 3; ++q)
+    cuda::slice_argmax(dl.p, V, cuts[size_t(q)], cuts[size_t(q + 1)] - cuts[size_t(q)], idx.p, S, cand.p, 6, 2 * q, nullptr);
+  cuda::pick_argmax(cand.p, 6, 3, S, out.p, fed_slot.p, fed.p, nullptr);
+  const auto got = out.down(), f = fed.down();
+  for (int s = 0; s < S; ++s) {
+    const float* row = l.data() + row_index[size_t(s)] * V;
+    int64_t best = -1;
+    for (int64_t v = 0; v < V; ++v)
+      if (!std::isnan(row[v]) && (best < 0 || row[v] > row[best])) best = v;
+    EXPECT_EQ(got[size_t(s)], best) << s;
+  }
+  EXPECT_EQ(f, (std::vector<int32_t>{got[4], got[0], -7, got[2]}));
+}
+
+TEST(CudaShard, RankMoeRoutingAndCombine) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(9);
+  const int T = 5, E = 37, k = 4, e0 = 10, El = 9, H = 129;
+  for (bool shared : {false, true}) {
+    const int kk = k + (shared ? 1 : 0), ldl = E + 1, n = T * kk, En = El + (shared ? 1 : 0);
+    const auto logits = randn(size_t(T * ldl), rng);
+    Dev<float> dl(logits), w(static_cast<size_t>(n));
+    Dev<int32_t> idx(static_cast<size_t>(n)), counts(static_cast<size_t>(En + 1)), pos(static_cast<size_t>(n));
+    Dev<int32_t> tok(static_cast<size_t>(n)), tiles(static_cast<size_t>(3 * (n + En))), nt(1);
+    cuda::rank_topk(dl.p, ldl, T, E, k, true, shared, true, e0, El, idx.p, w.p, nullptr);
+    cuda::rank_route(idx.p, n, En, kk, 2, counts.p, pos.p, tok.p, tiles.p, nt.p, nullptr);
+    const std::vector<int32_t> hi = idx.down(), hp = pos.down(), ht = tok.down(), hc = counts.down();
+    const std::vector<float> hw = w.down();
+    int kept = 0;
+    for (int t = 0; t < T; ++t) {
+      std::vector<int> order(E);
+      std::iota(order.begin(), order.end(), 0);
+      const float* l = logits.data() + t * ldl;
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+      for (int j = 0; j < k; ++j) {
+        const int e = order[size_t(j)], want = e >= e0 && e < e0 + El ? e - e0 : -1;
+        EXPECT_EQ(hi[size_t(t * kk + j)], want) << t << " " << j;
+        if (want >= 0) {
+          ++kept;
+          ASSERT_GE(hp[size_t(t * kk + j)], 0);
+          EXPECT_EQ(ht[size_t(hp[size_t(t * kk + j)])], t);
+        } else {
+          EXPECT_EQ(hp[size_t(t * kk + j)], -1);
+        }
+      }
+      if (shared) {
+        EXPECT_EQ(hi[size_t(t * kk + k)], El);
+        EXPECT_NEAR(hw[size_t(t * kk + k)], 1 / (1 + std::exp(-l[E])), 1e-6);
+        ++kept;
+      }
+    }
+    EXPECT_EQ(hc[size_t(En)], kept);
+    // combine: y[t] = Σ kept w · yb[pos] (+ gate · ysh)
+    const auto yb = randn(size_t(n * H), rng), ysh = randn(size_t(T * H), rng), sg = randn(size_t(T), rng);
+    Dev<float> dyb(yb), dysh(ysh), dsg(sg), y(static_cast<size_t>(T * H));
+    cuda::rank_combine(y.p, T, H, kk, w.p, pos.p, dyb.p, dysh.p, dsg.p, 1, nullptr);
+    const auto hy = y.down();
+    for (int t = 0; t < T; ++t)
+      for (int i = 0; i < H; ++i) {
+        double ref = (1 / (1 + std::exp(-double(sg[size_t(t)])))) * ysh[size_t(t * H + i)];
+        for (int j = 0; j < kk; ++j)
+          if (hp[size_t(t * kk + j)] >= 0) ref += double(hw[size_t(t * kk + j)]) * yb[size_t(hp[size_t(t * kk + j)] * H + i)];
+        ASSERT_NEAR(hy[size_t(t * H + i)], ref, 1e-4 * (1 + std::abs(ref))) << t << " " << i;
+      }
+  }
+}
+
 TEST(CudaShard, GoldenModelsInTurnOnOneGpu) {
   LILY_REQUIRE_GPU();
   int ran = 0;
@@ -170,7 +279,7 @@ TEST(CudaShard, ShapesOnlySynthDrawnOnTheGpu) {
   for (int n : {1, 2}) {
     auto be = make_cuda_ranks(w, std::vector<int>(size_t(n), 0));
     const auto ids = test::random_ids(8, w->cfg.vocab, 5);
-    std::vector<float> l(size_t(w->cfg.vocab));
+    std::vector<float> l(static_cast<size_t>(w->cfg.vocab));
     auto st = be->new_state(16);
     forward_step(*be, *st, ids, 1, l.data());
     double ss = 0;

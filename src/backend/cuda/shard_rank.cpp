@@ -99,6 +99,7 @@ class CudaRank final : public RankBackend, public Backend {
     ext_.rank = rank;
     ext_.ranks = ranks;
     be_.rank_ = &ext_;
+    ensure(kMaxGraphRows, kMaxGraphRows);  // decode steps (and `lily inspect`'s record mode) without growing
   }
   ~CudaRank() override {
     DeviceScope d(device_);
@@ -138,7 +139,6 @@ class CudaRank final : public RankBackend, public Backend {
     for (StepGroup& g : s.groups) g.seq = &inner(*g.seq);
     ensure(int(s.rows()), int(s.sample_rows()));
     be_.begin(s);
-    be_.rank_out_ = ext_.partial;
   }
   void embed() override { run([&] { be_.embed(); }); }
   void gdn_mixer(int l) override { run([&] { be_.gdn_mixer(l); }); }
@@ -201,6 +201,7 @@ class CudaRank final : public RankBackend, public Backend {
       ext_.partial = nullptr;
       ext_.cap_T = std::max(T, 2 * ext_.cap_T);
       ext_.partial = static_cast<float*>(be_.dev_->alloc(partial_bytes()));
+      be_.rank_out_ = ext_.partial;
     }
     if (moe > ext_.moe_bytes) {
       be_.dev_->free(ext_.moe, ext_.moe_bytes);
