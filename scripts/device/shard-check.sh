@@ -22,8 +22,13 @@ IDS=5,17,101,33,250,7,9,81,5,17,101,33
 timeout 60 "$D/lily" generate --backend cuda --model $G --tokens $IDS --max-tokens 24 --json > "$OUT/gen-1.json" 2> "$OUT/gen.err"
 timeout 60 "$D/lily" generate --backend cuda --devices 0,0,0,0 --model $G --tokens $IDS --max-tokens 24 --json \
   > "$OUT/gen-4.json" 2>> "$OUT/gen.err"
-GEN=$(python3 -c "import json,sys; a=json.load(open(sys.argv[1]))['tokens']; b=json.load(open(sys.argv[2]))['tokens']; \
-print('identical' if a == b else 'differ: %s vs %s' % (a, b))" "$OUT/gen-1.json" "$OUT/gen-4.json" 2>&1)
+GEN=$(python3 -c "
+import json, sys
+try:
+    a, b = (json.load(open(f))['tokens'] for f in sys.argv[1:])
+    print('identical (%d tokens)' % len(a) if a == b else 'differ: %s vs %s' % (a, b))
+except Exception as e:
+    print('no result (gen.err): %s' % e)" "$OUT/gen-1.json" "$OUT/gen-4.json")
 timeout 120 "$D/lily" bench --synth qwen3.5-35b-a3b --format affine4 --backend cuda --devices 0,0 --prefill 256 \
   --decode-context 256 --decode-tokens 8 --repeats 1 > "$OUT/bench-2-in-turn.txt" 2>&1
 BRC=$?

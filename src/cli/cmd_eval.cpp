@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/backend_options.h"
 #include "cli/registry.h"
 #include "tools/calibrate.h"
 #include "tools/eval.h"
@@ -20,6 +21,7 @@ Register reg("eval", "Teacher-forced fidelity of a model against a reference: pe
   app.add_option("--tokens-file", *tokens, "Token ids separated by commas or white space")->required();
   app.add_option("--backend", opt->backend, "cpu | cuda");
   app.add_option("--chunk", opt->chunk, "Tokens per teacher-forced step");
+  add_devices_opt(app, opt->devices);
   app.add_flag("--json", *json, "Print JSON");
   return [=]() -> int {
     auto ids = read_token_file(*tokens);

@@ -70,6 +70,7 @@ EvalResult eval_models(const std::string& model_dir, const std::string& referenc
   if (ids.size() < 2) fail("eval needs at least 2 token ids, got {}", ids.size());
   EngineOptions eo;
   eo.backend = opt.backend;
+  eo.devices = opt.devices;
   eo.ctx_size = int64_t(ids.size());
   auto em = Engine::open(model_dir, eo);
   auto er = Engine::open(reference_dir, eo);

@@ -13,6 +13,7 @@ namespace lily {
 struct EvalOptions {
   std::string backend = "cpu";
   int64_t chunk = 256;  // tokens per teacher-forced step (both models advance chunk by chunk)
+  std::string devices;  // EngineOptions::devices, for both models
 };
 
 struct EvalResult {
