@@ -88,19 +88,21 @@ void compare(std::shared_ptr<const ModelWeights> w, int n, const std::vector<int
   auto split = make_cuda_ranks(w, std::vector<int>(size_t(n), 0), opt);
   EXPECT_EQ(split->name(), "cudax" + std::to_string(n));
   teacher_forced(*split, ids, sp, sd);
-  const double ppl_u = perplexity(up.data(), ids, V);
   for (int pass = 0; pass < 2; ++pass) {
     const auto& a = pass == 0 ? sp : sd;
     const auto& b = pass == 0 ? up : ud;
     const Agreement ag = agreement(a.data(), b.data(), T, V);
-    const double ppl = perplexity(a.data(), ids, V);
+    const double ppl = perplexity(a.data(), ids, V), ppl_u = perplexity(b.data(), ids, V);  // same pass, unsplit
     const char* how = pass == 0 ? "prompt" : "decode";
-    EXPECT_GE(ag.top1, 0.99) << what << " " << how;
+    // every row agrees up to a near-tie (cuda_compare.h); strictly all but one row in 50 (a 96-row prompt
+    // holds about one tie of two experts or two tokens within rounding)
+    EXPECT_GE(ag.top1_ties, 0.995) << what << " " << how << " top-1 up to near-ties";
+    EXPECT_GE(ag.top1, 0.98) << what << " " << how;
     EXPECT_LT(ag.max_abs_99, 2e-2 * std::max(1.0, ag.rms)) << what << " " << how;
     EXPECT_LT(std::abs(ppl / ppl_u - 1), 5e-4) << what << " " << how;
-    std::printf("[%s, %d ranks in turn on one GPU] %s top-1 %.4f, max|dlogit| %.3g (%.3g without the worst 1%% of rows), "
+    std::printf("[%s, %d ranks in turn on one GPU] %s top-1 %.4f (up to near-ties %.4f), max|dlogit| %.3g (%.3g without the worst 1%% of rows), "
                 "logit RMS %.3g, max|dlogit|/RMS %.2e, perplexity %+.2e\n",
-                what.c_str(), n, how, ag.top1, ag.max_abs, ag.max_abs_99, ag.rms, ag.max_abs / ag.rms, ppl / ppl_u - 1);
+                what.c_str(), n, how, ag.top1, ag.top1_ties, ag.max_abs, ag.max_abs_99, ag.rms, ag.max_abs / ag.rms, ppl / ppl_u - 1);
   }
   const auto g_split = greedy(w, std::move(split), ids, 32);
   const auto g_whole = greedy(w, make_cuda_backend(w, opt), ids, 32);
