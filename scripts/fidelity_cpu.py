@@ -1,19 +1,21 @@
 #!/usr/bin/env python3
-"""Fidelity of the CPU backend's bf16 emulation (--cpu-opt emulate_bf16=CLASSES) against HF's float32 logits.
+"""Fidelity of the CPU backend's bf16 / fp16 operand emulation (--cpu-opt emulate_bf16|emulate_fp16=CLASSES) against
+HF's float32 logits.
 
 The CPU-side twin of scripts/device/fidelity.py (issue 19), in plain Python (no torch / numpy): for every golden
 model (golden.json prompt_ids, golden_logits.f32 [150, vocab]: HF transformers' float32 logits, teacher-forced,
 row t predicts token t+1) and every class mask asked for, it runs
-    lily logits --backend cpu [--cpu-opt emulate_bf16=MASK]
+    lily logits --backend cpu [--cpu-opt emulate_bf16=CLASSES] [--cpu-opt emulate_fp16=CLASSES]
 and computes, exactly as fidelity.py does: mean KL(reference || candidate) over the rows (nats, float64 log
 softmax, each row's KL clamped at 0), top-1 flips (argmax differs; first index on ties), median (the lower
 middle value, as torch.median) and max |d| / RMS (over every logit, RMS of the reference's logits), and the
-perplexity ratio over rows 0..T-2. The bar of issue 19 for a bf16 mode: mean KL at most a quarter of HF bf16's,
+perplexity ratio over rows 0..T-2. The bar of issue 19 for a reduced-operand mode: mean KL at most a quarter of HF bf16's,
 no more flips than HF bf16, perplexity within 0.05%. HF bf16's own figures were measured on the H200
 (bench/RESULTS.md, round 1 of "Prompt GEMMs on bf16 operands"); models without them get no verdict.
 
 Usage: python3 scripts/fidelity_cpu.py --lily build/lily [--masks 'none;gpu_bf16;experts'] [--models a,b]
-       [--json F]. Masks: ';'-separated class lists (backend/product_class.h names, e.g. experts,shared).
+       [--json F]. Masks: ';'-separated class lists (backend/product_class.h names, e.g. experts,shared), each
+       in bf16, or in fp16 with the prefix fp16: ('fp16:all'); '+' joins both ('fp16:experts+bf16:attn_out').
 """
 import argparse
 import json
@@ -82,8 +84,12 @@ def lily_logits(lily, path, ids, mask):
     fd, out = tempfile.mkstemp(suffix=".f32")
     os.close(fd)
     cmd = [lily, "logits", "--model", path, "--tokens", ",".join(map(str, ids)), "--out", out, "--backend", "cpu"]
-    if mask and mask != "none":
-        cmd += ["--cpu-opt", "emulate_bf16=" + mask]
+    for part in mask.split("+"):
+        kind, _, classes = part.rpartition(":")
+        if kind not in ("", "bf16", "fp16"):
+            raise ValueError("mask %r: operand type %r is not bf16 or fp16" % (mask, kind))
+        if classes and classes != "none":
+            cmd += ["--cpu-opt", "emulate_%s=%s" % (kind or "bf16", classes)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     try:
         if r.returncode != 0:

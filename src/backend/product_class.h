@@ -1,6 +1,6 @@
-// Classes of a forward pass's matrix products, as a bit mask: which products a backend runs with bf16
-// operands (the CUDA prompt GEMMs' per-class precision, KernelSwitches::bf16_classes; the CPU backend's
-// emulation of it, CpuOptions::emulate_bf16).
+// Classes of a forward pass's matrix products, as a bit mask: which products a backend runs with bf16 or fp16
+// operands (the CUDA prompt GEMMs' per-class precision, KernelSwitches::reduced_classes; the CPU backend's
+// emulation of it, CpuOptions::emulate_bf16 / emulate_fp16).
 #pragma once
 #include <cstdint>
 #include <string>

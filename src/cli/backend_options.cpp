@@ -17,15 +17,17 @@ void add_cuda_opt(CLI::App& app, std::vector<std::string>& dst) {
                  "gemv_ring, precision, bf16_classes, gemm_wgmma, gemm_skip_empty, ring_early_ids, gemv_rows, moe_gemv_rows, device)");
   app.add_option_function<std::string>(
          "--precision", [&dst](const std::string& v) { dst.push_back("precision=" + v); },
-         "CUDA prompt GEMM operands: high (default: split bf16 hi/lo, ~fp32 results) or bf16 (one product per "
-         "multiply, as HF/vLLM run bf16: faster prompts, larger logit differences)")
-      ->check(CLI::IsMember({"bf16", "high"}));
+         "CUDA prompt GEMM operands: high (default: split bf16 hi/lo, ~fp32 results), fp16 (one product per "
+         "multiply, rows scaled by powers of two: ~8x less rounding than bf16) or bf16 (one product per multiply, "
+         "as HF/vLLM run bf16: faster prompts, larger logit differences)")
+      ->check(CLI::IsMember({"bf16", "fp16", "high"}));
 }
 
 void add_cpu_opt(CLI::App& app, std::vector<std::string>& dst) {
   app.add_option("--cpu-opt", dst,
-                 "CPU backend option name=value, repeatable (emulate_bf16=CLASS,...: those products with bf16 operands, "
-                 "emulating the CUDA bf16 prompt GEMMs; emulate_bf16_rows, recurrent_max_rows, affine)");
+                 "CPU backend option name=value, repeatable (emulate_bf16=CLASS,... / emulate_fp16=CLASS,...: those "
+                 "products with bf16 / fp16 operands, emulating the CUDA prompt GEMMs; emulate_bf16_rows, "
+                 "recurrent_max_rows, affine)");
 }
 
 void add_devices_opt(CLI::App& app, std::string& dst) {

@@ -1,5 +1,6 @@
-// The per-class bf16 prompt precision (`--precision bf16 --cuda-opt bf16_classes=...`, KernelSwitches::
-// bf16_classes) against its CPU emulation (CpuOptions::emulate_bf16), on the golden models' 150-row prompts:
+// The per-class bf16 and fp16 prompt precisions (`--precision bf16|fp16 --cuda-opt classes=...`, KernelSwitches::
+// reduced_classes) against their CPU emulation (CpuOptions::emulate_bf16 / emulate_fp16), on the golden models'
+// 150-row prompts:
 // the CUDA logits must sit much closer to the emulation of the same class choice than to the float32 CPU
 // logits (median |Δ| at most a quarter), which is what makes the CPU measurements of a choice
 // (scripts/fidelity_cpu.py, bench/RESULTS.md) stand for the device. The two differ by the order of the fp32
@@ -61,21 +62,28 @@ TEST_P(CudaBf16Classes, MatchesTheCpuEmulation) {
   const int64_t V = w->cfg.vocab;
   cpu::CpuBackend f32(w);
   const auto ref = prompt_logits(f32, ids, V);
-  for (const char* list : {"attn_out,lm_head", "experts,shared,attn,gdn_out,lm_head,mlp", "gpu_bf16"}) {
-    SCOPED_TRACE(list);
+  const std::pair<cuda::GemmPrec, const char*> choices[] = {
+      {cuda::GemmPrec::kBf16, "attn_out,lm_head"},
+      {cuda::GemmPrec::kBf16, "experts,shared,attn,gdn_out,lm_head,mlp"},
+      {cuda::GemmPrec::kBf16, "gpu_bf16"},
+      {cuda::GemmPrec::kFp16, "gpu_bf16"},
+      {cuda::GemmPrec::kFp16, "all"}};
+  for (auto [prec, list] : choices) {
+    const bool fp16 = prec == cuda::GemmPrec::kFp16;
+    SCOPED_TRACE(std::string(fp16 ? "fp16 " : "bf16 ") + list);
     const uint32_t mask = parse_product_classes(list, "test");
     CudaOptions co;
-    co.kernels.gemm_prec = cuda::GemmPrec::kBf16;
-    co.kernels.bf16_classes = mask;
+    co.kernels.gemm_prec = prec;
+    co.kernels.reduced_classes = mask;
     auto gpu = make_cuda_backend(w, co);
     const auto g = prompt_logits(*gpu, ids, V);
     cpu::CpuOptions eo;
-    eo.emulate_bf16 = mask;
+    (fp16 ? eo.emulate_fp16 : eo.emulate_bf16) = mask;
     cpu::CpuBackend emu(w, eo);
     const auto e = prompt_logits(emu, ids, V);
     const double to_emu = median_abs(g, e), to_f32 = median_abs(g, ref), emu_f32 = median_abs(e, ref);
-    std::printf("[%s] bf16_classes=%s: median |Δ| CUDA-emulation %.3g, CUDA-fp32 %.3g, emulation-fp32 %.3g\n", GetParam(),
-                list, to_emu, to_f32, emu_f32);
+    std::printf("[%s] %s classes=%s: median |Δ| CUDA-emulation %.3g, CUDA-fp32 %.3g, emulation-fp32 %.3g\n", GetParam(),
+                fp16 ? "fp16" : "bf16", list, to_emu, to_f32, emu_f32);
     EXPECT_GT(to_f32, 0.0);
     EXPECT_LE(to_emu, 0.25 * to_f32);
   }

@@ -1,5 +1,6 @@
 // Tensor-core GEMMs (gemm_tc, and the Hopper gemm_wgmma) against a double-precision CPU reference: dense rows and gathered expert tile
-// maps, bf16 and MLX affine 4/8-bit weights (groups 32/64/128), both precisions, = and +=.
+// maps, bf16 and MLX affine 4/8-bit weights (groups 32/64/128), every precision (split, bf16, fp16), = and +=;
+// the fp16 mode's row scales on rows of every magnitude (zero, tiny, beyond fp16's range, inf, NaN).
 // Error bound per output: c · Σ_i |x_i|·|w_i| (the row's own scale), c from the rounding of each mode.
 // CudaGemmBench.RealShapes (LILY_CUDA_BENCH=1) prints TFLOP/s on the Qwen3.5-35B-A3B prompt shapes (the
 // kernels side by side: `lily bench --gemm --backend cuda`).
@@ -96,8 +97,11 @@ Ref reference(const Weights& W, const std::vector<float>& x, int64_t ldx, const 
 // (>= 256 outputs).
 void expect_close(const std::vector<float>& y, int64_t ldy, const Ref& R, const std::vector<float>* y0, int out,
                   GemmPrec prec, const std::string& what) {
-  const double c = prec == GemmPrec::kBf16 ? 1.01 * std::ldexp(1.0, -8) : std::ldexp(1.0, -15);
-  const double rel_max = prec == GemmPrec::kBf16 ? 4e-3 : 2e-5;
+  // bf16: x (and affine w) rounded to 8 bits; fp16: to 11 bits (x after its power-of-two scale)
+  const double c = prec == GemmPrec::kBf16   ? 1.01 * std::ldexp(1.0, -8)
+                   : prec == GemmPrec::kFp16 ? 1.01 * std::ldexp(1.0, -10)
+                                             : std::ldexp(1.0, -15);
+  const double rel_max = prec == GemmPrec::kBf16 ? 4e-3 : prec == GemmPrec::kFp16 ? 5e-4 : 2e-5;
   const size_t rows = R.y.size() / size_t(out);
   std::vector<float> got(R.y.size());
   std::vector<double> want(R.y.size());
@@ -121,7 +125,8 @@ void expect_close(const std::vector<float>& y, int64_t ldy, const Ref& R, const 
   }
 }
 
-const char* prec_name(GemmPrec p) { return p == GemmPrec::kBf16 ? "bf16" : "split"; }
+const char* prec_name(GemmPrec p) { return p == GemmPrec::kBf16 ? "bf16" : p == GemmPrec::kFp16 ? "fp16" : "split"; }
+const GemmPrec kPrecs[] = {GemmPrec::kSplit, GemmPrec::kBf16, GemmPrec::kFp16};
 
 struct Format {
   int bits, gs;
@@ -145,7 +150,7 @@ TEST(CudaGemm, DenseMatchesReference) {
         for (int t = 0; t < T; ++t) src[t] = t;
         const Ref R = reference(W, x, ldx, ex, src);
         Dev<float> dx(x), dy(size_t(T) * ldy);
-        for (GemmPrec prec : {GemmPrec::kSplit, GemmPrec::kBf16}) {
+        for (GemmPrec prec : kPrecs) {
           const std::string what = W.name() + " " + prec_name(prec) + " " + std::to_string(out) + "x" +
                                    std::to_string(in) + " T=" + std::to_string(T);
           dy.poison();
@@ -221,7 +226,7 @@ TEST(CudaGemm, ExpertTilesMatchReference) {
                      [&](const Weights& W, const Dev<float>& dx, bool gathered, const Ref& R, const std::string& what) {
     const int out = W.out, in = W.in;
     Dev<float> dy(size_t(m.n) * out);
-    for (GemmPrec prec : {GemmPrec::kSplit, GemmPrec::kBf16}) {
+    for (GemmPrec prec : kPrecs) {
       const std::string w = what + " " + prec_name(prec);
       dy.poison();
       ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, gathered ? m.dgather->p : nullptr, dy.p, out, false,
@@ -234,6 +239,70 @@ TEST(CudaGemm, ExpertTilesMatchReference) {
       expect_close(dy.down(), out, R, &y0, out, prec, w + " +=");
     }
   });
+}
+
+// The awkward sizes on the mma.sync kernel in every precision: experts with 0, 1, 15, 16, 17, 127, 128
+// and 129 rows, K not a multiple of the 64-deep stage (96, 160, 544); gathered inputs with the x row count given
+// (the fp16 mode then scales each x row once) and without it (once per product row).
+TEST(CudaGemm, AwkwardExpertTilesEveryPrecision) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(14);
+  const TileMap m = make_tile_map({0, 1, 15, 16, 17, 127, 128, 129, 0}, 113, rng);
+  for_each_tile_case(m, {{130, 96}, {72, 544}, {200, 160}}, rng,
+                     [&](const Weights& W, const Dev<float>& dx, bool gathered, const Ref& R, const std::string& what) {
+    const int out = W.out, in = W.in;
+    Dev<float> dy(size_t(m.n) * out);
+    for (GemmPrec prec : kPrecs)
+      for (int x_rows : {0, gathered ? m.tokens : m.n}) {
+        const std::string w = what + " " + prec_name(prec) + " x_rows=" + std::to_string(x_rows);
+        dy.poison();
+        ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, gathered ? m.dgather->p : nullptr, dy.p, out, false,
+                                        m.tiles->p, m.n_tiles->p, m.max_tiles, m.n, prec, nullptr, x_rows));
+        expect_close(dy.down(), out, R, nullptr, out, prec, w);
+      }
+  });
+}
+
+// fp16 mode, rows of every magnitude: each input row scaled by 10^(r % 9 - 4) (1e3 more every fifth row: up to
+// 1e7, far beyond fp16's 65,504; down to 1e-4), plus a row of zeros, rows of 1e30 and 1e-30, a row holding one NaN
+// and one holding one inf. The finite rows stay within the fp16 bound of their own scale, zeros give zeros, NaN
+// stays NaN in every output of its row, inf gives non-finite outputs; dense and gathered.
+TEST(CudaGemm, Fp16RowsOfEveryMagnitude) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(15);
+  const int T = 70, in = 256;
+  for (auto [bits, gs] : {Format{0, 0}, Format{4, 64}, Format{8, 32}}) {
+    Weights W = make_weights(bits, gs, 1, 136, in, rng);
+    const int out = W.out;
+    auto x = randn(size_t(T) * in, rng);
+    for (int r = 0; r < T; ++r) {
+      float sc = std::pow(10.0f, float(r % 9 - 4)) * (r % 5 == 4 ? 1e3f : 1.0f);
+      if (r == 60) sc = 0.0f;
+      if (r == 61) sc = 1e30f;
+      if (r == 62) sc = 1e-30f;
+      for (int k = 0; k < in; ++k) x[size_t(r) * in + k] *= sc;
+    }
+    x[size_t(63) * in + 17] = NAN;
+    x[size_t(64) * in + 99] = INFINITY;
+    std::vector<int> ex(T, 0), src(T);
+    for (int t = 0; t < T; ++t) src[t] = t;
+    Ref R = reference(W, x, in, ex, src);
+    Dev<float> dx(x), dy(size_t(T) * out);
+    dy.poison();
+    ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, nullptr, dy.p, out, false, nullptr, nullptr, (T + 63) / 64, T,
+                                    GemmPrec::kFp16, nullptr));
+    const auto y = dy.down();
+    const std::string what = W.name() + " fp16 wide rows";
+    for (int r = 0; r < T; ++r)
+      for (int o = 0; o < out; ++o) {
+        const float v = y[size_t(r) * out + o];
+        const double want = R.y[size_t(r) * out + o], lim = 1.01 * std::ldexp(1.0, -10) * R.scale[size_t(r) * out + o];
+        if (r == 60) ASSERT_EQ(v, 0.0f) << what << " zero row, col " << o;
+        else if (r == 63) ASSERT_TRUE(std::isnan(v)) << what << " NaN row, col " << o;
+        else if (r == 64) ASSERT_FALSE(std::isfinite(v)) << what << " inf row, col " << o;
+        else ASSERT_LE(std::fabs(double(v) - want), lim) << what << " row " << r << " col " << o;
+      }
+  }
 }
 
 // Shapes the tensor-core path declines (the SIMT kernel takes them through gemm_tiles).
@@ -382,7 +451,7 @@ TEST(CudaGemmBench, RealShapes) {
       for (int r = 0; r < n; ++r) gather[r] = sh.E ? int((int64_t(r) * 7919) % tokens) : r;
       const int nt = int(tiles.size() / 3);
       Dev<int32_t> dt(tiles.empty() ? std::vector<int32_t>{0} : tiles), dn(std::vector<int32_t>{nt}), dg(gather);
-      for (GemmPrec prec : {GemmPrec::kSplit, GemmPrec::kBf16}) {
+      for (GemmPrec prec : kPrecs) {
         auto run = [&] {
           if (sh.E)
             lily::cuda::gemm_tc(W.m, sh.out, sh.in, dx.p, sh.in, dg.p, dy.p, sh.out, false, dt.p, dn.p, nt, n, prec, nullptr);

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "backend/cpu/bf16_emulation.h"
+#include "backend/cpu/operand_emulation.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/simd.h"
@@ -196,15 +196,25 @@ class CpuState final : public SequenceState {
 
 CpuBackend::CpuBackend(std::shared_ptr<const ModelWeights> w, CpuOptions opt) : w_(std::move(w)), opt_(opt) {}
 
+bool CpuBackend::reduced(uint32_t cls, int64_t rows, Operand& op) const {
+  if (rows < opt_.emulate_bf16_rows) return false;
+  if (opt_.emulate_fp16 & cls) op = Operand::kFp16;
+  else if (opt_.emulate_bf16 & cls) op = Operand::kBf16;
+  else return false;
+  return true;
+}
+
 void CpuBackend::mm(const Linear& W, const float* x, int64_t T, float* y, uint32_t cls, int64_t rows) const {
-  if (bf16(cls, rows)) matmul_bf16_operands(W, x, T, y);
+  Operand op;
+  if (reduced(cls, rows, op)) matmul_reduced_operands(op, W, x, T, y);
   else matmul(W, x, T, y, opt_.affine);
 }
 
 void CpuBackend::mm_batch(const std::vector<MatJob>& jobs, const std::vector<uint32_t>& cls) const {
   std::vector<MatJob> plain;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    if (bf16(cls[i], T_)) matmul_bf16_operands(*jobs[i].W, jobs[i].x, jobs[i].T, jobs[i].y);
+    Operand op;
+    if (reduced(cls[i], T_, op)) matmul_reduced_operands(op, *jobs[i].W, jobs[i].x, jobs[i].T, jobs[i].y);
     else plain.push_back(jobs[i]);
   }
   matmul_batch(plain, opt_.affine);

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/operand_emulation.h"
 
 namespace lily::cpu {
 
@@ -21,11 +22,13 @@ struct CpuOptions {
   int64_t recurrent_max_rows = 16;
   // Affine 4/8-bit products: int8 activations (fast) or float activations (exact; see matmul.h).
   AffinePath affine = affine_path_default();
-  // Products of these classes (backend/product_class.h mask) with bf16 operands, emulating the CUDA
-  // backend's bf16 prompt GEMMs (bf16_emulation.h), in steps of at least emulate_bf16_rows rows: the CUDA
-  // backend's GEMM path (up to 32 rows it runs fp32 GEMVs and multi-row GEMVs; lm_head counts its output
-  // rows). 0: off, every product float32 (decode steps are below the row count whatever the mask).
+  // Products of these classes (backend/product_class.h masks) with bf16 or fp16 operands (fp16 wins where
+  // both name a class), emulating the CUDA backend's reduced-operand prompt GEMMs (operand_emulation.h), in
+  // steps of at least emulate_bf16_rows rows: the CUDA backend's GEMM path (up to 32 rows it runs fp32 GEMVs
+  // and multi-row GEMVs; lm_head counts its output rows). 0: off, every product float32 (decode steps are
+  // below the row count whatever the masks).
   uint32_t emulate_bf16 = 0;
+  uint32_t emulate_fp16 = 0;
   int64_t emulate_bf16_rows = 33;
 };
 
@@ -73,8 +76,9 @@ class CpuBackend final : public Backend {
   };
   const LayerWeights& layer_weights(int layer) const;  // layer == cfg.layers: the MTP layer
   void expert_mlp(const Expert& e, const float* u, int64_t rows, float* out, uint32_t cls);
-  // Whether products of class `cls` run with bf16 operands in a step of `rows` rows (CpuOptions::emulate_bf16).
-  bool bf16(uint32_t cls, int64_t rows) const { return (opt_.emulate_bf16 & cls) && rows >= opt_.emulate_bf16_rows; }
+  // Whether products of class `cls` run with reduced operands in a step of `rows` rows (CpuOptions::emulate_*),
+  // and which.
+  bool reduced(uint32_t cls, int64_t rows, Operand& op) const;
   // y = x · Wᵀ for a product of class `cls` in a step of `rows` rows.
   void mm(const Linear& W, const float* x, int64_t T, float* y, uint32_t cls, int64_t rows) const;
   // Independent products, each of its class (the MoE's batched passes).

@@ -26,7 +26,10 @@ const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
       {"emulate_bf16", "product classes with bf16 operands, comma separated (emulating the CUDA bf16 prompt GEMMs)",
        [](CpuOptions& o, const std::string& v) { o.emulate_bf16 = parse_product_classes(v, "--cpu-opt emulate_bf16"); }},
-      {"emulate_bf16_rows", "steps of at least this many rows take the bf16 emulation (default 33)",
+      {"emulate_fp16", "product classes with fp16 operands and per-row power-of-two scales, comma separated "
+                       "(emulating the CUDA fp16 prompt GEMMs; over emulate_bf16 where both name a class)",
+       [](CpuOptions& o, const std::string& v) { o.emulate_fp16 = parse_product_classes(v, "--cpu-opt emulate_fp16"); }},
+      {"emulate_bf16_rows", "steps of at least this many rows take the bf16 / fp16 emulation (default 33)",
        [](CpuOptions& o, const std::string& v) { o.emulate_bf16_rows = parse_int_in("emulate_bf16_rows", v, 1, int64_t(1) << 40); }},
       {"recurrent_max_rows", "DeltaNet groups of up to this many rows use the recurrent rule (default 16)",
        [](CpuOptions& o, const std::string& v) { o.recurrent_max_rows = parse_int_in("recurrent_max_rows", v, 0, int64_t(1) << 40); }},

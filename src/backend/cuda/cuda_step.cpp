@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_impl.h"
+#include "backend/cuda/row_scales.h"
 #include "core/error.h"
 
 namespace lily::cuda {
@@ -82,6 +83,11 @@ void CudaBackend::ensure_scratch(int T, size_t work) {
   cap_T_ = newT;
   work_bytes_ = al256(work);
   ++scratch_gen_;
+  // the fp16 GEMMs' row scales, before any capture: expert products read up to T · slots rows
+  int slots = 1;
+  for (const DevLayer& D : layers_) slots = std::max(slots, D.moe.slots_per_token());
+  reserve_row_scales(stream_, int64_t(newT) * slots);
+  reserve_row_scales(side_, newT);
 }
 
 // Logits rows [rows, V] (grown outside captures only).

@@ -8,7 +8,9 @@
 //     output Hadamard-128, svh, bias and the logical column map (or silu(gate)·up in swiglu mode).
 //   - GEMM (prompts, MoE tile map): one block per (tile of <= 64 rows, 128-column block). Per 128-wide k
 //     chunk the rows are staged in fp16 after suh and the Hadamard (GemmPrec::kSplit: as hi + lo pairs, two
-//     MMAs per product, so it keeps fp32-like accuracy), the chunk's trellis words are staged in shared
+//     MMAs per product, so it keeps fp32-like accuracy; kFp16: each row times its power of two from
+//     row_scales.h and 2^-8 of headroom for the Hadamard's growth, undone on the outputs; kBf16: as they
+//     are), the chunk's trellis words are staged in shared
 //     memory, each warp decodes its tile column straight into B fragments and runs mma.sync m16n8k16 with
 //     fp32 accumulation. Dense products of few rows (exl3_rows) split the k chunks over a thread-block
 //     cluster of ks blocks along x (sm_90); rank 0 sums the partial tiles from the others' shared memory in
@@ -23,6 +25,8 @@
 #include "backend/cuda/device_info.h"
 #include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/ptx.cuh"
+#include "backend/cuda/row_scales.h"
 #include "backend/cuda/rows.h"
 
 namespace lily::cuda {
@@ -265,12 +269,9 @@ __global__ void __launch_bounds__(32 * kGvWarps) exl3_gemv_kernel(const Exl3Part
 }
 
 // ---- GEMM ------------------------------------------------------------------------------------
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// The fp16 mode's headroom: a Hadamard-128 row (· 1/sqrt(128)) of x ⊙ suh can grow to sqrt(128) · max|x ⊙ suh|;
+// row scales put max|x| in [2^14, 2^15), this factor brings it to [2^6, 2^7): no overflow while |suh| < 45.
+constexpr float kExl3Headroom = 1.f / 256.f;
 __device__ __forceinline__ uint32_t pack2(__half lo, __half hi) {
   return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
 }
@@ -283,17 +284,19 @@ constexpr size_t gemm_smem() {
 // 256 threads = 8 warps; warp w owns tile column w of the 128-column block (16 outputs, 2 n8 fragments)
 // for all 64 rows (4 m16 fragments). ks > 1 (launched as clusters of ks along x): block x = column block · ks
 // + cluster rank, which takes the k chunks ≡ rank (mod ks). SPLIT: the input rows as fp16 hi + lo (two
-// MMAs), else hi alone.
+// MMAs), else hi alone. rs.s non-null: the rows scaled (the fp16 mode).
 template <int K, int CB, bool SPLIT>
 __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restrict__ parts, int nparts, int out, int in,
     const float* __restrict__ x, int64_t ldx, const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy,
-    bool accumulate, const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks) {
+    bool accumulate, const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks,
+    const RowScales rs) {
   extern __shared__ __align__(16) unsigned char sm[];
   __half* Ahi = reinterpret_cast<__half*>(sm);                               // [64][kAStride]
   __half* Alo = Ahi + kGmRows * kAStride;                                    // [64][kAStride]
   uint32_t* tw = reinterpret_cast<uint32_t*>(Alo + kGmRows * kAStride);      // chunk tile (ii, j) at (8ii + j)·8K
   float* Cs = reinterpret_cast<float*>(sm);                                  // [64][kCStride], after the k loop
   __shared__ int rows_idx[kGmRows];
+  __shared__ float rows_scale[kGmRows];
   const int tile = blockIdx.y;
   int e = 0, row0, nrows;
   if (tiles) {
@@ -306,7 +309,11 @@ __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restri
   const int kr = blockIdx.x % ks;
   const Exl3Part* pt = locate(parts + int64_t(e) * nparts, nb);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
-  if (tid < kGmRows) rows_idx[tid] = tid < nrows ? (gather ? gather[row0 + tid] : row0 + tid) : -1;
+  if (tid < kGmRows) {
+    const int src = tid < nrows ? (gather ? gather[row0 + tid] : row0 + tid) : -1;
+    rows_idx[tid] = src;
+    rows_scale[tid] = rs.s && src >= 0 ? row_scale_of(rs, src, row0 + tid) * kExl3Headroom : 1.f;
+  }
   __syncthreads();
   const int in_p = pt->in_p, tn = pt->out_p / 16;
   const int mtiles = (nrows + 15) / 16;
@@ -327,9 +334,10 @@ __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restri
         v[q] = (xr >= 0 && k + q < in) ? x[int64_t(xr) * ldx + k + q] * __half2float(__ushort_as_half(pt->suh[k + q])) : 0.f;
       warp_had128(v, lane);
       __half hi[4], lo[4];
+      const float rsc = rows_scale[r];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const float s = v[q] * kHad;
+        const float s = v[q] * kHad * rsc;
         hi[q] = __float2half_rn(s);
         lo[q] = __float2half_rn(s - __half2float(hi[q]));
       }
@@ -352,16 +360,16 @@ __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restri
         ah[1] = *reinterpret_cast<const uint32_t*>(Ahi + o + 8 * kAStride);
         ah[2] = *reinterpret_cast<const uint32_t*>(Ahi + o + 8);
         ah[3] = *reinterpret_cast<const uint32_t*>(Ahi + o + 8 * kAStride + 8);
-        mma16816(acc[mt][0], ah, b00, b01);
-        mma16816(acc[mt][1], ah, b10, b11);
+        mma_f16(acc[mt][0], ah, b00, b01);
+        mma_f16(acc[mt][1], ah, b10, b11);
         if constexpr (SPLIT) {
           uint32_t al[4];
           al[0] = *reinterpret_cast<const uint32_t*>(Alo + o);
           al[1] = *reinterpret_cast<const uint32_t*>(Alo + o + 8 * kAStride);
           al[2] = *reinterpret_cast<const uint32_t*>(Alo + o + 8);
           al[3] = *reinterpret_cast<const uint32_t*>(Alo + o + 8 * kAStride + 8);
-          mma16816(acc[mt][0], al, b00, b01);
-          mma16816(acc[mt][1], al, b10, b11);
+          mma_f16(acc[mt][0], al, b00, b01);
+          mma_f16(acc[mt][1], al, b10, b11);
         }
       }
     }
@@ -395,8 +403,9 @@ __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restri
   const bool remap = pt->out_rows != nullptr;
   for (int r = warp; r < nrows; r += 8) {
     float v[4];
+    const float inv = __frcp_rn(rows_scale[r]);  // exact: a power of two
 #pragma unroll
-    for (int q = 0; q < 4; ++q) v[q] = Cs[r * kCStride + 4 * lane + q];
+    for (int q = 0; q < 4; ++q) v[q] = Cs[r * kCStride + 4 * lane + q] * inv;
     warp_had128(v, lane);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -513,20 +522,23 @@ void exl3_gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const
 
 void exl3_gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
                      int64_t ldy, bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T,
-                     cudaStream_t s) {
+                     cudaStream_t s, int x_rows) {
   if (max_tiles <= 0) return;
   init_exl3_kernels();
   if (in > W.in_p) fail_internal("EXL3 GEMM: input wider than the padded input width");
   const dim3 grid(unsigned(W.col_blocks), unsigned(max_tiles));
-  const bool split = gemm_prec_for(W) == GemmPrec::kSplit;
+  const GemmPrec prec = gemm_prec_for(W);
+  RowScales rs;
+  if (prec == GemmPrec::kFp16 && (tiles || T > 0))
+    rs = row_scales(x, ldx, in, gather, tiles, n_tiles, max_tiles, T, x_rows, s);
   dispatch(W.K, W.cb, [&](auto kc, auto cc) {
     constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
-    if (split)
+    if (prec == GemmPrec::kSplit)
       exl3_gemm_kernel<k, c, true><<<grid, 256, gemm_smem<k>(), s>>>(W.parts, W.nparts, out, in, x, ldx, gather, y,
-                                                                     ldy, accumulate, tiles, n_tiles, T, 1);
+                                                                     ldy, accumulate, tiles, n_tiles, T, 1, rs);
     else
       exl3_gemm_kernel<k, c, false><<<grid, 256, gemm_smem<k>(), s>>>(W.parts, W.nparts, out, in, x, ldx, gather, y,
-                                                                      ldy, accumulate, tiles, n_tiles, T, 1);
+                                                                      ldy, accumulate, tiles, n_tiles, T, 1, rs);
   });
   LILY_CU_LAUNCH();
 }
@@ -557,7 +569,8 @@ bool exl3_rows(const Mat& W, int out, int in, const float* x, int64_t ldx, int T
     cfg.dynamicSmemBytes = gemm_smem<k>();
     LILY_CU(cudaLaunchKernelEx(&cfg, exl3_gemm_kernel<k, c, true>, W.parts, W.nparts, out, in, x, ldx,
                                static_cast<const int32_t*>(nullptr), y, ldy, accumulate,
-                               static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr), T, ks));
+                               static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr), T, ks,
+                               RowScales{}));
   });
   return true;
 }

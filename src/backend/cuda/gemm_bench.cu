@@ -152,6 +152,10 @@ std::vector<CudaGemmBenchRow> cuda_gemm_bench(int prompt_tokens, int repeats) {
       add("mma.sync (bf16 operands)", [&] {
         cuda::gemm_tc(W.m, sh.out, sh.in, x.p, sh.in, g, y.p, sh.out, false, dt.p, dn.p, nt, n, cuda::GemmPrec::kBf16, nullptr);
       });
+      add("mma.sync (fp16 operands, scaled rows)", [&] {
+        cuda::gemm_tc(W.m, sh.out, sh.in, x.p, sh.in, g, y.p, sh.out, false, dt.p, dn.p, nt, n, cuda::GemmPrec::kFp16,
+                      nullptr, xrows);
+      });
       add("mma.sync split hi/lo (--precision high)", [&] {
         cuda::gemm_tc(W.m, sh.out, sh.in, x.p, sh.in, g, y.p, sh.out, false, dt.p, dn.p, nt, n, cuda::GemmPrec::kSplit, nullptr);
       });
@@ -174,6 +178,10 @@ std::vector<CudaGemmBenchRow> cuda_gemm_bench(int prompt_tokens, int repeats) {
     add("mma.sync (bf16 operands)", [&] {
       cuda::gemm_tc(W.m, D, D, x.p, D, nullptr, y.p, D, false, nullptr, nullptr, int(cuda::cdiv(D, cuda::kGemmBM)), D,
                     cuda::GemmPrec::kBf16, nullptr);
+    });
+    add("mma.sync (fp16 operands, scaled rows)", [&] {
+      cuda::gemm_tc(W.m, D, D, x.p, D, nullptr, y.p, D, false, nullptr, nullptr, int(cuda::cdiv(D, cuda::kGemmBM)), D,
+                    cuda::GemmPrec::kFp16, nullptr);
     });
   }
   LILY_CU(cudaDeviceSynchronize());

@@ -1,22 +1,22 @@
-// Tensor-core GEMM for prompts (mma.sync m16n8k16 bf16 x bf16 -> fp32), dense or over an expert tile map.
+// Tensor-core GEMM for prompts (mma.sync m16n8k16, bf16 or fp16 operands -> fp32), dense or over an expert tile map.
 #pragma once
 #include "backend/cuda/ops.h"
 #include "backend/cuda/switches.h"
 
 namespace lily::cuda {
 
-// GemmPrec (switches.h): kBf16 one MMA per step, kSplit two (bf16 weights) or three (affine).
+// GemmPrec (switches.h): kBf16 and kFp16 one MMA per step, kSplit two (bf16 weights) or three (affine).
 
-// The precision gemm_tiles uses for W: kBf16 when KernelSwitches::gemm_prec is kBf16 and W's class (Mat::cls)
-// is in KernelSwitches::bf16_classes, kSplit otherwise (switches.h).
+// The precision gemm_tiles uses for W: KernelSwitches::gemm_prec when W's class (Mat::cls) is in
+// KernelSwitches::reduced_classes, kSplit otherwise (switches.h).
 GemmPrec gemm_prec_for(const Mat& W);
 
-// Same contract as gemm_tiles (ops.h). Returns false, launching nothing, when the fast path cannot take the
-// shape (in not a multiple of 32, unaligned rows, affine bits other than 4/8 or a group size not a multiple
-// of 32); the caller then runs the SIMT kernel.
+// Same contract as gemm_tiles (ops.h), x_rows included. Returns false, launching nothing, when the fast path
+// cannot take the shape (in not a multiple of 32, unaligned rows, affine bits other than 4/8 or a group size not
+// a multiple of 32); the caller then runs the SIMT kernel.
 bool gemm_tc(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
              bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, GemmPrec prec,
-             cudaStream_t s);
+             cudaStream_t s, int x_rows = 0);
 
 // linear() (ops.h) whose many-row products take the split precision whatever KernelSwitches says (EXL3
 // weights: as linear): for the MoE router (unless its class is chosen for bf16), whose logits feed the top-k. A bf16 rounding of its input

@@ -153,7 +153,7 @@ void exl3_gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const
                      const float* norm_w, float eps);
 void exl3_gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
                      int64_t ldy, bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T,
-                     cudaStream_t s);
+                     cudaStream_t s, int x_rows = 0);
 
 // Element (r, i) of expert e of W as float (scalar path: GEMM staging, embedding gather).
 __device__ __forceinline__ float mat_at(const Mat& m, int e, int64_t r, int64_t i, int in) {

@@ -142,9 +142,10 @@ void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const floa
 }
 
 void gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
-                bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s) {
+                bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s,
+                int x_rows) {
   if (W.exl3) {
-    exl3_gemm_tiles(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s);
+    exl3_gemm_tiles(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s, x_rows);
     return;
   }
   if (max_tiles <= 0) return;
@@ -152,7 +153,7 @@ void gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, cons
   if (prec == GemmPrec::kBf16 && kernel_switches().gemm_wgmma &&
       gemm_wgmma(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s))
     return;  // Hopper wgmma kernel (bf16 operands)
-  if (gemm_tc(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, prec, s))
+  if (gemm_tc(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, prec, s, x_rows))
     return;  // tensor cores; the SIMT kernel takes the shapes they cannot
   gemm_simt(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, s);
 }

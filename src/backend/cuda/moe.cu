@@ -212,7 +212,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   ta.E = m.E; ta.k = m.k; ta.norm_topk = m.norm_topk; ta.shared = m.shared_in_stack; ta.shared_gated = m.gate_in_router;
   ta.idx = sc.idx; ta.w = sc.w;
   if (!(T == 1 && m.topk_counter && gemv_topk(m.router, ldl, H, u, sc.logits, nw, eps, ta, m.topk_counter, s))) {
-    if (gemm_prec_for(m.router) == GemmPrec::kBf16) linear(m.router, ldl, H, u, H, T, sc.logits, ldl, false, s, nw, eps);
+    if (gemm_prec_for(m.router) != GemmPrec::kSplit) linear(m.router, ldl, H, u, H, T, sc.logits, ldl, false, s, nw, eps);
     else linear_split(m.router, ldl, H, u, H, T, sc.logits, ldl, s, nw, eps);  // fp32-class logits for the top-k
     launch_pdl(topk_kernel, dim3(T), dim3(32), 0, s, sc.logits, int64_t(ldl), ta);
     LILY_CU_LAUNCH();
@@ -247,7 +247,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
           !rows_product(m.down, H, m.I, sc.h, m.I, nullptr, sc.yb, H, false, 0, sc.tiles, sc.n_tiles, mt, n, s))
         fail_internal("moe: the multi-row expert product declined an input it covers");
     } else {
-      gemm_tiles(m.gate_up, 2 * m.I, H, u, H, sc.sorted_tok, sc.gu, 2 * m.I, false, sc.tiles, sc.n_tiles, mt, n, s);
+      gemm_tiles(m.gate_up, 2 * m.I, H, u, H, sc.sorted_tok, sc.gu, 2 * m.I, false, sc.tiles, sc.n_tiles, mt, n, s, T);
       swiglu_kernel<<<cdiv(int64_t(n) * m.I, 256), 256, 0, s>>>(sc.gu, m.I, n, sc.h);
       LILY_CU_LAUNCH();
       gemm_tiles(m.down, H, m.I, sc.h, m.I, nullptr, sc.yb, H, false, sc.tiles, sc.n_tiles, mt, n, s);

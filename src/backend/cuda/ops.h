@@ -118,12 +118,14 @@ struct GemvShape {
 };
 GemvShape gemv_shape(int mode, int in, int nrows, int slots, int sm_count, bool swiglu);
 
-// Tiled GEMM. Tile i covers rows [row0, row0 + nrows) (at most 64) of expert e, from
+// Tiled GEMM. Tile i covers rows [row0, row0 + nrows) (at most 64, below T) of expert e, from
 // tiles[3i .. 3i+2] = {e, row0, nrows}; *n_tiles (device) of max_tiles are live. tiles == null: dense,
 // tile i = rows [64 i, min(64 i + 64, T)). Row r of the product reads x row gather[r] (null: r) and
-// writes y row r.
+// writes y row r. x_rows > 0: x has that many rows (every row a gather names is below it), so that the fp16
+// mode scales each x row once; 0: it scales the rows the product reads, once per product row.
 void gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
-                bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s);
+                bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s,
+                int x_rows = 0);
 
 // x[t, :] = RMSNorm(x_in[t, :]) · w  (w already folded to (1 + w) where the model says so).
 void rmsnorm(const float* x, int64_t ldx, const float* w, int T, int H, float eps, float* y, int64_t ldy,

@@ -36,8 +36,9 @@ int parse_int_in(const std::string& name, const std::string& v, int lo, int hi) 
 
 cuda::GemmPrec parse_precision(const std::string& v) {
   if (v == "bf16") return cuda::GemmPrec::kBf16;
+  if (v == "fp16") return cuda::GemmPrec::kFp16;
   if (v == "high") return cuda::GemmPrec::kSplit;
-  fail("--cuda-opt precision={}: expected bf16 or high", v);
+  fail("--cuda-opt precision={}: expected fp16, bf16 or high", v);
 }
 
 const std::vector<Field>& fields() {
@@ -63,10 +64,12 @@ const std::vector<Field>& fields() {
       {"pdl", "programmatic dependent launch", [](CudaOptions& o, const std::string& v) { o.kernels.pdl = parse_bool("pdl", v); }},
       {"gemv_ring", "TMA ring GEMV for affine decode products",
        [](CudaOptions& o, const std::string& v) { o.kernels.gemv_ring = parse_bool("gemv_ring", v); }},
-      {"precision", "prompt GEMM operands: high (default, split bf16 hi/lo) or bf16 (one product per multiply)",
+      {"precision", "prompt GEMM operands: high (split bf16 hi/lo), fp16 (scaled rows) or bf16 (one product per multiply)",
        [](CudaOptions& o, const std::string& v) { o.kernels.gemm_prec = parse_precision(v); }},
-      {"bf16_classes", "with precision=bf16: the product classes in bf16, comma separated (default gpu_bf16: all but router)",
-       [](CudaOptions& o, const std::string& v) { o.kernels.bf16_classes = parse_product_classes(v, "--cuda-opt bf16_classes"); }},
+      {"classes", "with precision=fp16 or bf16: the product classes taking it, comma separated (default gpu_bf16: all but router)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.reduced_classes = parse_product_classes(v, "--cuda-opt classes"); }},
+      {"bf16_classes", "the same as classes",
+       [](CudaOptions& o, const std::string& v) { o.kernels.reduced_classes = parse_product_classes(v, "--cuda-opt bf16_classes"); }},
       {"gemm_wgmma", "bf16 prompt GEMMs on the Hopper wgmma + TMA kernel (default off: the mma.sync kernel)",
        [](CudaOptions& o, const std::string& v) { o.kernels.gemm_wgmma = parse_bool("gemm_wgmma", v); }},
       {"gemm_skip_empty", "expert GEMMs skip empty row tiles",

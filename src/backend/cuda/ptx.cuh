@@ -1,5 +1,5 @@
 // Inline-PTX wrappers shared by the tensor-core and cp.async kernels (sm_80 and up): asynchronous 16-byte
-// global → shared copies, ldmatrix, and the bf16 m16n8k16 MMA with fp32 accumulators.
+// global → shared copies, ldmatrix, and the bf16 / fp16 m16n8k16 MMAs with fp32 accumulators.
 #pragma once
 #include <cstdint>
 
@@ -30,10 +30,16 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-// d += a·b: a 16×16 bf16 (row major), b 16×8 bf16 (column major), d 16×8 fp32.
+// d += a·b: a 16×16 bf16 (row major), b 16×8 bf16 (column major), d 16×8 fp32; mma_f16 the same in fp16.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }

@@ -11,20 +11,23 @@ namespace lily::cuda {
 // Operands of the prompt (many-row) GEMMs; decode products (GEMVs) always take fp32 activations.
 //   kBf16:  activations rounded to bf16 once (affine weights dequantised to bf16, EXL3 inputs to fp16): one
 //           product per multiply, |error| <= ~2^-8 · Σ|x|·|w| per output, as HF / vLLM / llama.cpp run bf16.
-//           The CLI's `--precision bf16`: ~1.4x faster prompts, but short of the fidelity bar (bench/RESULTS.md);
-//           only the products of the classes in KernelSwitches::bf16_classes, the others split.
+//           The CLI's `--precision bf16`: ~1.4x faster prompts, but short of the fidelity bar (bench/RESULTS.md).
+//   kFp16:  each activation row multiplied by a power of two (backend/fp16_scale.h, undone on its outputs) and
+//           rounded to fp16, weights (bf16, affine s·q + b, EXL3) in fp16: one product per multiply at the bf16
+//           rate, |error| <= ~2^-10 · Σ|x|·|w|. The CLI's `--precision fp16`.
 //   kSplit: activations (and affine weights) split into bf16 hi + lo parts, two (three) products per multiply:
-//           ~fp32-class results (|error| ~ 2^-17 · Σ|x|·|w|). The default (`--precision high`).
-enum class GemmPrec { kBf16, kSplit };
+//           ~fp32-class results (|error| ~ 2^-17 · Σ|x|·|w|). The CLI's `--precision high`.
+// kBf16 and kFp16 apply to the products of the classes in KernelSwitches::reduced_classes; the others split.
+enum class GemmPrec { kBf16, kSplit, kFp16 };
 
 struct KernelSwitches {
   bool pdl = true;              // programmatic dependent launch between decode kernels
   bool gemv_ring = true;        // TMA-fed shared-memory ring for affine decode GEMVs (sm_90)
   GemmPrec gemm_prec = GemmPrec::kSplit;  // prompt GEMM operands (above)
-  // With gemm_prec kBf16: the product classes (backend/product_class.h, Mat::cls) whose prompt GEMMs take bf16
-  // operands; the rest stay split. Default every class but the router (a bf16 rounding of its input flips
-  // near-tied experts). The CPU backend emulates a choice (CpuOptions::emulate_bf16) to measure it.
-  uint32_t bf16_classes = kProdAll & ~uint32_t(kProdRouter);
+  // With gemm_prec kBf16 or kFp16: the product classes (backend/product_class.h, Mat::cls) whose prompt GEMMs
+  // take those operands; the rest stay split. Default every class but the router (a bf16 rounding of its input
+  // flips near-tied experts). The CPU backend emulates a choice (CpuOptions::emulate_bf16 / emulate_fp16).
+  uint32_t reduced_classes = kProdAll & ~uint32_t(kProdRouter);
   bool gemm_wgmma = false;      // bf16 prompt GEMMs on the wgmma + TMA kernel (sm_90a; off: mma.sync, faster today)
   bool gemm_skip_empty = true;  // expert GEMM warps skip the MMAs of row tiles past a partial tile
   bool ring_early_ids = true;   // the MoE down+combine ring product reads its expert ids before its PDL wait

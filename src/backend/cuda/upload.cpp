@@ -166,8 +166,8 @@ void CudaBackend::upload_layer(const LayerWeights& L, DevLayer& D, int l) {
     const bool ex3 = F.experts.at(0).gate.format == WeightFormat::Exl3;
     // the shared expert as expert E of the stacks: one GEMV pair for k + 1 slots, no side stream
     const Expert& e0 = F.experts.at(0);
-    // ... and only when the options' bf16 classes treat the routed and the shared expert products alike
-    const uint32_t bc = opt_.kernels.bf16_classes;
+    // ... and only when the options' reduced-operand classes treat the routed and the shared expert products alike
+    const uint32_t bc = opt_.kernels.reduced_classes;
     auto same_prec = [bc](uint32_t x, uint32_t y) { return !(bc & x) == !(bc & y); };
     m.shared_in_stack = !ex3 && !F.shared.gate.empty() && F.shared.gate.out == m.I && F.shared.down.in == m.I &&
                         same_format(F.shared.gate, e0.gate) && same_format(F.shared.up, e0.up) &&
