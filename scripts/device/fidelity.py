@@ -13,9 +13,9 @@ reference's logits), and the perplexity ratio over rows 0..148. The issue's bar 
 most a quarter of HF bf16's, no more flips than HF bf16, perplexity within 0.05%.
 
 Prints a markdown table (the issue's, with both lily modes side by side) and writes JSON (--json FILE).
---bf16-classes 'A;B' adds a lily run per class list (`--precision bf16 --cuda-opt bf16_classes=A`: only those
-products in bf16, backend/product_class.h) and a table of them against the same bar; scripts/fidelity_cpu.py
-measures the same choices on the CPU's emulation.
+--bf16-classes 'A;fp16:B' adds a lily run per class list (`--precision bf16 --cuda-opt classes=A`: only those
+products in bf16, backend/product_class.h; with the prefix fp16: in fp16) and a table of them against the same bar;
+scripts/fidelity_cpu.py measures the same choices on the CPU's emulation.
 
 Usage: python3 scripts/device/fidelity.py --lily .devbin/lily [--models a,b] [--dirs D1:D2] [--json F]
 Golden models are looked up in tests/data/golden, .devbin/golden (scripts/device/bundle.sh packs the -r model
@@ -133,7 +133,7 @@ def main():
     ap.add_argument("--attn", default="", help="HF attn_implementation (default: transformers' own choice)")
     ap.add_argument("--json", default="")
     ap.add_argument("--extra", default="", help="more lily options for every run, e.g. '--cuda-opt gemm_wgmma=0'")
-    ap.add_argument("--bf16-classes", default="", help="';'-separated class lists, one bf16 run each")
+    ap.add_argument("--bf16-classes", default="", help="';'-separated class lists, one bf16 run each ('fp16:LIST': fp16)")
     a = ap.parse_args()
     import transformers
     dirs = search_dirs(a.dirs)
@@ -157,7 +157,9 @@ def main():
                 res[key + "_error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         runs = [("lily_default", []), ("lily_high", ["--precision", "high"])]
         classes = [c.strip() for c in a.bf16_classes.split(";") if c.strip()]
-        runs += [("lily_bf16:" + c, ["--precision", "bf16", "--cuda-opt", "bf16_classes=" + c]) for c in classes]
+        for c in classes:  # 'LIST' in bf16, 'fp16:LIST' in fp16
+            prec, _, cl = c.rpartition(":")
+            runs.append(("lily_bf16:" + c, ["--precision", prec or "bf16", "--cuda-opt", "classes=" + cl]))
         for key, extra in runs:
             t, err = lily_logits(a.lily, path, ids, extra + a.extra.split(), T)
             res[key] = metrics(t, ref, ids) if t is not None else None

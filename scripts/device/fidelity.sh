@@ -4,8 +4,8 @@
 # the default (bf16) and the high (--precision high) prompt precision on the same 150 rows.
 # Runs the bundle of scripts/device/bundle.sh (carry .devbin; it packs lily and the -r golden).
 # Output: $OUT/fidelity.txt (the tables) and $OUT/fidelity.json. MODELS=a,b narrows the list; LILY_EXTRA adds
-# lily options to every run (e.g. '--cuda-opt gemm_wgmma=0'); BF16_CLASSES='A;B' adds a bf16 run per class list
-# (--precision bf16 --cuda-opt bf16_classes=A) and its table.
+# lily options to every run (e.g. '--cuda-opt gemm_wgmma=0'); BF16_CLASSES='A;fp16:B' adds a run per class list
+# (--precision bf16 --cuda-opt classes=A; with the prefix fp16: --precision fp16) and its table.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/lily-fidelity}

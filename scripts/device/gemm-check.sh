@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# One call on the GPU machine for issue 19 (prompt GEMMs): the wgmma kernel's own tests first — if they fail
-# or hang, every later run takes --cuda-opt gemm_wgmma=0 (the mma.sync kernel) so the call still measures —
-# then the precision, golden and op tests, the fidelity table (scripts/device/fidelity.sh), `lily bench --gemm`
-# (expert GEMMs at 4K-prompt routing per kernel, dense bf16 rate) and prefill of the 35B-A3B synth in affine4
-# (wgmma on and off) and bf16. Needs the bundle of scripts/device/bundle.sh (carry .devbin). Logs under $OUT;
-# a short summary last. BENCH=0 skips the model benches.
+# One call on the GPU machine for issue 19 (prompt GEMMs), about 2 minutes: the wgmma kernel's tests on their own
+# first (GEMM tests, and the model on it against mma.sync; if they fail or hang, everything after leaves the wgmma
+# kernel out), then the other GEMM tests, the bf16 / fp16 CUDA-vs-CPU-emulation test and the EXL3 GEMM in every
+# precision; `lily bench --gemm` (TFLOP/s of every kernel and precision: mma.sync bf16 / fp16 / split, wgmma bf16 /
+# fp16, the wgmma kernel's input staging alone; the wgmma kernel in both unit orders); prefill of the
+# Qwen3.5-35B-A3B synth, affine 4-bit, 4K prompt, once per precision mode on one synth (`--cuda-ab`). A short
+# table last. Needs the bundle of scripts/device/bundle.sh (carry .devbin); logs under $OUT. Env: AB (the
+# --cuda-ab sets), FORMAT (affine4).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/lily-gemm}
@@ -12,31 +14,34 @@ OUT=${OUT:-/tmp/lily-gemm}
 device_need test_cuda lily
 B=$D/test_cuda
 L=$D/lily
-timeout 120 "$B" --gtest_filter='CudaGemmWgmma.*' > "$OUT/wgmma-tests.log" 2>&1
+timeout 40 "$B" --gtest_filter='CudaGemmWgmma.*:*CudaWgmmaModel.*' > "$OUT/wgmma-tests.log" 2>&1
 WRC=$?
-OPT=()
-[ "$WRC" = 0 ] || OPT=(--cuda-opt gemm_wgmma=0)
-timeout 240 "$B" --gtest_filter="${LILY_TEST_FILTER:-CudaGemm.*:*Golden*:CudaOps.*:CudaExl3.*:CudaStep.*:CudaSynth.*:CudaModel.*}" \
-  > "$OUT/tests.log" 2>&1
+timeout 45 "$B" --gtest_filter='CudaGemm.*:*CudaBf16Classes.*:CudaExl3.LinearMatchesReference' > "$OUT/tests.log" 2>&1
 TRC=$?
-OUT="$OUT/f" FIDELITY_TIMEOUT=150 LILY_EXTRA="${OPT[*]}" bash scripts/device/fidelity.sh > /dev/null 2>&1
-timeout 90 "$L" bench --gemm --backend cuda > "$OUT/gemm.txt" 2>&1
+WG=()
+[ "$WRC" = 0 ] && WG=(--cuda-opt gemm_wgmma=1)
+timeout 30 "$L" bench --gemm --backend cuda "${WG[@]}" > "$OUT/gemm.txt" 2>&1
 GRC=$?
-if [ "${BENCH:-1}" = 1 ]; then
-  M="--synth qwen3.5-35b-a3b --backend cuda --decode-context 4096 --repeats 2 --decode-tokens 16"
-  timeout 150 "$L" bench $M --format affine4 --prefill 4096,16384 "${OPT[@]}" > "$OUT/bench-affine4.txt" 2>&1
-  timeout 110 "$L" bench $M --format affine4 --prefill 4096 --cuda-opt gemm_wgmma=0 > "$OUT/bench-affine4-mma.txt" 2>&1
-  timeout 110 "$L" bench $M --format bf16 --prefill 4096 "${OPT[@]}" > "$OUT/bench-bf16.txt" 2>&1
+if [ "$WRC" = 0 ]; then
+  timeout 20 "$L" bench --gemm --backend cuda --cuda-opt gemm_wgmma=1 --cuda-opt wgmma_raster=1 > "$OUT/gemm-raster1.txt" 2>&1
 fi
+AB=${AB:-"precision=high;precision=bf16;precision=fp16"}
+[ "$WRC" = 0 ] && AB="$AB;precision=bf16 gemm_wgmma=1;precision=fp16 gemm_wgmma=1"
+timeout 90 "$L" bench --synth qwen3.5-35b-a3b --format "${FORMAT:-affine4}" --backend cuda --prefill 4096 --decode-context 0 \
+  --repeats 2 --cuda-ab "$AB" > "$OUT/prefill.txt" 2> "$OUT/prefill.err"
+PRC=$?
 echo "=== wgmma tests (rc $WRC) ==="
-grep -E "^\[  (PASSED|FAILED) |Failure|outputs past|Which is" "$OUT/wgmma-tests.log" | head -12
-echo "=== tests (rc $TRC) ==="
-grep -E "^\[  FAILED  \]|default precision|tests? from .* ran|PASSED" "$OUT/tests.log" | head -30
-echo "=== fidelity ==="
-cat "$OUT/f/fidelity.txt" 2>/dev/null
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|outputs past|Which is|Failure|median \|" "$OUT/wgmma-tests.log" | head -24
+echo "=== CudaGemm.* + CudaBf16Classes + CudaExl3.LinearMatchesReference (rc $TRC) ==="
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|outputs past|median \|" "$OUT/tests.log" | head -30
 echo "=== lily bench --gemm (rc $GRC) ==="
-cat "$OUT/gemm.txt"
-echo "=== model benches (${OPT[*]:-wgmma on}) ==="
-for f in "$OUT"/bench-*.txt; do [ -f "$f" ] && { echo "-- $(basename "$f")"; grep -E "^(prefill|decode@)|memory" "$f" | head -6; }; done
+grep -E "^\|" "$OUT/gemm.txt"
+if [ -f "$OUT/gemm-raster1.txt" ]; then
+  echo "=== wgmma_raster=1 (wgmma rows) ==="
+  grep -E "^\| .*wgmma" "$OUT/gemm-raster1.txt"
+fi
+echo "=== prefill 4096, 35B-A3B synth ${FORMAT:-affine4} (rc $PRC) ==="
+awk '/^synth / { match($0, /\[[^]]*\]/); set = substr($0, RSTART, RLENGTH) } /^prefill/ { printf "| %s | %s tok/s |\n", set, $3 }' "$OUT/prefill.txt"
+grep -iE "error|fail" "$OUT/prefill.err" | head -5
 cat "$OUT/gpu.txt"
 echo "commit $(git rev-parse --short HEAD 2>/dev/null)"

@@ -37,11 +37,14 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 // `--gemm`: the CUDA GEMM microbench (backend/cuda/gemm_bench.cu), at the routing of the first prompt length.
-int run_gemm_bench(const std::string& backend, int64_t P, int repeats, bool json) {
+// --cuda-opt sets the kernel switches it runs under.
+int run_gemm_bench(const std::string& backend, int64_t P, int repeats, bool json, const std::vector<std::string>& cuda_opts) {
   if (backend != "cuda") fail("bench --gemm needs --backend cuda (got --backend {})", backend);
   if (P < 1 || P > 65536) fail("bench --gemm: the prompt length must be in 1..65536 (got {})", P);
 #ifdef LILY_HAVE_CUDA
-  const auto rows = cuda_gemm_bench(int(P), std::max(repeats, 10));
+  CudaOptions co;
+  for (const auto& kv : cuda_opts) set_cuda_option(co, kv);
+  const auto rows = cuda_gemm_bench(int(P), std::max(repeats, 10), co.kernels);
   nlohmann::json j = nlohmann::json::array();
   if (!json) fmt::print("{}\n\n| product | weights | kernel | ms | TFLOP/s |\n|---|---|---|---:|---:|\n", cuda_device_info());
   for (const auto& r : rows) {
@@ -55,6 +58,7 @@ int run_gemm_bench(const std::string& backend, int64_t P, int repeats, bool json
 #else
   (void)repeats;
   (void)json;
+  (void)cuda_opts;
   fail("bench --gemm: this build has no CUDA backend (configure with nvcc present)");
 #endif
 }
@@ -73,6 +77,7 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   auto json = std::make_shared<bool>(false);
   auto cuda_opts = std::make_shared<std::vector<std::string>>();
   auto devices = std::make_shared<std::string>();
+  auto cuda_ab = std::make_shared<std::string>();
   auto streams = std::make_shared<std::string>();
   auto verify = std::make_shared<std::string>();
   auto sampler = std::make_shared<bool>(false);
@@ -86,8 +91,11 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   app.add_option("--backend", *backend, "cpu | cuda");
   add_cuda_opt(app, *cuda_opts);
   add_devices_opt(app, *devices);
+  app.add_option("--cuda-ab", *cuda_ab, "Run the bench once per set of CUDA options on the same weights (one synth): sets "
+                 "separated by ';', options within a set by spaces, each name=value as --cuda-opt, after the --cuda-opt "
+                 "ones (e.g. 'precision=high;precision=fp16 gemm_wgmma=1')");
   auto* prefill_opt = app.add_option("--prefill", *prefill, "Prompt lengths, comma separated (k = 1024)");
-  app.add_option("--decode-context", *decode, "Context lengths for decode, comma separated");
+  app.add_option("--decode-context", *decode, "Context lengths for decode, comma separated (0: none)");
   app.add_option("--repeats", opt->repeats, "Timed runs per figure (median reported)");
   app.add_option("--decode-tokens", opt->decode_tokens, "Single-token steps per decode run");
   app.add_option("--prefill-chunk", opt->prefill_chunk, "Tokens per prefill step, also the context fill (0: the backend's choice, 2048 on the CPU, 8192 on CUDA)");
@@ -105,7 +113,8 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   app.add_flag("--json", *json, "Print JSON on stdout");
   auto gemm = std::make_shared<bool>(false);
   app.add_flag("--gemm", *gemm, "Instead of a model: the prompt GEMMs alone on --backend cuda (expert products at the "
-               "routing of the first --prefill length, default 4096, and a dense 8192^3 bf16 product), TFLOP/s per kernel");
+               "routing of the first --prefill length, default 4096, and a dense 8192^3 bf16 product), TFLOP/s per kernel "
+               "and precision (the wgmma kernel with --cuda-opt gemm_wgmma=1)");
   auto grammar = std::make_shared<std::string>();
   auto tokenizer = std::make_shared<std::string>();
   auto gopt = std::make_shared<GrammarBenchOptions>();
@@ -149,7 +158,7 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
     }
     if (*gemm)
       return run_gemm_bench(*backend, prefill_opt->count() ? parse_sizes(*prefill, "--prefill").front() : 4096,
-                            opt->repeats, *json);
+                            opt->repeats, *json, *cuda_opts);
     if (model->empty() == synth->empty()) fail("bench: give exactly one of --model DIR or --synth PRESET");
     BenchOptions o = *opt;
     o.backend = *backend;
@@ -169,7 +178,8 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
       o.make_backend = [d = *devices](std::shared_ptr<const ModelWeights> w) { return cpu::make_cpu_backend(std::move(w), d); };
     }
     o.prefill = parse_sizes(*prefill, "--prefill");
-    o.decode_context = parse_sizes(*decode, "--decode-context");
+    if (*decode != "0") o.decode_context = parse_sizes(*decode, "--decode-context");  // 0: prefill only
+    else o.decode_context.clear();
     if (!streams->empty()) o.streams = parse_sizes(*streams, "--streams");
     if (!verify->empty()) o.verify = parse_sizes(*verify, "--verify");
     if (o.stream_context < 1) fail("--stream-context must be positive (got {})", o.stream_context);
@@ -206,9 +216,34 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
       w = ModelWeights::load(*model);
     }
     if (!o.spec.empty() && parse_spec_mode(o.spec, "--spec") == SpecMode::Mtp) w->require_mtp();
-    auto rep = run_bench(w, o);
-    if (*json) fmt::print("{}\n", rep.to_json().dump(2));
-    else fmt::print("{}", rep.table());
+    if (cuda_ab->empty()) {
+      auto rep = run_bench(w, o);
+      if (*json) fmt::print("{}\n", rep.to_json().dump(2));
+      else fmt::print("{}", rep.table());
+      return 0;
+    }
+    std::vector<std::vector<std::string>> sets;
+    for (size_t i = 0; i <= cuda_ab->size();) {
+      const size_t j = std::min(cuda_ab->find(';', i), cuda_ab->size());
+      std::istringstream words(cuda_ab->substr(i, j - i));
+      std::vector<std::string> set = *cuda_opts;
+      for (std::string kv; words >> kv;) set.push_back(kv);
+      sets.push_back(set);
+      i = j + 1;
+    }
+    if (*backend != "cuda") fail("bench: --cuda-ab needs --backend cuda (got --backend {})", *backend);
+    nlohmann::json all = nlohmann::json::array();
+    for (const auto& set : sets) {
+      BenchOptions oi = o;
+      std::string tag;
+      for (size_t k = cuda_opts->size(); k < set.size(); ++k) tag += (tag.empty() ? "" : " ") + set[k];
+      oi.label = fmt::format("{} [{}]", o.label, tag.empty() ? "defaults" : tag);
+      oi.make_backend = [set, d = *devices](std::shared_ptr<const ModelWeights> m) { return make_backend_with(std::move(m), set, d); };
+      auto rep = run_bench(w, oi);
+      if (*json) all.push_back(rep.to_json());
+      else fmt::print("{}\n", rep.table());
+    }
+    if (*json) fmt::print("{}\n", all.dump(2));
     return 0;
   };
 });

@@ -51,17 +51,37 @@ double median_abs(const std::vector<float>& a, const std::vector<float>& b) {
   return d[d.size() / 2];
 }
 
+// A golden model, its prompt and the float32 CPU logits of it.
+struct Golden {
+  std::shared_ptr<const ModelWeights> w;
+  std::vector<int32_t> ids;
+  int64_t V = 0;
+  std::vector<float> ref;
+};
+Golden load_golden(const std::string& dir) {
+  Golden g;
+  g.w = ModelWeights::load(dir);
+  g.ids = prompt_ids(dir);
+  g.V = g.w->cfg.vocab;
+  cpu::CpuBackend f32(g.w);
+  g.ref = prompt_logits(f32, g.ids, g.V);
+  return g;
+}
+
+#define LILY_GOLDEN_OR_SKIP(g)                                                \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";                   \
+  const std::string dir_ = test::golden_dir(GetParam());                     \
+  if (dir_.empty()) GTEST_SKIP() << GetParam() << " not present";            \
+  const Golden g = load_golden(dir_);                                         \
+  const auto& w = g.w;                                                        \
+  const auto& ids = g.ids;                                                    \
+  const int64_t V = g.V;                                                      \
+  const auto& ref = g.ref
+
 class CudaBf16Classes : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaBf16Classes, MatchesTheCpuEmulation) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = test::golden_dir(GetParam());
-  if (dir.empty()) GTEST_SKIP() << GetParam() << " not present";
-  auto w = ModelWeights::load(dir);
-  const auto ids = prompt_ids(dir);
-  const int64_t V = w->cfg.vocab;
-  cpu::CpuBackend f32(w);
-  const auto ref = prompt_logits(f32, ids, V);
+  LILY_GOLDEN_OR_SKIP(g);
   const std::pair<cuda::GemmPrec, const char*> choices[] = {
       {cuda::GemmPrec::kBf16, "attn_out,lm_head"},
       {cuda::GemmPrec::kBf16, "experts,shared,attn,gdn_out,lm_head,mlp"},
@@ -89,13 +109,41 @@ TEST_P(CudaBf16Classes, MatchesTheCpuEmulation) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, CudaBf16Classes,
-                         ::testing::Values("qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r", "qwen3_5_text-a-mtp"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           for (auto& ch : s) if (ch == '-') ch = '_';
-                           return s;
-                         });
+// The wgmma kernel in the model (dense products and the MoE's 128-row expert tile maps, KernelSwitches::gemm_wgmma)
+// against the mma.sync kernel in the same precision: the operands are rounded alike, so the two differ by the
+// order of the fp32 additions only — far less than either differs from the float32 CPU logits.
+class CudaWgmmaModel : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaWgmmaModel, MatchesTheMmaSyncKernel) {
+  LILY_GOLDEN_OR_SKIP(g);
+  for (cuda::GemmPrec prec : {cuda::GemmPrec::kBf16, cuda::GemmPrec::kFp16}) {
+    const bool fp16 = prec == cuda::GemmPrec::kFp16;
+    SCOPED_TRACE(fp16 ? "fp16" : "bf16");
+    std::vector<float> l[2];
+    for (int wg = 0; wg < 2; ++wg) {
+      CudaOptions co;
+      co.kernels.gemm_prec = prec;
+      co.kernels.gemm_wgmma = wg == 1;
+      auto gpu = make_cuda_backend(w, co);
+      l[wg] = prompt_logits(*gpu, ids, V);
+    }
+    const double between = median_abs(l[0], l[1]), to_f32 = median_abs(l[0], ref);
+    std::printf("[%s] %s: median |Δ| wgmma-mma.sync %.3g, mma.sync-fp32 %.3g\n", GetParam(), fp16 ? "fp16" : "bf16",
+                between, to_f32);
+    EXPECT_GT(to_f32, 0.0);
+    EXPECT_LE(between, 0.1 * to_f32);
+  }
+}
+
+const char* const kGoldens[] = {"qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r", "qwen3_5_text-a-mtp"};
+std::string golden_name(const ::testing::TestParamInfo<const char*>& info) {
+  std::string s = info.param;
+  for (auto& ch : s)
+    if (ch == '-') ch = '_';
+  return s;
+}
+INSTANTIATE_TEST_SUITE_P(Golden, CudaWgmmaModel, ::testing::ValuesIn(kGoldens), golden_name);
+INSTANTIATE_TEST_SUITE_P(Golden, CudaBf16Classes, ::testing::ValuesIn(kGoldens), golden_name);
 
 }  // namespace
 #endif

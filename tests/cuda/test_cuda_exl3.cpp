@@ -179,11 +179,12 @@ TEST(CudaExl3, DecodeGoldenBitExact) {
 }
 
 // linear() (GEMV up to KernelSwitches::gemv_rows rows, GEMM above) against the float64 reference, every K
-// and codebook, in both prompt precisions (kBf16: the GEMM's inputs rounded once to fp16, 2^-11 relative).
+// and codebook, in every prompt precision (kBf16: the GEMM's inputs rounded once to fp16, 2^-11 relative; kFp16
+// the same after each row's power of two, so inputs of 3e4, which overflow fp16 after the Hadamard, still fit).
 TEST(CudaExl3, LinearMatchesReference) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(3);
-  for (cuda::GemmPrec prec : {cuda::GemmPrec::kSplit, cuda::GemmPrec::kBf16}) {
+  for (cuda::GemmPrec prec : {cuda::GemmPrec::kSplit, cuda::GemmPrec::kBf16, cuda::GemmPrec::kFp16}) {
     SwitchesScope scope([=](cuda::KernelSwitches& k) { k.gemm_prec = prec; });
     const double tol = prec == cuda::GemmPrec::kSplit ? 2e-5 : 2e-3;
     for (int K = 2; K <= 8; ++K)
@@ -193,11 +194,14 @@ TEST(CudaExl3, LinearMatchesReference) {
         DevExl3 d({&h}, 1);
         for (int T : kRows) {
           auto x = randn(size_t(T) * in, rng);
+          if (prec == cuda::GemmPrec::kFp16)
+            for (auto& v : x) v *= 3e4f;
           Dev<float> dx(x), dy(size_t(T) * out);
           dy.poison();
           cuda::linear(d.m, out, in, dx.p, in, T, dy.p, out, false, nullptr);
           const double e = rel_err(dy.down(), h.ref(x, T));
-          EXPECT_LT(e, tol) << "K " << K << " cb " << cb << " T " << T << (prec == cuda::GemmPrec::kSplit ? " split" : " bf16");
+          EXPECT_LT(e, tol) << "K " << K << " cb " << cb << " T " << T
+                            << (prec == cuda::GemmPrec::kSplit ? " split" : prec == cuda::GemmPrec::kBf16 ? " bf16" : " fp16");
         }
       }
   }

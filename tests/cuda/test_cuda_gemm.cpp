@@ -169,21 +169,22 @@ TEST(CudaGemm, DenseMatchesReference) {
     }
 }
 
-// Expert tile map as moe.cu's route_kernel builds it: experts in order, tiles of <= 64 rows, rows of an
-// expert contiguous; tiles past *n_tiles hold garbage that must not be read. Row r belongs to expert ex[r] and
-// reads input row gather[r] of `tokens` (gathered) or r (plain).
+// Expert tile map as moe.cu's route_kernel builds it: experts in order, tiles of <= tile_rows rows (64, or the
+// wgmma kernel's 128), rows of an expert contiguous; tiles past *n_tiles hold garbage that must not be read.
+// Row r belongs to expert ex[r] and reads input row gather[r] of `tokens` (gathered) or r (plain).
 struct TileMap {
   int E = 0, n = 0, live = 0, max_tiles = 0, tokens = 0;
   std::vector<int> ex, gather;
   std::unique_ptr<Dev<int32_t>> tiles, n_tiles, dgather;
 };
-TileMap make_tile_map(const std::vector<int>& counts, int tokens, std::mt19937& rng) {
+TileMap make_tile_map(const std::vector<int>& counts, int tokens, std::mt19937& rng, int tile_rows = 64) {
   TileMap m;
   m.E = int(counts.size());
   m.tokens = tokens;
   std::vector<int> tiles;
   for (int e = 0, o = 0; e < m.E; ++e) {
-    for (int r = 0; r < counts[e]; r += 64) tiles.insert(tiles.end(), {e, o + r, std::min(64, counts[e] - r)});
+    for (int r = 0; r < counts[e]; r += tile_rows)
+      tiles.insert(tiles.end(), {e, o + r, std::min(tile_rows, counts[e] - r)});
     for (int r = 0; r < counts[e]; ++r) m.ex.push_back(e);
     o += counts[e];
   }
@@ -217,6 +218,19 @@ void for_each_tile_case(const TileMap& m, const std::vector<std::pair<int, int>>
     }
 }
 
+// product(accumulate) into dy: = (over poisoned outputs), then += onto random values; both against R.
+template <typename F>
+void check_both(F&& product, Dev<float>& dy, int out, const Ref& R, GemmPrec prec, const std::string& what,
+                std::mt19937& rng) {
+  dy.poison();
+  ASSERT_TRUE(product(false));
+  expect_close(dy.down(), out, R, nullptr, out, prec, what);
+  auto y0 = randn(dy.n, rng);
+  dy.up(y0);
+  ASSERT_TRUE(product(true));
+  expect_close(dy.down(), out, R, &y0, out, prec, what + " +=");
+}
+
 TEST(CudaGemm, ExpertTilesMatchReference) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(12);
@@ -226,18 +240,11 @@ TEST(CudaGemm, ExpertTilesMatchReference) {
                      [&](const Weights& W, const Dev<float>& dx, bool gathered, const Ref& R, const std::string& what) {
     const int out = W.out, in = W.in;
     Dev<float> dy(size_t(m.n) * out);
-    for (GemmPrec prec : kPrecs) {
-      const std::string w = what + " " + prec_name(prec);
-      dy.poison();
-      ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, gathered ? m.dgather->p : nullptr, dy.p, out, false,
-                                      m.tiles->p, m.n_tiles->p, m.max_tiles, m.n, prec, nullptr));
-      expect_close(dy.down(), out, R, nullptr, out, prec, w);
-      auto y0 = randn(size_t(m.n) * out, rng);
-      dy.up(y0);
-      ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, gathered ? m.dgather->p : nullptr, dy.p, out, true,
-                                      m.tiles->p, m.n_tiles->p, m.max_tiles, m.n, prec, nullptr));
-      expect_close(dy.down(), out, R, &y0, out, prec, w + " +=");
-    }
+    for (GemmPrec prec : kPrecs)
+      check_both([&](bool acc) {
+        return lily::cuda::gemm_tc(W.m, out, in, dx.p, in, gathered ? m.dgather->p : nullptr, dy.p, out, acc, m.tiles->p,
+                                   m.n_tiles->p, m.max_tiles, m.n, prec, nullptr);
+      }, dy, out, R, prec, what + " " + prec_name(prec), rng);
   });
 }
 
@@ -267,8 +274,8 @@ TEST(CudaGemm, AwkwardExpertTilesEveryPrecision) {
 // 1e7, far beyond fp16's 65,504; down to 1e-4), plus a row of zeros, rows of 1e30 and 1e-30, a row holding one NaN
 // and one holding one inf. The finite rows stay within the fp16 bound of their own scale, zeros give zeros, NaN
 // stays NaN in every output of its row, inf gives non-finite outputs; dense and gathered.
-TEST(CudaGemm, Fp16RowsOfEveryMagnitude) {
-  LILY_REQUIRE_GPU();
+// The mma.sync kernel, and the wgmma kernel on Hopper.
+void fp16_rows_of_every_magnitude(bool wgmma) {
   std::mt19937 rng(15);
   const int T = 70, in = 256;
   for (auto [bits, gs] : {Format{0, 0}, Format{4, 64}, Format{8, 32}}) {
@@ -289,10 +296,14 @@ TEST(CudaGemm, Fp16RowsOfEveryMagnitude) {
     Ref R = reference(W, x, in, ex, src);
     Dev<float> dx(x), dy(size_t(T) * out);
     dy.poison();
-    ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, nullptr, dy.p, out, false, nullptr, nullptr, (T + 63) / 64, T,
-                                    GemmPrec::kFp16, nullptr));
+    if (wgmma)
+      ASSERT_TRUE(lily::cuda::gemm_wgmma(W.m, out, in, dx.p, in, nullptr, dy.p, out, false, nullptr, nullptr, (T + 63) / 64,
+                                         T, GemmPrec::kFp16, nullptr));
+    else
+      ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, nullptr, dy.p, out, false, nullptr, nullptr, (T + 63) / 64, T,
+                                      GemmPrec::kFp16, nullptr));
     const auto y = dy.down();
-    const std::string what = W.name() + " fp16 wide rows";
+    const std::string what = W.name() + (wgmma ? " wgmma" : " mma.sync") + " fp16 wide rows";
     for (int r = 0; r < T; ++r)
       for (int o = 0; o < out; ++o) {
         const float v = y[size_t(r) * out + o];
@@ -303,6 +314,11 @@ TEST(CudaGemm, Fp16RowsOfEveryMagnitude) {
         else ASSERT_LE(std::fabs(double(v) - want), lim) << what << " row " << r << " col " << o;
       }
   }
+}
+
+TEST(CudaGemm, Fp16RowsOfEveryMagnitude) {
+  LILY_REQUIRE_GPU();
+  fp16_rows_of_every_magnitude(false);
 }
 
 // Shapes the tensor-core path declines (the SIMT kernel takes them through gemm_tiles).
@@ -322,30 +338,34 @@ TEST(CudaGemm, DeclinesUnsupportedShapes) {
                                    GemmPrec::kSplit, nullptr));                   // 3-bit codes
 }
 
-// ---- the Hopper kernel (gemm_wgmma.cu): bf16 operands, so the bf16 bound of expect_close ----
-// Expert tile maps as the MoE block builds them, experts with 0, 1, 15, 16, 17, 127, 128 and 129 rows (and
-// 64, 65, 200), gathered and plain inputs; K not a multiple of the 64-deep stage (96, 200, 544); outputs not a
+// ---- the Hopper kernel (gemm_wgmma.cu): bf16 and fp16 operands, their bounds of expect_close ----
+// Expert tile maps as the MoE block builds them for it (tiles of 128 rows) and of 64 rows (gemm_tiles' other
+// callers: one consumer warpgroup idles), experts with 0, 1, 15, 16, 17, 127, 128 and 129 rows (and 64, 65,
+// 200, 300), gathered and plain inputs; K not a multiple of the 64-deep stage (96, 200, 544); outputs not a
 // multiple of the 256-column unit.
 TEST(CudaGemmWgmma, ExpertTilesMatchReference) {
   LILY_REQUIRE_GPU();
   if (!lily::cuda::gemm_wgmma_device()) GTEST_SKIP() << "needs an sm_90 device";
   std::mt19937 rng(21);
-  const TileMap m = make_tile_map({0, 1, 15, 16, 17, 127, 128, 129, 0, 64, 65, 200}, 211, rng);
-  for_each_tile_case(m, {{300, 256}, {130, 96}, {72, 544}, {40, 200}}, rng,
-                     [&](const Weights& W, const Dev<float>& dx, bool gathered, const Ref& R, const std::string& what) {
-    const int out = W.out, in = W.in;
-    Dev<float> dy(size_t(m.n) * out);
-    const std::string w = what + " wgmma";
-    dy.poison();
-    ASSERT_TRUE(lily::cuda::gemm_wgmma(W.m, out, in, dx.p, in, gathered ? m.dgather->p : nullptr, dy.p, out, false,
-                                       m.tiles->p, m.n_tiles->p, m.max_tiles, m.n, nullptr));
-    expect_close(dy.down(), out, R, nullptr, out, GemmPrec::kBf16, w);
-    auto y0 = randn(size_t(m.n) * out, rng);
-    dy.up(y0);
-    ASSERT_TRUE(lily::cuda::gemm_wgmma(W.m, out, in, dx.p, in, gathered ? m.dgather->p : nullptr, dy.p, out, true,
-                                       m.tiles->p, m.n_tiles->p, m.max_tiles, m.n, nullptr));
-    expect_close(dy.down(), out, R, &y0, out, GemmPrec::kBf16, w + " +=");
-  });
+  for (int tile_rows : {128, 64}) {
+    const TileMap m = make_tile_map({0, 1, 15, 16, 17, 127, 128, 129, 0, 64, 65, 200, 300}, 211, rng, tile_rows);
+    for_each_tile_case(m, {{300, 256}, {130, 96}, {72, 544}, {40, 200}}, rng,
+                       [&](const Weights& W, const Dev<float>& dx, bool gathered, const Ref& R, const std::string& what) {
+      const int out = W.out, in = W.in;
+      Dev<float> dy(size_t(m.n) * out);
+      for (GemmPrec prec : {GemmPrec::kBf16, GemmPrec::kFp16})
+        check_both([&](bool acc) {
+          return lily::cuda::gemm_wgmma(W.m, out, in, dx.p, in, gathered ? m.dgather->p : nullptr, dy.p, out, acc,
+                                        m.tiles->p, m.n_tiles->p, m.max_tiles, m.n, prec, nullptr);
+        }, dy, out, R, prec, what + " wgmma " + prec_name(prec) + " tiles of " + std::to_string(tile_rows), rng);
+    });
+  }
+}
+
+TEST(CudaGemmWgmma, Fp16RowsOfEveryMagnitude) {
+  LILY_REQUIRE_GPU();
+  if (!lily::cuda::gemm_wgmma_device()) GTEST_SKIP() << "needs an sm_90 device";
+  fp16_rows_of_every_magnitude(true);
 }
 
 // Dense rows down to M = 1, strided x and y, K tails.
@@ -365,12 +385,14 @@ TEST(CudaGemmWgmma, DenseMatchesReference) {
         for (int t = 0; t < T; ++t) src[t] = t;
         const Ref R = reference(W, x, ldx, ex, src);
         Dev<float> dx(x), dy(size_t(T) * ldy);
-        const std::string what = W.name() + " wgmma " + std::to_string(out) + "x" + std::to_string(in) + " T=" +
-                                 std::to_string(T);
-        dy.poison();
-        ASSERT_TRUE(lily::cuda::gemm_wgmma(W.m, out, in, dx.p, ldx, nullptr, dy.p, ldy, false, nullptr, nullptr,
-                                           (T + 63) / 64, T, nullptr));
-        expect_close(dy.down(), ldy, R, nullptr, out, GemmPrec::kBf16, what);
+        for (GemmPrec prec : {GemmPrec::kBf16, GemmPrec::kFp16}) {
+          const std::string what = W.name() + " wgmma " + prec_name(prec) + " " + std::to_string(out) + "x" +
+                                   std::to_string(in) + " T=" + std::to_string(T);
+          dy.poison();
+          ASSERT_TRUE(lily::cuda::gemm_wgmma(W.m, out, in, dx.p, ldx, nullptr, dy.p, ldy, false, nullptr, nullptr,
+                                             (T + 63) / 64, T, prec, nullptr));
+          expect_close(dy.down(), ldy, R, nullptr, out, prec, what);
+        }
       }
     }
 }
@@ -395,6 +417,8 @@ TEST(CudaGemmWgmma, TakesTheCoveredShapesOnly) {
   Mat ex = bf;
   ex.exl3 = true;
   EXPECT_FALSE(lily::cuda::gemm_wgmma_takes(ex, 64, buf, 64));      // EXL3: its own kernel
+  EXPECT_FALSE(lily::cuda::gemm_wgmma(bf, 8, 64, buf, 64, nullptr, buf, 8, false, nullptr, nullptr, 1, 1,
+                                      GemmPrec::kSplit, nullptr));  // the split mode: mma.sync
 }
 
 // ---- timing (LILY_CUDA_BENCH=1) ----

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_impl.h"
-#include "backend/cuda/row_scales.h"
+#include "backend/cuda/gemm_stage.h"
 #include "core/error.h"
 
 namespace lily::cuda {
@@ -83,11 +83,16 @@ void CudaBackend::ensure_scratch(int T, size_t work) {
   cap_T_ = newT;
   work_bytes_ = al256(work);
   ++scratch_gen_;
-  // the fp16 GEMMs' row scales, before any capture: expert products read up to T · slots rows
-  int slots = 1;
-  for (const DevLayer& D : layers_) slots = std::max(slots, D.moe.slots_per_token());
-  reserve_row_scales(stream_, int64_t(newT) * slots);
-  reserve_row_scales(side_, newT);
+  // the prompt GEMMs' input staging (gemm_stage.h) for the captured steps: expert products read up to
+  // T · slots rows, of at most max_in inputs
+  int slots = 1, max_in = std::max(2 * H, max_core_);
+  for (const DevLayer& D : layers_) {
+    slots = std::max(slots, D.moe.slots_per_token());
+    max_in = std::max({max_in, D.moe.I, D.moe.Is});
+  }
+  const int cap = std::min(newT, kMaxGraphRows);
+  reserve_gemm_stage(stream_, int64_t(cap) * slots, max_in);
+  reserve_gemm_stage(side_, cap, max_in);
 }
 
 // Logits rows [rows, V] (grown outside captures only).

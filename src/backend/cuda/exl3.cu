@@ -26,7 +26,7 @@
 #include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/ptx.cuh"
-#include "backend/cuda/row_scales.h"
+#include "backend/cuda/gemm_stage.h"
 #include "backend/cuda/rows.h"
 
 namespace lily::cuda {

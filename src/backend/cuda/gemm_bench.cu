@@ -1,14 +1,16 @@
 // `lily bench --gemm`: the prompt GEMMs alone on the device, each kernel on the same data. The expert
 // products of a prompt of P tokens at the Qwen3.5-35B-A3B shape (256 experts, top-8, hidden 2048, expert
 // 512: gate‖up 1024 × 2048, down 2048 × 512), routed uniformly at random (seeded; every expert gets
-// ~P/32 rows) through the tile map the MoE block builds, in bf16 and affine 4-bit g64; and one large dense
-// bf16 product (8192³) for the card's dense bf16 rate in the same run. Inputs are random (never zeros).
+// ~P/32 rows) through the tile map the MoE block builds (64-row tiles for mma.sync, 128 for wgmma), in bf16 and
+// affine 4-bit g64; and one large dense bf16 product (8192³) for the card's dense bf16 rate in the same run. The
+// wgmma rows include the input staging (gemm_stage.h), also timed alone. Inputs are random (never zeros).
 #include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/gemm_bench.h"
+#include "backend/cuda/gemm_stage.h"
 #include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/gemm_wgmma.h"
 #include "backend/cuda/kernels.cuh"
@@ -93,9 +95,10 @@ double time_ms(F&& f, int reps) {
 
 }  // namespace
 
-std::vector<CudaGemmBenchRow> cuda_gemm_bench(int prompt_tokens, int repeats) {
+std::vector<CudaGemmBenchRow> cuda_gemm_bench(int prompt_tokens, int repeats, const cuda::KernelSwitches& ks) {
+  cuda::set_kernel_switches(ks);
   cuda::init_kernels();
-  const bool hopper = cuda::gemm_wgmma_device();
+  const bool hopper = ks.gemm_wgmma && cuda::gemm_wgmma_device();  // the wgmma rows: --cuda-opt gemm_wgmma=1
   std::vector<CudaGemmBenchRow> rows;
   const int E = 256, k = 8, H = 2048, I = 512, P = std::max(1, prompt_tokens);
   // routing: k distinct experts per token, uniform; slots sorted by expert, tiles of <= 64 rows
@@ -109,20 +112,24 @@ std::vector<CudaGemmBenchRow> cuda_gemm_bench(int prompt_tokens, int repeats) {
     }
     for (int j = 0; j < k; ++j) by_e[size_t(chosen[j])].push_back(t);
   }
-  std::vector<int32_t> gather, tiles;
+  std::vector<int32_t> gather, tiles, tiles_u;  // tiles of 64 rows (mma.sync) and of the wgmma unit's 128
   int lo = P, hi = 0;
   for (int e = 0; e < E; ++e) {
     const int c = int(by_e[size_t(e)].size()), o = int(gather.size());
     lo = std::min(lo, c);
     hi = std::max(hi, c);
     for (int r = 0; r < c; r += cuda::kGemmBM) tiles.insert(tiles.end(), {e, o + r, std::min(cuda::kGemmBM, c - r)});
+    for (int r = 0; r < c; r += cuda::kGemmUnitRows)
+      tiles_u.insert(tiles_u.end(), {e, o + r, std::min(cuda::kGemmUnitRows, c - r)});
     gather.insert(gather.end(), by_e[size_t(e)].begin(), by_e[size_t(e)].end());
   }
-  const int n = int(gather.size()), nt = int(tiles.size() / 3);
-  Buf<int32_t> dg(n), dt(int64_t(tiles.size())), dn(1);
+  const int n = int(gather.size()), nt = int(tiles.size() / 3), nu = int(tiles_u.size() / 3);
+  Buf<int32_t> dg(n), dt(int64_t(tiles.size())), dn(1), du(int64_t(tiles_u.size())), dnu(1);
   LILY_CU(cudaMemcpy(dg.p, gather.data(), 4 * gather.size(), cudaMemcpyHostToDevice));
   LILY_CU(cudaMemcpy(dt.p, tiles.data(), 4 * tiles.size(), cudaMemcpyHostToDevice));
   LILY_CU(cudaMemcpy(dn.p, &nt, 4, cudaMemcpyHostToDevice));
+  LILY_CU(cudaMemcpy(du.p, tiles_u.data(), 4 * tiles_u.size(), cudaMemcpyHostToDevice));
+  LILY_CU(cudaMemcpy(dnu.p, &nu, 4, cudaMemcpyHostToDevice));
   const std::string routing = " (" + std::to_string(P) + " tokens, top-8 of 256: " + std::to_string(lo) + ".." +
                               std::to_string(hi) + " rows per expert)";
 
@@ -143,12 +150,20 @@ std::vector<CudaGemmBenchRow> cuda_gemm_bench(int prompt_tokens, int repeats) {
       const int32_t* g = sh.gathered ? dg.p : nullptr;
       auto add = [&](const char* kernel, auto&& f) {
         const double ms = time_ms(f, repeats);
-        rows.push_back({std::string(sh.name) + routing, bits ? "affine4-g64" : "bf16", kernel, ms, flop / (ms * 1e-3) / 1e12});
+        rows.push_back({std::string(sh.name) + routing, bits ? "affine4-g64" : "bf16", kernel, ms,
+                        kernel[0] == ' ' ? 0.0 : flop / (ms * 1e-3) / 1e12});  // staging alone: no FLOPs
       };
-      if (hopper)
-        add("wgmma+TMA (bf16 operands)", [&] {
-          cuda::gemm_wgmma(W.m, sh.out, sh.in, x.p, sh.in, g, y.p, sh.out, false, dt.p, dn.p, nt, n, nullptr);
-        });
+      if (hopper) {
+        for (auto [prec, name] : {std::pair{cuda::GemmPrec::kBf16, "wgmma+TMA (bf16 operands)"},
+                                  std::pair{cuda::GemmPrec::kFp16, "wgmma+TMA (fp16 operands, scaled rows)"}})
+          add(name, [&] {
+            cuda::gemm_wgmma(W.m, sh.out, sh.in, x.p, sh.in, g, y.p, sh.out, false, du.p, dnu.p, nu, n, prec, nullptr);
+          });
+        if (bits == 0)
+          add("  wgmma's input staging alone (bf16)", [&] {
+            cuda::stage_rows(false, x.p, sh.in, sh.in, g, du.p, dnu.p, nu, n, nullptr);
+          });
+      }
       add("mma.sync (bf16 operands)", [&] {
         cuda::gemm_tc(W.m, sh.out, sh.in, x.p, sh.in, g, y.p, sh.out, false, dt.p, dn.p, nt, n, cuda::GemmPrec::kBf16, nullptr);
       });
@@ -169,12 +184,19 @@ std::vector<CudaGemmBenchRow> cuda_gemm_bench(int prompt_tokens, int repeats) {
     const double flop = 2.0 * double(D) * D * D;
     auto add = [&](const char* kernel, auto&& f) {
       const double ms = time_ms(f, std::max(1, repeats / 4));
-      rows.push_back({"dense 8192x8192, 8192 rows", "bf16", kernel, ms, flop / (ms * 1e-3) / 1e12});
+      rows.push_back({"dense 8192x8192, 8192 rows", "bf16", kernel, ms, kernel[0] == ' ' ? 0.0 : flop / (ms * 1e-3) / 1e12});
     };
-    if (hopper)
-      add("wgmma+TMA (bf16 operands)", [&] {
-        cuda::gemm_wgmma(W.m, D, D, x.p, D, nullptr, y.p, D, false, nullptr, nullptr, int(cuda::cdiv(D, cuda::kGemmBM)), D, nullptr);
+    if (hopper) {
+      for (auto [prec, name] : {std::pair{cuda::GemmPrec::kBf16, "wgmma+TMA (bf16 operands)"},
+                                std::pair{cuda::GemmPrec::kFp16, "wgmma+TMA (fp16 operands, scaled rows)"}})
+        add(name, [&] {
+          cuda::gemm_wgmma(W.m, D, D, x.p, D, nullptr, y.p, D, false, nullptr, nullptr, int(cuda::cdiv(D, cuda::kGemmBM)),
+                           D, prec, nullptr);
+        });
+      add("  wgmma's input staging alone (bf16)", [&] {
+        cuda::stage_rows(false, x.p, D, D, nullptr, nullptr, nullptr, 0, D, nullptr);
       });
+    }
     add("mma.sync (bf16 operands)", [&] {
       cuda::gemm_tc(W.m, D, D, x.p, D, nullptr, y.p, D, false, nullptr, nullptr, int(cuda::cdiv(D, cuda::kGemmBM)), D,
                     cuda::GemmPrec::kBf16, nullptr);

@@ -19,7 +19,7 @@
 #include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/ptx.cuh"
-#include "backend/cuda/row_scales.h"
+#include "backend/cuda/gemm_stage.h"
 
 namespace lily::cuda {
 namespace {

@@ -5,7 +5,9 @@
 // a tile list whose live length is read on the device. Steps of 2..rows_moe rows (KernelSwitches) take the same
 // sort with tiles of kRowsTile rows into the multi-row products (gemv_rows.cu): each chosen expert is read
 // once per tile, SwiGLU fused into the gate‖up product.
+#include "backend/cuda/gemm_stage.h"
 #include "backend/cuda/gemm_tc.h"
+#include "backend/cuda/gemm_wgmma.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/rows.h"
 
@@ -24,6 +26,12 @@ struct MoeScratch {
   int32_t *idx, *slot_pos, *sorted_tok, *tiles, *n_tiles, *counts;
   size_t bytes;
 };
+
+// Whether gemm_tiles would run W on the wgmma kernel (which then takes tiles of kGemmUnitRows rows).
+bool wgmma_covers(const Mat& W, int in, const float* x, int64_t ldx) {
+  return kernel_switches().gemm_wgmma && gemm_prec_for(W) != GemmPrec::kSplit && gemm_wgmma_takes(W, in, x, ldx) &&
+         gemm_wgmma_device();
+}
 
 // Tiles of at most tile_rows slots: one per expert plus the full ones.
 int max_tiles_for(const MoeDev& m, int T, int tile_rows) {
@@ -236,7 +244,9 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   } else {
     const int En = m.E + (m.shared_in_stack ? 1 : 0);  // experts in the stacks
     if (En > 1024) fail_internal("moe: at most 1024 experts in the stacks on CUDA");
-    const int tr = rows ? kRowsTile : kGemmBM;
+    // both expert products on the wgmma kernel: tiles of its unit's 128 rows
+    const bool wg = !rows && wgmma_covers(m.gate_up, H, u, H) && wgmma_covers(m.down, m.I, sc.h, m.I);
+    const int tr = rows ? kRowsTile : wg ? kGemmUnitRows : kGemmBM;
     route_kernel<<<1, 1024, sizeof(int) * 3 * En, s>>>(sc.idx, n, En, kk, tr, sc.counts, sc.slot_pos, sc.sorted_tok,
                                                        sc.tiles, sc.n_tiles);
     LILY_CU_LAUNCH();
@@ -246,6 +256,15 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
                         s) ||
           !rows_product(m.down, H, m.I, sc.h, m.I, nullptr, sc.yb, H, false, 0, sc.tiles, sc.n_tiles, mt, n, s))
         fail_internal("moe: the multi-row expert product declined an input it covers");
+    } else if (wg) {
+      if (!gemm_wgmma(m.gate_up, 2 * m.I, H, u, H, sc.sorted_tok, sc.gu, 2 * m.I, false, sc.tiles, sc.n_tiles, mt, n,
+                      gemm_prec_for(m.gate_up), s))
+        fail_internal("moe: the wgmma kernel declined the gate|up product it covers");
+      swiglu_kernel<<<cdiv(int64_t(n) * m.I, 256), 256, 0, s>>>(sc.gu, m.I, n, sc.h);
+      LILY_CU_LAUNCH();
+      if (!gemm_wgmma(m.down, H, m.I, sc.h, m.I, nullptr, sc.yb, H, false, sc.tiles, sc.n_tiles, mt, n,
+                      gemm_prec_for(m.down), s))
+        fail_internal("moe: the wgmma kernel declined the down product it covers");
     } else {
       gemm_tiles(m.gate_up, 2 * m.I, H, u, H, sc.sorted_tok, sc.gu, 2 * m.I, false, sc.tiles, sc.n_tiles, mt, n, s, T);
       swiglu_kernel<<<cdiv(int64_t(n) * m.I, 256), 256, 0, s>>>(sc.gu, m.I, n, sc.h);

@@ -28,7 +28,8 @@ struct KernelSwitches {
   // take those operands; the rest stay split. Default every class but the router (a bf16 rounding of its input
   // flips near-tied experts). The CPU backend emulates a choice (CpuOptions::emulate_bf16 / emulate_fp16).
   uint32_t reduced_classes = kProdAll & ~uint32_t(kProdRouter);
-  bool gemm_wgmma = false;      // bf16 prompt GEMMs on the wgmma + TMA kernel (sm_90a; off: mma.sync, faster today)
+  bool gemm_wgmma = false;      // bf16 / fp16 prompt GEMMs on the wgmma + TMA kernel (sm_90a; off: mma.sync)
+  int wgmma_raster = 0;         // its unit order: 0 tile-major (CTAs share rows), 1 column-major (share weights)
   bool gemm_skip_empty = true;  // expert GEMM warps skip the MMAs of row tiles past a partial tile
   bool ring_early_ids = true;   // the MoE down+combine ring product reads its expert ids before its PDL wait
   int gemv_rows = 16;           // dense products of up to this many rows run as one GEMV per row, more as GEMMs
