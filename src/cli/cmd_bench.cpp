@@ -114,7 +114,7 @@ Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory r
   auto gemm = std::make_shared<bool>(false);
   app.add_flag("--gemm", *gemm, "Instead of a model: the prompt GEMMs alone on --backend cuda (expert products at the "
                "routing of the first --prefill length, default 4096, and a dense 8192^3 bf16 product), TFLOP/s per kernel "
-               "and precision (the wgmma kernel with --cuda-opt gemm_wgmma=1)");
+               "and precision (the wgmma kernels' rows unless --cuda-opt gemm_wgmma=0)");
   auto grammar = std::make_shared<std::string>();
   auto tokenizer = std::make_shared<std::string>();
   auto gopt = std::make_shared<GrammarBenchOptions>();

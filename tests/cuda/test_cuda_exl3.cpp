@@ -207,6 +207,43 @@ TEST(CudaExl3, LinearMatchesReference) {
   }
 }
 
+// Rows of every magnitude, 1e-4 to 1e7 (1e3 more every fifth row), in every precision, on each path linear()
+// takes: the fp32 GEMV (T 5), the split multi-row product (exl3_rows: T 8, 32; its row scales from max |x| over
+// the thread-block cluster) and the GEMM (T 65; row scales from the pre-pass). Unscaled, rows past ~6e3 overflow
+// fp16 after suh and the Hadamard, and small rows lose the split mode's lo half to fp16's subnormals; each row is
+// held to the tolerance of LinearMatchesReference relative to its own output.
+TEST(CudaExl3, RowsOfEveryMagnitude) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(4);
+  for (cuda::GemmPrec prec : {cuda::GemmPrec::kSplit, cuda::GemmPrec::kBf16, cuda::GemmPrec::kFp16}) {
+    SwitchesScope scope([=](cuda::KernelSwitches& k) { k.gemm_prec = prec; });
+    const double tol = prec == cuda::GemmPrec::kSplit ? 2e-5 : 2e-3;
+    const char* name = prec == cuda::GemmPrec::kSplit ? "split" : prec == cuda::GemmPrec::kBf16 ? "bf16" : "fp16";
+    for (auto [K, cb] : {std::pair{4, 1}, std::pair{2, 0}}) {
+      const int in = 1024, out = 256;  // 8 chunks: exl3_rows splits them over a cluster
+      HostExl3 h(K, Exl3Codebook(cb), in, out, rng);
+      DevExl3 d({&h}, 1);
+      for (int T : {5, 8, 32, 65}) {
+        auto x = randn(size_t(T) * in, rng);
+        for (int r = 0; r < T; ++r) {
+          const float sc = std::pow(10.0f, float(r % 9 - 4)) * (r % 5 == 4 ? 1e3f : 1.0f);
+          for (int k = 0; k < in; ++k) x[size_t(r) * in + k] *= sc;
+        }
+        Dev<float> dx(x), dy(size_t(T) * out);
+        dy.poison();
+        cuda::linear(d.m, out, in, dx.p, in, T, dy.p, out, false, nullptr);
+        const auto y = dy.down();
+        const auto want = h.ref(x, T);
+        for (int r = 0; r < T; ++r) {
+          const std::vector<float> yr(y.begin() + r * out, y.begin() + (r + 1) * out);
+          const std::vector<double> wr(want.begin() + r * out, want.begin() + (r + 1) * out);
+          EXPECT_LT(rel_err(yr, wr), tol) << name << " K " << K << " cb " << cb << " T " << T << " row " << r;
+        }
+      }
+    }
+  }
+}
+
 // Dense products of 3..32 rows (rows_min 3) with long inputs: the k chunks split over thread-block clusters
 // (exl3_rows; 3 column blocks, 16 chunks), against the reference and, bit for bit, the first rows of 3.
 TEST(CudaExl3, ClusterSplitRows) {

@@ -17,6 +17,7 @@ TEST(CudaGemm, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 
 #include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/gemm_wgmma.h"
+#include "backend/cuda/gemm_wgmma_rs.h"
 #include "cuda_test_util.h"
 #include "quant/affine/affine.h"
 
@@ -27,6 +28,7 @@ using lily::cudatest::Dev;
 using lily::cudatest::randn;
 using lily::cudatest::randn_bf16;
 using lily::cudatest::rel_err;
+using lily::cudatest::SwitchesScope;
 
 // E stacked [out, in] matrices on the device and their exact float values (dequantised for affine).
 struct Weights {
@@ -303,7 +305,8 @@ void fp16_rows_of_every_magnitude(bool wgmma) {
       ASSERT_TRUE(lily::cuda::gemm_tc(W.m, out, in, dx.p, in, nullptr, dy.p, out, false, nullptr, nullptr, (T + 63) / 64, T,
                                       GemmPrec::kFp16, nullptr));
     const auto y = dy.down();
-    const std::string what = W.name() + (wgmma ? " wgmma" : " mma.sync") + " fp16 wide rows";
+    const std::string what =
+        W.name() + (wgmma ? (lily::cuda::kernel_switches().wgmma_rs ? " wgmma-rs" : " wgmma") : " mma.sync") + " fp16 wide rows";
     for (int r = 0; r < T; ++r)
       for (int o = 0; o < out; ++o) {
         const float v = y[size_t(r) * out + o];
@@ -338,7 +341,46 @@ TEST(CudaGemm, DeclinesUnsupportedShapes) {
                                    GemmPrec::kSplit, nullptr));                   // 3-bit codes
 }
 
-// ---- the Hopper kernel (gemm_wgmma.cu): bf16 and fp16 operands, their bounds of expect_close ----
+// ---- the Hopper kernels (gemm_wgmma.cu, gemm_wgmma_rs.cu): bf16 and fp16 operands, their bounds of expect_close ----
+// The register-A kernel's layout (host only): rs_phys_k is a permutation of each 64-deep stage that gives thread c
+// exactly physical k 16c .. 16c + 15, and rs_code_pair pulls, from thread c's words of a weight row, the codes
+// rs_phys_k names for each slice s, fragment half v2 and pair element v0 (logical k 16s + 2c + 8v2 + v0, as the
+// wgmma's register fragment holds it).
+TEST(CudaGemmWgmma, RegisterLayout) {
+  for (int bits : {4, 8, 16}) {
+    SCOPED_TRACE(bits);
+    std::vector<int> seen(64, 0);
+    for (int kl = 0; kl < 64; ++kl) {
+      const int p = lily::cuda::rs_phys_k(bits, kl);
+      ASSERT_GE(p, 0);
+      ASSERT_LT(p, 64);
+      ++seen[size_t(p)];
+      EXPECT_EQ(p / 16, (kl >> 1) & 3) << "kl " << kl;  // owned by thread c
+    }
+    for (int v : seen) EXPECT_EQ(v, 1);
+    EXPECT_EQ(lily::cuda::rs_row_words(bits), bits * 2);
+    // one thread's 16 values (codes 1..15 / distinct bytes / bf16 bit patterns), packed as the weight row holds them
+    const uint32_t mask = bits == 16 ? 0xFFFFu : (1u << bits) - 1;
+    uint32_t code[16], w[8] = {};
+    for (int i = 0; i < 16; ++i) {
+      code[i] = uint32_t(i * 7 + 3 + (bits == 16 ? 0x3C00 : 0)) & mask;
+      w[i * bits / 32] |= code[i] << ((i * bits) % 32);
+    }
+    for (int c = 0; c < 4; ++c)
+      for (int s = 0; s < 4; ++s)
+        for (int v2 = 0; v2 < 2; ++v2) {
+          const uint32_t pair = lily::cuda::rs_code_pair(bits, w, s, v2);
+          for (int v0 = 0; v0 < 2; ++v0) {
+            const int kl = 16 * s + 2 * c + 8 * v2 + v0, local = lily::cuda::rs_phys_k(bits, kl) - 16 * c;
+            EXPECT_EQ((pair >> (16 * v0)) & 0xFFFFu, code[local]) << "c " << c << " s " << s << " v2 " << v2 << " v0 " << v0;
+          }
+        }
+  }
+}
+
+// Both ways of the wgmma kernel's affine / fp16-mode products: weights dequantised in registers
+// (KernelSwitches::wgmma_rs, the default) and by producer warps into shared memory.
+const bool kRegisterA[] = {true, false};
 // Expert tile maps as the MoE block builds them for it (tiles of 128 rows) and of 64 rows (gemm_tiles' other
 // callers: one consumer warpgroup idles), experts with 0, 1, 15, 16, 17, 127, 128 and 129 rows (and 64, 65,
 // 200, 300), gathered and plain inputs; K not a multiple of the 64-deep stage (96, 200, 544); outputs not a
@@ -347,7 +389,9 @@ TEST(CudaGemmWgmma, ExpertTilesMatchReference) {
   LILY_REQUIRE_GPU();
   if (!lily::cuda::gemm_wgmma_device()) GTEST_SKIP() << "needs an sm_90 device";
   std::mt19937 rng(21);
+  for (bool rs : kRegisterA)
   for (int tile_rows : {128, 64}) {
+    SwitchesScope scope([=](lily::cuda::KernelSwitches& k) { k.wgmma_rs = rs; });
     const TileMap m = make_tile_map({0, 1, 15, 16, 17, 127, 128, 129, 0, 64, 65, 200, 300}, 211, rng, tile_rows);
     for_each_tile_case(m, {{300, 256}, {130, 96}, {72, 544}, {40, 200}}, rng,
                        [&](const Weights& W, const Dev<float>& dx, bool gathered, const Ref& R, const std::string& what) {
@@ -357,7 +401,7 @@ TEST(CudaGemmWgmma, ExpertTilesMatchReference) {
         check_both([&](bool acc) {
           return lily::cuda::gemm_wgmma(W.m, out, in, dx.p, in, gathered ? m.dgather->p : nullptr, dy.p, out, acc,
                                         m.tiles->p, m.n_tiles->p, m.max_tiles, m.n, prec, nullptr);
-        }, dy, out, R, prec, what + " wgmma " + prec_name(prec) + " tiles of " + std::to_string(tile_rows), rng);
+        }, dy, out, R, prec, what + " wgmma" + (rs ? "-rs " : " ") + prec_name(prec) + " tiles of " + std::to_string(tile_rows), rng);
     });
   }
 }
@@ -365,7 +409,10 @@ TEST(CudaGemmWgmma, ExpertTilesMatchReference) {
 TEST(CudaGemmWgmma, Fp16RowsOfEveryMagnitude) {
   LILY_REQUIRE_GPU();
   if (!lily::cuda::gemm_wgmma_device()) GTEST_SKIP() << "needs an sm_90 device";
-  fp16_rows_of_every_magnitude(true);
+  for (bool rs : kRegisterA) {
+    SwitchesScope scope([=](lily::cuda::KernelSwitches& k) { k.wgmma_rs = rs; });
+    fp16_rows_of_every_magnitude(true);
+  }
 }
 
 // Dense rows down to M = 1, strided x and y, K tails.
@@ -374,6 +421,7 @@ TEST(CudaGemmWgmma, DenseMatchesReference) {
   if (!lily::cuda::gemm_wgmma_device()) GTEST_SKIP() << "needs an sm_90 device";
   std::mt19937 rng(22);
   const std::pair<int, int> shapes[] = {{130, 256}, {257, 200}, {1, 64}, {520, 544}};
+  for (bool rs : kRegisterA)
   for (auto [bits, gs] : kFormats)
     for (auto [out, in] : shapes) {
       if (bits && in % gs) continue;
@@ -386,8 +434,9 @@ TEST(CudaGemmWgmma, DenseMatchesReference) {
         const Ref R = reference(W, x, ldx, ex, src);
         Dev<float> dx(x), dy(size_t(T) * ldy);
         for (GemmPrec prec : {GemmPrec::kBf16, GemmPrec::kFp16}) {
-          const std::string what = W.name() + " wgmma " + prec_name(prec) + " " + std::to_string(out) + "x" +
-                                   std::to_string(in) + " T=" + std::to_string(T);
+          SwitchesScope scope([=](lily::cuda::KernelSwitches& k) { k.wgmma_rs = rs; });
+          const std::string what = W.name() + " wgmma" + (rs ? "-rs " : " ") + prec_name(prec) + " " +
+                                   std::to_string(out) + "x" + std::to_string(in) + " T=" + std::to_string(T);
           dy.poison();
           ASSERT_TRUE(lily::cuda::gemm_wgmma(W.m, out, in, dx.p, ldx, nullptr, dy.p, ldy, false, nullptr, nullptr,
                                              (T + 63) / 64, T, prec, nullptr));

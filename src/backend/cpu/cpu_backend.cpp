@@ -405,6 +405,11 @@ void CpuBackend::attn_mixer(int layer) {
       rope(k, cfg.rotary_dim, w_->rope_inv_freq.data(), pos);
     }
   }
+  if (opt_.emulate_bf16_kv)
+    for (size_t i = 0; i < size_t(T * kvw); ++i) {
+      b_[i] = round_bf16(b_[i]);
+      c_[i] = round_bf16(c_[i]);
+    }
   std::vector<const CpuState::Layer*> row_kv(static_cast<size_t>(T));
   for (const Group& gr : groups_) {
     auto& S = gr.st->kv(size_t(layer));

@@ -30,6 +30,9 @@ struct CpuOptions {
   uint32_t emulate_bf16 = 0;
   uint32_t emulate_fp16 = 0;
   int64_t emulate_bf16_rows = 33;
+  // Keys and values rounded to bf16 as they enter the cache, as the CUDA backend's KV cache holds them (every
+  // step; its prompt attention's bf16 Q / P operands are not emulated).
+  bool emulate_bf16_kv = false;
 };
 
 // CpuOptions by name, the CLI's repeated --cpu-opt name=value (InputError for an unknown name or a bad value).

@@ -31,6 +31,11 @@ const std::vector<Field>& fields() {
        [](CpuOptions& o, const std::string& v) { o.emulate_fp16 = parse_product_classes(v, "--cpu-opt emulate_fp16"); }},
       {"emulate_bf16_rows", "steps of at least this many rows take the bf16 / fp16 emulation (default 33)",
        [](CpuOptions& o, const std::string& v) { o.emulate_bf16_rows = parse_int_in("emulate_bf16_rows", v, 1, int64_t(1) << 40); }},
+      {"emulate_bf16_kv", "keys and values rounded to bf16 as they enter the cache (the CUDA backend's KV cache): 1 or 0",
+       [](CpuOptions& o, const std::string& v) {
+         if (v != "0" && v != "1") fail("--cpu-opt emulate_bf16_kv={}: expected 1 or 0", v);
+         o.emulate_bf16_kv = v == "1";
+       }},
       {"recurrent_max_rows", "DeltaNet groups of up to this many rows use the recurrent rule (default 16)",
        [](CpuOptions& o, const std::string& v) { o.recurrent_max_rows = parse_int_in("recurrent_max_rows", v, 0, int64_t(1) << 40); }},
       {"affine", "affine 4/8-bit products: int8 (quantised activations) or exact (float activations)",

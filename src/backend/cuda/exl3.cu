@@ -7,14 +7,15 @@
 //     buffer and decodes them in registers against the staged input; the block then reduces, applies the
 //     output Hadamard-128, svh, bias and the logical column map (or silu(gate)·up in swiglu mode).
 //   - GEMM (prompts, MoE tile map): one block per (tile of <= 64 rows, 128-column block). Per 128-wide k
-//     chunk the rows are staged in fp16 after suh and the Hadamard (GemmPrec::kSplit: as hi + lo pairs, two
-//     MMAs per product, so it keeps fp32-like accuracy; kFp16: each row times its power of two from
-//     row_scales.h and 2^-8 of headroom for the Hadamard's growth, undone on the outputs; kBf16: as they
-//     are), the chunk's trellis words are staged in shared
-//     memory, each warp decodes its tile column straight into B fragments and runs mma.sync m16n8k16 with
-//     fp32 accumulation. Dense products of few rows (exl3_rows) split the k chunks over a thread-block
-//     cluster of ks blocks along x (sm_90); rank 0 sums the partial tiles from the others' shared memory in
-//     rank order and finishes.
+//     chunk the rows are staged in fp16 after suh and the Hadamard, each row times its power of two (the rule
+//     of backend/fp16_scale.h on max |x|, from gemm_stage.h's pre-pass) and 2^-8 of headroom for the
+//     Hadamard's growth, undone on the outputs, so that no row overflows fp16 or sinks into its subnormals
+//     (GemmPrec::kSplit: as hi + lo pairs, two MMAs per product, so it keeps fp32-like accuracy; kBf16 and
+//     kFp16: hi alone); the chunk's trellis words are staged in shared memory, each warp decodes its tile
+//     column straight into B fragments and runs mma.sync m16n8k16 with fp32 accumulation. Dense products of
+//     few rows (exl3_rows, always split) split the k chunks over a thread-block cluster of ks blocks along x
+//     (sm_90) and take the row scales from max |x| over the cluster (no pre-pass); rank 0 sums the partial
+//     tiles from the others' shared memory in rank order and finishes.
 // Weights are never dequantised to global memory.
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
@@ -269,7 +270,7 @@ __global__ void __launch_bounds__(32 * kGvWarps) exl3_gemv_kernel(const Exl3Part
 }
 
 // ---- GEMM ------------------------------------------------------------------------------------
-// The fp16 mode's headroom: a Hadamard-128 row (· 1/sqrt(128)) of x ⊙ suh can grow to sqrt(128) · max|x ⊙ suh|;
+// The row scales' headroom: a Hadamard-128 row (· 1/sqrt(128)) of x ⊙ suh can grow to sqrt(128) · max|x ⊙ suh|;
 // row scales put max|x| in [2^14, 2^15), this factor brings it to [2^6, 2^7): no overflow while |suh| < 45.
 constexpr float kExl3Headroom = 1.f / 256.f;
 __device__ __forceinline__ uint32_t pack2(__half lo, __half hi) {
@@ -284,7 +285,8 @@ constexpr size_t gemm_smem() {
 // 256 threads = 8 warps; warp w owns tile column w of the 128-column block (16 outputs, 2 n8 fragments)
 // for all 64 rows (4 m16 fragments). ks > 1 (launched as clusters of ks along x): block x = column block · ks
 // + cluster rank, which takes the k chunks ≡ rank (mod ks). SPLIT: the input rows as fp16 hi + lo (two
-// MMAs), else hi alone. rs.s non-null: the rows scaled (the fp16 mode).
+// MMAs), else hi alone. Row scales: rs.s (a pre-pass), or with rs.s null max |x| of each row over the
+// cluster's k chunks (dense rows: exl3_rows).
 template <int K, int CB, bool SPLIT>
 __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restrict__ parts, int nparts, int out, int in,
     const float* __restrict__ x, int64_t ldx, const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy,
@@ -297,6 +299,7 @@ __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restri
   float* Cs = reinterpret_cast<float*>(sm);                                  // [64][kCStride], after the k loop
   __shared__ int rows_idx[kGmRows];
   __shared__ float rows_scale[kGmRows];
+  __shared__ float rows_max[kGmRows];  // without rs.s: max |x| of each row over this block's k chunks
   const int tile = blockIdx.y;
   int e = 0, row0, nrows;
   if (tiles) {
@@ -316,6 +319,33 @@ __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restri
   }
   __syncthreads();
   const int in_p = pt->in_p, tn = pt->out_p / 16;
+  if (!rs.s) {  // the scales from the rows themselves, the same in every block of a cluster
+    for (int r = warp; r < nrows; r += 8) {
+      const float* xr = x + int64_t(rows_idx[r]) * ldx;
+      float m = 0.f;
+      for (int kb = kr; kb < in_p / 128; kb += ks)
+        for (int k = kb * 128 + lane; k < min(in, kb * 128 + 128); k += 32) m = fmaxf(m, fabsf(xr[k]));
+      m = warp_max(m);
+      if (lane == 0) rows_max[r] = m;
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (ks > 1) {
+      namespace cg = cooperative_groups;
+      cg::cluster_group cl = cg::this_cluster();
+      cl.sync();  // every rank's maxima written; they stay alive until the cluster's last sync below
+      if (tid < nrows) {
+        float m = 0.f;
+        for (int q = 0; q < ks; ++q) m = fmaxf(m, cl.map_shared_rank(rows_max, q)[tid]);
+        rows_scale[tid] = pow2f(fp16_row_exponent(m)) * kExl3Headroom;
+      }
+    } else
+#endif
+    {
+      __syncthreads();
+      if (tid < nrows) rows_scale[tid] = pow2f(fp16_row_exponent(rows_max[tid])) * kExl3Headroom;
+    }
+    __syncthreads();
+  }
   const int mtiles = (nrows + 15) / 16;
   float acc[4][2][4] = {};
   for (int kb = kr; kb < in_p / 128; kb += ks) {
@@ -528,9 +558,7 @@ void exl3_gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx,
   if (in > W.in_p) fail_internal("EXL3 GEMM: input wider than the padded input width");
   const dim3 grid(unsigned(W.col_blocks), unsigned(max_tiles));
   const GemmPrec prec = gemm_prec_for(W);
-  RowScales rs;
-  if (prec == GemmPrec::kFp16 && (tiles || T > 0))
-    rs = row_scales(x, ldx, in, gather, tiles, n_tiles, max_tiles, T, x_rows, s);
+  const RowScales rs = row_scales(x, ldx, in, gather, tiles, n_tiles, max_tiles, T, x_rows, s);  // every mode
   dispatch(W.K, W.cb, [&](auto kc, auto cc) {
     constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
     if (prec == GemmPrec::kSplit)

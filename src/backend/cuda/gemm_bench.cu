@@ -93,12 +93,42 @@ double time_ms(F&& f, int reps) {
   return double(ms) / reps;
 }
 
+// The wgmma kernel's rows: bf16 weights in bf16 straight from shared memory; affine weights (and bf16 weights in
+// fp16) dequantised in the consumers' registers (KernelSwitches::wgmma_rs) or by producer warps into shared memory.
+struct WgmmaRow {
+  const char* name;
+  cuda::GemmPrec prec;
+  bool rs;
+};
+std::vector<WgmmaRow> wgmma_rows(bool affine) {
+  std::vector<WgmmaRow> r;
+  if (affine) {
+    r.push_back({"wgmma+TMA (bf16 operands), weights dequantised in registers", cuda::GemmPrec::kBf16, true});
+    r.push_back({"wgmma+TMA (fp16 operands, scaled rows), weights dequantised in registers", cuda::GemmPrec::kFp16, true});
+    r.push_back({"wgmma+TMA (bf16 operands), weights dequantised into shared memory", cuda::GemmPrec::kBf16, false});
+  } else {
+    r.push_back({"wgmma+TMA (bf16 operands)", cuda::GemmPrec::kBf16, true});
+    r.push_back({"wgmma+TMA (fp16 operands, scaled rows), weights converted in registers", cuda::GemmPrec::kFp16, true});
+    r.push_back({"wgmma+TMA (fp16 operands, scaled rows), weights converted in shared memory", cuda::GemmPrec::kFp16, false});
+  }
+  return r;
+}
+// f() under ks with wgmma_rs = rs.
+template <typename F>
+void with_rs(const cuda::KernelSwitches& ks, bool rs, F&& f) {
+  cuda::KernelSwitches k = ks;
+  k.wgmma_rs = rs;
+  cuda::set_kernel_switches(k);
+  f();
+  cuda::set_kernel_switches(ks);
+}
+
 }  // namespace
 
 std::vector<CudaGemmBenchRow> cuda_gemm_bench(int prompt_tokens, int repeats, const cuda::KernelSwitches& ks) {
   cuda::set_kernel_switches(ks);
   cuda::init_kernels();
-  const bool hopper = ks.gemm_wgmma && cuda::gemm_wgmma_device();  // the wgmma rows: --cuda-opt gemm_wgmma=1
+  const bool hopper = ks.gemm_wgmma != cuda::kWgmmaOff && cuda::gemm_wgmma_device();  // the wgmma rows
   std::vector<CudaGemmBenchRow> rows;
   const int E = 256, k = 8, H = 2048, I = 512, P = std::max(1, prompt_tokens);
   // routing: k distinct experts per token, uniform; slots sorted by expert, tiles of <= 64 rows
@@ -154,10 +184,11 @@ std::vector<CudaGemmBenchRow> cuda_gemm_bench(int prompt_tokens, int repeats, co
                         kernel[0] == ' ' ? 0.0 : flop / (ms * 1e-3) / 1e12});  // staging alone: no FLOPs
       };
       if (hopper) {
-        for (auto [prec, name] : {std::pair{cuda::GemmPrec::kBf16, "wgmma+TMA (bf16 operands)"},
-                                  std::pair{cuda::GemmPrec::kFp16, "wgmma+TMA (fp16 operands, scaled rows)"}})
-          add(name, [&] {
-            cuda::gemm_wgmma(W.m, sh.out, sh.in, x.p, sh.in, g, y.p, sh.out, false, du.p, dnu.p, nu, n, prec, nullptr);
+        for (const WgmmaRow& r : wgmma_rows(bits != 0))
+          add(r.name, [&] {
+            with_rs(ks, r.rs, [&] {
+              cuda::gemm_wgmma(W.m, sh.out, sh.in, x.p, sh.in, g, y.p, sh.out, false, du.p, dnu.p, nu, n, r.prec, nullptr);
+            });
           });
         if (bits == 0)
           add("  wgmma's input staging alone (bf16)", [&] {
@@ -187,11 +218,12 @@ std::vector<CudaGemmBenchRow> cuda_gemm_bench(int prompt_tokens, int repeats, co
       rows.push_back({"dense 8192x8192, 8192 rows", "bf16", kernel, ms, kernel[0] == ' ' ? 0.0 : flop / (ms * 1e-3) / 1e12});
     };
     if (hopper) {
-      for (auto [prec, name] : {std::pair{cuda::GemmPrec::kBf16, "wgmma+TMA (bf16 operands)"},
-                                std::pair{cuda::GemmPrec::kFp16, "wgmma+TMA (fp16 operands, scaled rows)"}})
-        add(name, [&] {
-          cuda::gemm_wgmma(W.m, D, D, x.p, D, nullptr, y.p, D, false, nullptr, nullptr, int(cuda::cdiv(D, cuda::kGemmBM)),
-                           D, prec, nullptr);
+      for (const WgmmaRow& r : wgmma_rows(false))
+        add(r.name, [&] {
+          with_rs(ks, r.rs, [&] {
+            cuda::gemm_wgmma(W.m, D, D, x.p, D, nullptr, y.p, D, false, nullptr, nullptr, int(cuda::cdiv(D, cuda::kGemmBM)),
+                             D, r.prec, nullptr);
+          });
         });
       add("  wgmma's input staging alone (bf16)", [&] {
         cuda::stage_rows(false, x.p, D, D, nullptr, nullptr, nullptr, 0, D, nullptr);

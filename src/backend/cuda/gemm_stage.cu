@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "backend/cuda/gemm_stage.h"
+#include "backend/cuda/gemm_wgmma_rs.h"
 #include "backend/cuda/kernels.cuh"
 
 namespace lily::cuda {
@@ -55,7 +56,8 @@ __device__ __forceinline__ uint32_t pack16x2(bool fp16, float lo, float hi) {
 }
 
 // Product row r (reading x row src) into a[r]: 16-bit, fp16 scaled (s[r]). in % 4 == 0, rows 16-byte aligned.
-template <bool F16>
+// P: the column permutation of gemm_wgmma_rs.h (0: none).
+template <bool F16, int P>
 __device__ __forceinline__ void stage_row(const float* __restrict__ xr, int in, uint16_t* __restrict__ ar,
                                           float* __restrict__ s, int r, int lane) {
   const float4* x4 = reinterpret_cast<const float4*>(xr);
@@ -69,22 +71,31 @@ __device__ __forceinline__ void stage_row(const float* __restrict__ xr, int in, 
     sc = pow2f(fp16_row_exponent(warp_max(m)));
     if (lane == 0) s[r] = sc;
   }
-  for (int k = lane; k < in / 4; k += 32) {
-    const float4 v = __ldg(x4 + k);
-    reinterpret_cast<uint2*>(ar)[k] = make_uint2(pack16x2(F16, v.x * sc, v.y * sc), pack16x2(F16, v.z * sc, v.w * sc));
+  if constexpr (P == 0) {
+    for (int k = lane; k < in / 4; k += 32) {
+      const float4 v = __ldg(x4 + k);
+      reinterpret_cast<uint2*>(ar)[k] = make_uint2(pack16x2(F16, v.x * sc, v.y * sc), pack16x2(F16, v.z * sc, v.w * sc));
+    }
+  } else {
+    const int ld = (in + 63) / 64 * 64;
+    for (int k = 2 * lane; k < ld; k += 64) {  // a warp per 64-column block: logical pairs (k, k + 1)
+      const int blk = k & ~63, p0 = blk + rs_phys_k(P, k & 63), p1 = blk + rs_phys_k(P, (k & 63) + 1);
+      const float v0 = p0 < in ? __ldg(xr + p0) : 0.f, v1 = p1 < in ? __ldg(xr + p1) : 0.f;
+      reinterpret_cast<uint32_t*>(ar)[k >> 1] = pack16x2(F16, v0 * sc, v1 * sc);
+    }
   }
 }
 
-template <bool F16>
+template <bool F16, int P>
 __global__ void __launch_bounds__(32 * kWarps) stage_dense_kernel(const float* __restrict__ x, int64_t ldx, int in,
                                                                   int T, uint16_t* __restrict__ a, int64_t lda,
                                                                   float* __restrict__ s) {
   const int r = int(blockIdx.x) * kWarps + int(threadIdx.x >> 5);
   if (r >= T) return;
-  stage_row<F16>(x + int64_t(r) * ldx, in, a + int64_t(r) * lda, s, r, threadIdx.x & 31);
+  stage_row<F16, P>(x + int64_t(r) * ldx, in, a + int64_t(r) * lda, s, r, threadIdx.x & 31);
 }
 
-template <bool F16>
+template <bool F16, int P>
 __global__ void __launch_bounds__(32 * kWarps) stage_tiles_kernel(const float* __restrict__ x, int64_t ldx, int in,
     const int32_t* __restrict__ gather, const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles,
     uint16_t* __restrict__ a, int64_t lda, float* __restrict__ s) {
@@ -93,7 +104,28 @@ __global__ void __launch_bounds__(32 * kWarps) stage_tiles_kernel(const float* _
   const int row0 = tiles[3 * tile + 1], nrows = min(tiles[3 * tile + 2], kGemmUnitRows);
   for (int j = int(threadIdx.x >> 5); j < nrows; j += kWarps) {
     const int r = row0 + j;
-    stage_row<F16>(x + int64_t(gather ? gather[r] : r) * ldx, in, a + int64_t(r) * lda, s, r, threadIdx.x & 31);
+    stage_row<F16, P>(x + int64_t(gather ? gather[r] : r) * ldx, in, a + int64_t(r) * lda, s, r, threadIdx.x & 31);
+  }
+}
+
+template <bool F16, int P>
+void launch_stage(const float* x, int64_t ldx, int in, const int32_t* gather, const int32_t* tiles,
+                  const int32_t* n_tiles, int max_tiles, int T, uint16_t* a, int64_t lda, float* sc, cudaStream_t s) {
+  if (tiles)
+    stage_tiles_kernel<F16, P><<<unsigned(max_tiles), 32 * kWarps, 0, s>>>(x, ldx, in, gather, tiles, n_tiles, a, lda, sc);
+  else
+    stage_dense_kernel<F16, P><<<cdiv(T, kWarps), 32 * kWarps, 0, s>>>(x, ldx, in, T, a, lda, sc);
+}
+
+template <bool F16>
+void launch_stage_perm(int perm_bits, const float* x, int64_t ldx, int in, const int32_t* gather, const int32_t* tiles,
+                       const int32_t* n_tiles, int max_tiles, int T, uint16_t* a, int64_t lda, float* sc, cudaStream_t s) {
+  switch (perm_bits) {
+    case 0: launch_stage<F16, 0>(x, ldx, in, gather, tiles, n_tiles, max_tiles, T, a, lda, sc, s); return;
+    case 4: launch_stage<F16, 4>(x, ldx, in, gather, tiles, n_tiles, max_tiles, T, a, lda, sc, s); return;
+    case 8: launch_stage<F16, 8>(x, ldx, in, gather, tiles, n_tiles, max_tiles, T, a, lda, sc, s); return;
+    case 16: launch_stage<F16, 16>(x, ldx, in, gather, tiles, n_tiles, max_tiles, T, a, lda, sc, s); return;
+    default: fail_internal("stage_rows: perm_bits must be 0, 4, 8 or 16");
   }
 }
 
@@ -148,7 +180,7 @@ void* buffer(cudaStream_t s, Slot slot, size_t bytes) {
 
 void reserve_gemm_stage(cudaStream_t s, int64_t rows, int64_t in) {
   rows = std::max<int64_t>(rows, 1);
-  const size_t sizes[kSlots] = {4 * size_t(rows), 4 * size_t(rows), 2 * size_t(rows) * size_t((in + 7) / 8 * 8)};
+  const size_t sizes[kSlots] = {4 * size_t(rows), 4 * size_t(rows), 2 * size_t(rows) * size_t((in + 63) / 64 * 64)};
   std::lock_guard<std::mutex> lock(registry().mu);
   Entry& e = entry(s);
   for (int i = 0; i < kSlots; ++i)
@@ -172,23 +204,18 @@ RowScales row_scales(const float* x, int64_t ldx, int in, const int32_t* gather,
 }
 
 StagedRows stage_rows(bool fp16, const float* x, int64_t ldx, int in, const int32_t* gather, const int32_t* tiles,
-                      const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s) {
+                      const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s, int perm_bits) {
   if (in % 4 != 0 || ldx % 4 != 0 || !aligned16(x)) fail_internal("stage_rows: needs in and ldx multiples of 4, x 16-byte aligned");
   StagedRows st;
-  st.ld = (in + 7) / 8 * 8;
+  st.ld = perm_bits ? (in + 63) / 64 * 64 : (in + 7) / 8 * 8;
   const int rows = std::max(T, 1);
   auto* a = static_cast<uint16_t*>(buffer(s, kStage, 2 * size_t(rows) * size_t(st.ld)));
   float* sc = fp16 ? static_cast<float*>(buffer(s, kStageScales, 4 * size_t(rows))) : nullptr;
   st.a = a;
   st.s = sc;
   if (T <= 0 || (tiles && max_tiles <= 0)) return st;
-  if (tiles) {
-    if (fp16) stage_tiles_kernel<true><<<unsigned(max_tiles), 32 * kWarps, 0, s>>>(x, ldx, in, gather, tiles, n_tiles, a, st.ld, sc);
-    else stage_tiles_kernel<false><<<unsigned(max_tiles), 32 * kWarps, 0, s>>>(x, ldx, in, gather, tiles, n_tiles, a, st.ld, sc);
-  } else {
-    if (fp16) stage_dense_kernel<true><<<cdiv(T, kWarps), 32 * kWarps, 0, s>>>(x, ldx, in, T, a, st.ld, sc);
-    else stage_dense_kernel<false><<<cdiv(T, kWarps), 32 * kWarps, 0, s>>>(x, ldx, in, T, a, st.ld, sc);
-  }
+  if (fp16) launch_stage_perm<true>(perm_bits, x, ldx, in, gather, tiles, n_tiles, max_tiles, T, a, st.ld, sc, s);
+  else launch_stage_perm<false>(perm_bits, x, ldx, in, gather, tiles, n_tiles, max_tiles, T, a, st.ld, sc, s);
   LILY_CU_LAUNCH();
   return st;
 }

@@ -21,9 +21,11 @@ struct RowScales {
 RowScales row_scales(const float* x, int64_t ldx, int in, const int32_t* gather, const int32_t* tiles,
                      const int32_t* n_tiles, int max_tiles, int T, int x_rows, cudaStream_t s);
 
-// The input rows of a product as a 16-bit matrix a [T, ld] (ld = in rounded up to 8) in product-row order:
-// row r = x[gather[r]] (or x[r]) for the rows the live tiles name (tiles of up to kGemmUnitRows rows; other rows
-// hold stale values), or dense rows 0..T-1. fp16: each row times its power of two, s[r] (else s is null).
+// The input rows of a product as a 16-bit matrix a [T, ld] in product-row order: row r = x[gather[r]] (or x[r])
+// for the rows the live tiles name (tiles of up to kGemmUnitRows rows; other rows hold stale values), or dense
+// rows 0..T-1. fp16: each row times its power of two, s[r] (else s is null). perm_bits 0: ld = in rounded up to
+// 8, columns in order; 4, 8 or 16: ld = in rounded up to 64, column 64b + kl holding x column 64b +
+// rs_phys_k(perm_bits, kl) (gemm_wgmma_rs.h; zero past in).
 constexpr int kGemmUnitRows = 128;
 struct StagedRows {
   const uint16_t* a = nullptr;
@@ -31,7 +33,7 @@ struct StagedRows {
   const float* s = nullptr;
 };
 StagedRows stage_rows(bool fp16, const float* x, int64_t ldx, int in, const int32_t* gather, const int32_t* tiles,
-                      const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s);
+                      const int32_t* n_tiles, int max_tiles, int T, cudaStream_t s, int perm_bits = 0);
 
 // The buffers live per (device, stream); the stream's next product reuses them (stream order keeps them alive).
 // Products of up to the reserved size use buffers that never move, so a captured graph may hold their addresses:

@@ -9,9 +9,10 @@
 // CTAs in flight share a tile's rows and an expert's weights (raster 1: the transpose). 384 threads:
 //   warpgroup 0, the producer. Thread 0 issues each stage's copies S - 1 stages ahead: A (128 rows × 64, 128-byte
 //     swizzle) and B (256 weight rows × 64, same swizzle: bf16 weights straight into the operand stage). When B
-//     needs a transform (affine codes; bf16 weights in the fp16 mode) it lands raw and warps 1-3 turn it into the
-//     operand: s·q + b (q shifted into the mantissa of 1.0f: f = 1 + q·2^-bits, s·q + b = fma(f, s·2^bits,
-//     b − s·2^bits)) into the swizzled layout, or bf16 -> fp16 in place.
+//     needs a transform (affine codes; bf16 weights in the fp16 mode; only with KernelSwitches::wgmma_rs off —
+//     by default those products run on gemm_wgmma_rs.cu, which dequantises in the consumers' registers) it lands
+//     raw and warps 1-3 turn it into the operand: s·q + b (q shifted into the mantissa of 1.0f: f = 1 + q·2^-bits,
+//     s·q + b = fma(f, s·2^bits, b − s·2^bits)) into the swizzled layout, or bf16 -> fp16 in place.
 //   warpgroups 1 and 2, the consumers: rows 0-63 and 64-127 of the unit, all 256 columns: 4 × wgmma
 //     m64n256k16 per stage from shared memory, one group left in flight (the previous stage is released once
 //     the next is issued); outputs written from registers (fp16: times the row's inverse scale).
@@ -20,32 +21,28 @@
 // and gemm_wgmma declines other devices.
 #include "backend/cuda/gemm_wgmma.h"
 
-#include <cuda.h>
 #include <cuda_fp16.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <atomic>
 
 #include "backend/cuda/gemm_stage.h"
+#include "backend/cuda/gemm_wgmma_rs.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/ptx.cuh"
-
-#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define LILY_WGMMA_CODE 1
-#endif
+#include "backend/cuda/wgmma.cuh"
 
 namespace lily::cuda {
 namespace {
 
-constexpr int kBM = kGemmUnitRows;  // rows per unit: two consumer warpgroups of 64
-constexpr int kBN = 256;            // columns per unit
-constexpr int kBK = 64;             // k per stage: one 128-byte swizzle row of 16-bit values
+constexpr int kBM = wg::kUnitRows;  // rows per unit: two consumer warpgroups of 64
+constexpr int kBN = wg::kUnitCols;  // columns per unit
+constexpr int kBK = wg::kStageK;    // k per stage: one 128-byte swizzle row of 16-bit values
 constexpr int kThreads = 384;
 constexpr int kXformThreads = 96;   // producer warps 1-3
 constexpr uint32_t kOpA = kBM * kBK * 2;  // 16 KB
 constexpr uint32_t kOpB = kBN * kBK * 2;  // 32 KB
-static_assert(kBM == 128, "two consumer warpgroups of 64 rows");
+static_assert(kBM == 128 && kBM == kGemmUnitRows, "two consumer warpgroups of 64 rows; the tile maps' rows per unit");
 
 // WB: 0 bf16 weights, 4 / 8 affine bits. F16: fp16 operands (else bf16).
 template <int WB, bool F16>
@@ -75,63 +72,8 @@ struct Args {
 };
 
 #ifdef LILY_WGMMA_CODE
-__device__ __forceinline__ void bar_init(uint32_t bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar) : "memory");
-}
-// bar_arrive where pred holds, predicated inside the asm: no branch between the wgmma groups in flight (a
-// divergent branch there makes ptxas drain and serialise them).
-__device__ __forceinline__ void bar_arrive_if(uint32_t bar, bool pred) {
-  asm volatile(
-      "{\n.reg .pred p;\n.reg .b64 st;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar),
-      "r"(int(pred))
-      : "memory");
-}
-// One arrival that also expects `bytes` more of copy-engine transactions in the current phase.
-__device__ __forceinline__ void bar_arrive_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// One box of a 2-D / 3-D tensor map at coordinates (c0 innermost, ...) into shared memory, counted on bar.
-__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void tma_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void reg_dealloc() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
-template <int N>
-__device__ __forceinline__ void reg_alloc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
+using namespace wg;
 
-// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart (tile 1024-aligned).
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
 // d (64 rows × 256 columns over the warpgroup; thread layout: rows 16·warp + lane/4 (+8), columns
 // 8j + 2·(lane % 4) (+1) in d[4j .. 4j+3]) (scale_d: +)= A (64 × 16, descriptor da) · B (256 × 16, descriptor db)ᵀ.
 #define LILY_WGMMA_N256(TY)                                                                                   \
@@ -149,11 +91,6 @@ __device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_
   else LILY_WGMMA_N256("bf16");
 }
 #undef LILY_WGMMA_N256
-// Keeps the compiler from moving accumulator accesses across the wgmma fences and waits.
-__device__ __forceinline__ void fence_acc(float (&d)[128]) {
-#pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 template <bool F16>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   if constexpr (F16) {
@@ -164,9 +101,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&v);
   }
 }
-// Byte offset of (row r, 16-byte chunk c) in a 128-byte-swizzled tile.
-__device__ __forceinline__ uint32_t sw128(int r, int c) { return uint32_t(r) * 128u + (uint32_t((c ^ r) & 7) << 4); }
-
 // Eight consecutive codes (one 16-byte output chunk) -> eight 16-bit values s·q + b; sb = scale | bias << 16.
 template <int WB, bool F16>
 __device__ __forceinline__ uint4 dequant8(const uint32_t* w, uint32_t sb) {
@@ -190,9 +124,6 @@ __device__ __forceinline__ uint4 dequant8(const uint32_t* w, uint32_t sb) {
   return make_uint4(pack2<F16>(v[0], v[1]), pack2<F16>(v[2], v[3]), pack2<F16>(v[4], v[5]), pack2<F16>(v[6], v[7]));
 }
 
-struct Unit {
-  int e, row0, nrows, nb;
-};
 #endif
 
 template <int WB, bool F16>
@@ -215,27 +146,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
   }
   __syncthreads();
 
-  const int live = a.tiles ? *a.n_tiles : (a.T + kBM - 1) / kBM;
-  const int nblk = (a.out + kBN - 1) / kBN, nk = (a.in + kBK - 1) / kBK;
-  const int n_work = live * nblk;
-  const int n_units = n_work > int(blockIdx.x) ? (n_work - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
-  const int n_stages = n_units * nk;
-  auto unit = [&](int u) {
-    const int w = int(blockIdx.x) + u * int(gridDim.x);
-    const int tile = a.raster ? w % live : w / nblk;
-    Unit un;
-    un.nb = a.raster ? w / live : w % nblk;
-    if (a.tiles) {
-      un.e = a.tiles[3 * tile];
-      un.row0 = a.tiles[3 * tile + 1];
-      un.nrows = min(a.tiles[3 * tile + 2], kBM);
-    } else {
-      un.e = 0;
-      un.row0 = tile * kBM;
-      un.nrows = min(kBM, a.T - un.row0);
-    }
-    return un;
-  };
+  const UnitWalk unit(a.out, a.in, a.T, a.tiles, a.n_tiles, a.raster);
+  const int nk = unit.nk, n_units = unit.n_units, n_stages = n_units * nk;
   auto opA = [&](int slot) { return base + uint32_t(slot) * C::STAGE; };
   auto opB = [&](int slot) { return base + uint32_t(slot) * C::STAGE + kOpA; };
 
@@ -318,18 +230,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
         const int slot = j % C::S;
         bar_wait(full + 8 * slot, (j / C::S) & 1);
         const uint64_t da = desc_sw128(opA(slot) + uint32_t(cw) * 64u * 128u), db = desc_sw128(opB(slot));
-        fence_acc(acc);
-        wg_fence();
+        fence_regs(acc);
+        fence();
 #pragma unroll
         for (int k16 = 0; k16 < kBK / 16; ++k16)  // +32 bytes per k16
           wgmma_n256<F16>(acc, da + 2 * k16, db + 2 * k16, (kt | k16) != 0);
-        wg_commit();
-        wg_wait<1>();  // the previous stage's group is done: release its slot
-        fence_acc(acc);
+        commit();
+        wait<1>();  // the previous stage's group is done: release its slot
+        fence_regs(acc);
         bar_arrive_if(empty + 8 * ((j + C::S - 1) % C::S), lane == 0 && kt > 0);
       }
-      wg_wait<0>();
-      fence_acc(acc);
+      wait<0>();
+      fence_regs(acc);
       bar_arrive_if(empty + 8 * ((j + C::S - 1) % C::S), lane == 0);
       // epilogue: rows 64·cw + 16·warp + lane/4 (+8), columns nb·256 + 8j + 2·(lane % 4) (+1)
       const bool vec = (a.ldy & 1) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 7) == 0;
@@ -369,32 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
 #endif
 }
 
-// ---- host ------------------------------------------------------------------------------------
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      p = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-// A tiled tensor map of rank 2 or 3 (dims innermost first, strides of dims 1 (and 2) in bytes, a box of
-// b0 × b1 (× 1)).
-bool make_map(CUtensorMap& m, CUtensorMapDataType dt, const void* base, int rank, const uint64_t* dims,
-              const uint64_t* strides, uint32_t b0, uint32_t b1, CUtensorMapSwizzle sw) {
-  const auto fn = encode_fn();
-  if (!fn) return false;
-  const cuuint64_t d[3] = {dims[0], dims[1], rank > 2 ? dims[2] : 1};
-  const cuuint64_t st[2] = {strides[0], rank > 2 ? strides[1] : 0};
-  const cuuint32_t box[3] = {b0, b1, 1}, es[3] = {1, 1, 1};
-  return fn(&m, dt, cuuint32_t(rank), const_cast<void*>(base), d, st, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
-            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
+// ---- host ----
 template <int WB, bool F16>
 void raise_smem() {
   LILY_CU(cudaFuncSetAttribute(gemm_wgmma_kernel<WB, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -419,7 +306,7 @@ const DevInfo& dev_info() {
   cudaFuncAttributes fa{};
   const bool has90a = cudaFuncGetAttributes(&fa, gemm_wgmma_kernel<0, false>) == cudaSuccess && fa.binaryVersion >= 90;
   d.sms = p.multiProcessorCount;
-  d.ok = p.major == 9 && p.minor == 0 && has90a && encode_fn() != nullptr &&
+  d.ok = p.major == 9 && p.minor == 0 && has90a && wg::encode_fn() != nullptr &&
          size_t(p.sharedMemPerBlockOptin) >= std::max({Cfg<0, false>::SMEM, Cfg<4, false>::SMEM, Cfg<8, false>::SMEM});
   if (d.ok) {
     raise_smem<0, false>(); raise_smem<4, false>(); raise_smem<8, false>();
@@ -447,6 +334,11 @@ bool gemm_wgmma_takes(const Mat& W, int in, const float* x, int64_t ldx) {
 
 bool gemm_wgmma_device() { return dev_info().ok; }
 
+bool gemm_wgmma_wanted(const Mat& W) {
+  const int m = kernel_switches().gemm_wgmma;
+  return m == kWgmmaOn || (m == kWgmmaAuto && !W.affine && !W.exl3);
+}
+
 void init_gemm_wgmma_kernels() { (void)dev_info(); }
 
 bool gemm_wgmma(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
@@ -456,11 +348,15 @@ bool gemm_wgmma(const Mat& W, int out, int in, const float* x, int64_t ldx, cons
   const DevInfo& d = dev_info();
   if (!d.ok) return false;
   if (out <= 0 || max_tiles <= 0 || T <= 0) return true;
+  if (kernel_switches().wgmma_rs && gemm_wgmma_rs_covers(W, prec)) {
+    gemm_wgmma_rs(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, prec, d.sms, s);
+    return true;
+  }
   const bool f16 = prec == GemmPrec::kFp16;
   const StagedRows st = stage_rows(f16, x, ldx, in, gather, tiles, n_tiles, max_tiles, T, s);
   CUtensorMap ma{}, mb{};
   const uint64_t da[2] = {uint64_t(in), uint64_t(T)}, sa[1] = {uint64_t(st.ld) * 2};
-  bool ok = make_map(ma, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, st.a, 2, da, sa, kBK,
+  bool ok = wg::make_map(ma, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, st.a, 2, da, sa, kBK,
                      kBM, CU_TENSOR_MAP_SWIZZLE_128B);
   // experts of a stack: any index the tile map names (the map's extent is not checked against the stack)
   const uint64_t experts = tiles ? 65536 : 1;
@@ -468,12 +364,12 @@ bool gemm_wgmma(const Mat& W, int out, int in, const float* x, int64_t ldx, cons
     const uint64_t es = tiles ? uint64_t(W.estride) : uint64_t(out) * uint64_t(W.ld);
     const uint64_t db[3] = {uint64_t(in), uint64_t(out), experts};
     const uint64_t sb[2] = {uint64_t(W.ld) * 2, std::max<uint64_t>(es, uint64_t(out) * uint64_t(W.ld)) * 2};
-    ok = ok && make_map(mb, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, W.w, 3, db, sb, kBK, kBN, CU_TENSOR_MAP_SWIZZLE_128B);
+    ok = ok && wg::make_map(mb, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, W.w, 3, db, sb, kBK, kBN, CU_TENSOR_MAP_SWIZZLE_128B);
   } else {
     const uint64_t qs = tiles ? uint64_t(W.qstride) : uint64_t(out) * uint64_t(W.row_words);
     const uint64_t db[3] = {uint64_t(W.row_words), uint64_t(out), experts};
     const uint64_t sb[2] = {uint64_t(W.row_words) * 4, std::max<uint64_t>(qs, uint64_t(out) * uint64_t(W.row_words)) * 4};
-    ok = ok && make_map(mb, CU_TENSOR_MAP_DATA_TYPE_UINT32, W.q, 3, db, sb, uint32_t(W.bits * kBK / 32), kBN,
+    ok = ok && wg::make_map(mb, CU_TENSOR_MAP_DATA_TYPE_UINT32, W.q, 3, db, sb, uint32_t(W.bits * kBK / 32), kBN,
                         CU_TENSOR_MAP_SWIZZLE_NONE);
   }
   if (!ok) fail_internal("gemm_wgmma: a tensor map of a covered shape was refused");
@@ -482,8 +378,7 @@ bool gemm_wgmma(const Mat& W, int out, int in, const float* x, int64_t ldx, cons
   a.tiles = tiles; a.n_tiles = n_tiles; a.scales = st.s;
   a.s = W.s; a.b = W.b; a.sstride = W.sstride; a.gs = W.affine ? W.gs : 1; a.ngroups = W.affine ? in / W.gs : 0;
   a.raster = kernel_switches().wgmma_raster;
-  const int64_t units = int64_t(tiles ? max_tiles : cdiv(T, kBM)) * cdiv(out, kBN);
-  const unsigned grid = unsigned(std::min<int64_t>(units, d.sms));
+  const unsigned grid = wg::unit_grid(tiles ? max_tiles : 0, T, out, d.sms);
   if (!W.affine) launch<0>(f16, grid, ma, mb, a, s);
   else if (W.bits == 4) launch<4>(f16, grid, ma, mb, a, s);
   else launch<8>(f16, grid, ma, mb, a, s);

@@ -15,6 +15,9 @@ bool gemm_wgmma_takes(const Mat& W, int in, const float* x, int64_t ldx);
 // True on a device of compute capability 9.0 in a binary that carries the sm_90a kernel.
 bool gemm_wgmma_device();
 
+// Whether KernelSwitches::gemm_wgmma asks for W on the wgmma kernels (gemm_wgmma_takes decides whether they can).
+bool gemm_wgmma_wanted(const Mat& W);
+
 // y[r, 0:out] (= or +=) x[gather[r], 0:in] · W_eᵀ over the tile map (tiles, n_tiles, max_tiles; rows below T) or,
 // with tiles == null, dense rows 0..T-1. prec kBf16 or kFp16 (kSplit: declined). Returns false, launching
 // nothing, when the device, the precision or the shape is not covered (the caller then runs gemm_tc).

@@ -1,7 +1,7 @@
 // Linear layers: dispatch of decode products to the multi-row product (gemv_rows.cu, 3..32 rows), the GEMV
 // (gemv.cu; a scalar fallback here for bf16 rows that are not 16-byte aligned) and of prompt products to the
 // tiled GEMMs (tensor cores in gemm_tc.cu, a SIMT kernel here for shapes the tensor-core path does not take;
-// with KernelSwitches::gemm_wgmma the wgmma kernel of gemm_wgmma.cu first on Hopper in the bf16 / fp16 modes).
+// the wgmma kernels of gemm_wgmma.cu first on Hopper in the bf16 / fp16 modes, as KernelSwitches::gemm_wgmma asks).
 #include <algorithm>
 
 #include "backend/cuda/gemm_tc.h"
@@ -150,7 +150,7 @@ void gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, cons
   }
   if (max_tiles <= 0) return;
   const GemmPrec prec = gemm_prec_for(W);
-  if (kernel_switches().gemm_wgmma &&
+  if (gemm_wgmma_wanted(W) &&
       gemm_wgmma(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, prec, s))
     return;  // Hopper wgmma kernel (bf16 / fp16 operands)
   if (gemm_tc(W, out, in, x, ldx, gather, y, ldy, accumulate, tiles, n_tiles, max_tiles, T, prec, s, x_rows))

@@ -29,7 +29,7 @@ struct MoeScratch {
 
 // Whether gemm_tiles would run W on the wgmma kernel (which then takes tiles of kGemmUnitRows rows).
 bool wgmma_covers(const Mat& W, int in, const float* x, int64_t ldx) {
-  return kernel_switches().gemm_wgmma && gemm_prec_for(W) != GemmPrec::kSplit && gemm_wgmma_takes(W, in, x, ldx) &&
+  return gemm_wgmma_wanted(W) && gemm_prec_for(W) != GemmPrec::kSplit && gemm_wgmma_takes(W, in, x, ldx) &&
          gemm_wgmma_device();
 }
 

@@ -70,8 +70,13 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.reduced_classes = parse_product_classes(v, "--cuda-opt classes"); }},
       {"bf16_classes", "the same as classes",
        [](CudaOptions& o, const std::string& v) { o.kernels.reduced_classes = parse_product_classes(v, "--cuda-opt bf16_classes"); }},
-      {"gemm_wgmma", "bf16 / fp16 prompt GEMMs on the Hopper wgmma + TMA kernel (default off: the mma.sync kernel)",
-       [](CudaOptions& o, const std::string& v) { o.kernels.gemm_wgmma = parse_bool("gemm_wgmma", v); }},
+      {"gemm_wgmma", "bf16 / fp16 prompt GEMMs on the Hopper wgmma + TMA kernels: 1 every product they take, 0 none "
+                     "(the mma.sync kernel), auto (default) those measured faster on them",
+       [](CudaOptions& o, const std::string& v) {
+         o.kernels.gemm_wgmma = v == "auto" ? cuda::kWgmmaAuto : parse_bool("gemm_wgmma", v) ? cuda::kWgmmaOn : cuda::kWgmmaOff;
+       }},
+      {"wgmma_rs", "the wgmma kernel's affine and fp16-mode products dequantise in registers (default on; off: in shared memory)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.wgmma_rs = parse_bool("wgmma_rs", v); }},
       {"wgmma_raster", "the wgmma kernel's unit order: 0 tile-major (default), 1 column-major",
        [](CudaOptions& o, const std::string& v) { o.kernels.wgmma_raster = parse_int_in("wgmma_raster", v, 0, 1); }},
       {"gemm_skip_empty", "expert GEMMs skip empty row tiles",

@@ -20,6 +20,8 @@ namespace lily::cuda {
 // kBf16 and kFp16 apply to the products of the classes in KernelSwitches::reduced_classes; the others split.
 enum class GemmPrec { kBf16, kSplit, kFp16 };
 
+constexpr int kWgmmaOff = 0, kWgmmaOn = 1, kWgmmaAuto = 2;  // KernelSwitches::gemm_wgmma
+
 struct KernelSwitches {
   bool pdl = true;              // programmatic dependent launch between decode kernels
   bool gemv_ring = true;        // TMA-fed shared-memory ring for affine decode GEMVs (sm_90)
@@ -28,7 +30,11 @@ struct KernelSwitches {
   // take those operands; the rest stay split. Default every class but the router (a bf16 rounding of its input
   // flips near-tied experts). The CPU backend emulates a choice (CpuOptions::emulate_bf16 / emulate_fp16).
   uint32_t reduced_classes = kProdAll & ~uint32_t(kProdRouter);
-  bool gemm_wgmma = false;      // bf16 / fp16 prompt GEMMs on the wgmma + TMA kernel (sm_90a; off: mma.sync)
+  // bf16 / fp16 prompt GEMMs on the wgmma + TMA kernels (sm_90a) or mma.sync: kWgmmaOff, kWgmmaOn (every product
+  // they take), kWgmmaAuto (those measured faster on them, bench/RESULTS.md: bf16 weights).
+  int gemm_wgmma = kWgmmaAuto;
+  bool wgmma_rs = true;         // its affine and fp16-mode products: weights dequantised in registers (off: by
+                                // producer warps into shared memory)
   int wgmma_raster = 0;         // its unit order: 0 tile-major (CTAs share rows), 1 column-major (share weights)
   bool gemm_skip_empty = true;  // expert GEMM warps skip the MMAs of row tiles past a partial tile
   bool ring_early_ids = true;   // the MoE down+combine ring product reads its expert ids before its PDL wait
