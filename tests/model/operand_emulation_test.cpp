@@ -140,6 +140,35 @@ TEST(Bf16Emulation, GeneralOperandsWithinTheRoundingBound) {
       }
 }
 
+// The split mode (Operand::kSplit): x = x_hi + x_lo and W = w_hi + w_lo in bf16, y = (x_hi + x_lo)·w_hi +
+// x_hi·w_lo. Equals its double reference up to fp32 accumulation, sits within ~2^-15·Σ|x||w| of the float
+// product (16 significant bits per operand, the dropped x_lo·w_lo term), and with bf16 weights is the float
+// product of the hi + lo activations bit for bit.
+TEST(SplitEmulation, WithinTheSplitBound) {
+  for (const char* kind : {"bf16", "f32", "affine4"})
+    for (auto [N, K] : kShapes)
+      for (int64_t T : kRows) {
+        SCOPED_TRACE(std::string(kind) + " T=" + std::to_string(T) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+        Mat m = make(kind, N, K, uint32_t(N * 13 + K), false);
+        auto x = randn(size_t(T * K), uint32_t(5 * T + 2));
+        std::vector<float> e(size_t(T * N), NAN), r(size_t(T * N)), f(size_t(T * N));
+        cpu::matmul_reduced_operands(cpu::Operand::kSplit, m.lin, x.data(), T, e.data());
+        cpu::matmul_reduced_operands_ref(cpu::Operand::kSplit, m.lin, x.data(), T, r.data());
+        cpu::matmul_ref(m.lin, x.data(), T, f.data());
+        const auto s = abs_sums(m.lin, x, T, false);
+        for (size_t i = 0; i < e.size(); ++i) {
+          ASSERT_LE(std::fabs(double(e[i]) - r[i]), double(K) * std::ldexp(1.0, -24) * 1.01 * s[i] + 1e-30) << i;
+          ASSERT_LE(std::fabs(double(e[i]) - f[i]), std::ldexp(1.0, -15) * s[i] + 1e-30) << i;
+        }
+        if (std::string(kind) == "bf16") {
+          std::vector<float> xs(x), g(e.size());
+          for (auto& v : xs) v = cpu::round_bf16(v) + cpu::round_bf16(v - cpu::round_bf16(v));
+          cpu::matmul(m.lin, xs.data(), T, g.data(), cpu::AffinePath::Exact);
+          EXPECT_TRUE(same(e, g));
+        }
+      }
+}
+
 // The per-row exponent: the scaled maximum lands in [2^14, 2^15) wherever 2^e stays a normal float (maxima from
 // 2^-112 up); zero, inf and NaN keep e = 0; the extremes clamp to ±126.
 TEST(Fp16Emulation, RowExponentRule) {
@@ -272,11 +301,13 @@ TEST(Bf16Emulation, OptionsByName) {
   EXPECT_EQ(o.emulate_fp16, uint32_t(kProdAll));
   cpu::set_cpu_option(o, "emulate_bf16_kv=1");
   EXPECT_TRUE(o.emulate_bf16_kv);
+  cpu::set_cpu_option(o, "emulate_split=1");
+  EXPECT_TRUE(o.emulate_split);
   cpu::set_cpu_option(o, "emulate_bf16_kv=0");
   EXPECT_FALSE(o.emulate_bf16_kv);
   for (const char* bad : {"emulate_bf16=experts,bogus", "emulate_bf16=", "emulate_bf16_rows=0", "emulate_bf16_rows=x",
                           "nosuch=1", "emulate_bf16", "affine=fp8", "emulate_fp16=bf16", "emulate_fp16=",
-                          "emulate_bf16_kv=2", "emulate_bf16_kv="})
+                          "emulate_bf16_kv=2", "emulate_bf16_kv=", "emulate_split=yes"})
     EXPECT_THROW(cpu::set_cpu_option(o, bad), InputError) << bad;
   try {
     cpu::set_cpu_option(o, "emulate_bf16=experts,bogus");

@@ -200,13 +200,15 @@ bool CpuBackend::reduced(uint32_t cls, int64_t rows, Operand& op) const {
   if (rows < opt_.emulate_bf16_rows) return false;
   if (opt_.emulate_fp16 & cls) op = Operand::kFp16;
   else if (opt_.emulate_bf16 & cls) op = Operand::kBf16;
+  else if (opt_.emulate_split) op = Operand::kSplit;
   else return false;
   return true;
 }
 
 void CpuBackend::mm(const Linear& W, const float* x, int64_t T, float* y, uint32_t cls, int64_t rows) const {
   Operand op;
-  if (reduced(cls, rows, op)) matmul_reduced_operands(op, W, x, T, y);
+  if (reduced(cls, rows, op) && !(op == Operand::kSplit && W.format == WeightFormat::Exl3))
+    matmul_reduced_operands(op, W, x, T, y);
   else matmul(W, x, T, y, opt_.affine);
 }
 
@@ -214,7 +216,8 @@ void CpuBackend::mm_batch(const std::vector<MatJob>& jobs, const std::vector<uin
   std::vector<MatJob> plain;
   for (size_t i = 0; i < jobs.size(); ++i) {
     Operand op;
-    if (reduced(cls[i], T_, op)) matmul_reduced_operands(op, *jobs[i].W, jobs[i].x, jobs[i].T, jobs[i].y);
+    if (reduced(cls[i], T_, op) && !(op == Operand::kSplit && jobs[i].W->format == WeightFormat::Exl3))
+      matmul_reduced_operands(op, *jobs[i].W, jobs[i].x, jobs[i].T, jobs[i].y);
     else plain.push_back(jobs[i]);
   }
   matmul_batch(plain, opt_.affine);

@@ -30,6 +30,9 @@ struct CpuOptions {
   uint32_t emulate_bf16 = 0;
   uint32_t emulate_fp16 = 0;
   int64_t emulate_bf16_rows = 33;
+  // The other classes' products in those steps with the split mode's operands (Operand::kSplit, CUDA's
+  // `--precision high`; EXL3 weights stay float32).
+  bool emulate_split = false;
   // Keys and values rounded to bf16 as they enter the cache, as the CUDA backend's KV cache holds them (every
   // step; its prompt attention's bf16 Q / P operands are not emulated).
   bool emulate_bf16_kv = false;

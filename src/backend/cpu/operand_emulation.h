@@ -5,11 +5,13 @@
 //   fp16: r rounds to fp16 nearest-even (as __float2half_rn, subnormals kept, above 65,504 inf); each input row
 //         is multiplied by its power of two 2^e (backend/fp16_scale.h) before the rounding and its outputs by
 //         2^-e after the accumulation, as the CUDA kernel does.
+// and the split mode (GemmPrec::kSplit, `--precision high`): x = x_hi + x_lo and W = w_hi + w_lo in bf16 (each lo
+// the bf16 rounding of what hi leaves), y = (x_hi + x_lo) · w_hi + x_hi · w_lo (bf16 weights: w_lo = 0).
 // Dense weights exact in the operand type stay as they are; F32/F16 dense and affine weights (dequantised s·q + b
 // in fp32, as the CUDA GEMM stages them) are rounded element by element. A product of two bf16 (or two fp16)
 // values is exact in fp32, so matmul's fp32 FMA chain is the tensor cores' arithmetic up to the order of the
 // additions. EXL3 weights are refused (InputError naming the tensor): CUDA stages their inputs inside the
-// format's own kernel.
+// format's own kernel (its split mode is fp32-class: the CPU backend runs them in float32).
 #pragma once
 #include <cstdint>
 
@@ -17,7 +19,7 @@
 
 namespace lily::cpu {
 
-enum class Operand { kBf16, kFp16 };
+enum class Operand { kBf16, kFp16, kSplit };
 
 float round_bf16(float v);
 float round_fp16(float v);

@@ -22,6 +22,11 @@ int64_t parse_int_in(const std::string& name, const std::string& v, int64_t lo, 
   fail("--cpu-opt {}={}: expected an integer in {}..{}", name, v, lo, hi);
 }
 
+bool parse_01(const std::string& name, const std::string& v) {
+  if (v != "0" && v != "1") fail("--cpu-opt {}={}: expected 1 or 0", name, v);
+  return v == "1";
+}
+
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
       {"emulate_bf16", "product classes with bf16 operands, comma separated (emulating the CUDA bf16 prompt GEMMs)",
@@ -31,11 +36,10 @@ const std::vector<Field>& fields() {
        [](CpuOptions& o, const std::string& v) { o.emulate_fp16 = parse_product_classes(v, "--cpu-opt emulate_fp16"); }},
       {"emulate_bf16_rows", "steps of at least this many rows take the bf16 / fp16 emulation (default 33)",
        [](CpuOptions& o, const std::string& v) { o.emulate_bf16_rows = parse_int_in("emulate_bf16_rows", v, 1, int64_t(1) << 40); }},
+      {"emulate_split", "the other classes' products with the split mode's bf16 hi + lo operands (CUDA's --precision high): 1 or 0",
+       [](CpuOptions& o, const std::string& v) { o.emulate_split = parse_01("emulate_split", v); }},
       {"emulate_bf16_kv", "keys and values rounded to bf16 as they enter the cache (the CUDA backend's KV cache): 1 or 0",
-       [](CpuOptions& o, const std::string& v) {
-         if (v != "0" && v != "1") fail("--cpu-opt emulate_bf16_kv={}: expected 1 or 0", v);
-         o.emulate_bf16_kv = v == "1";
-       }},
+       [](CpuOptions& o, const std::string& v) { o.emulate_bf16_kv = parse_01("emulate_bf16_kv", v); }},
       {"recurrent_max_rows", "DeltaNet groups of up to this many rows use the recurrent rule (default 16)",
        [](CpuOptions& o, const std::string& v) { o.recurrent_max_rows = parse_int_in("recurrent_max_rows", v, 0, int64_t(1) << 40); }},
       {"affine", "affine 4/8-bit products: int8 (quantised activations) or exact (float activations)",
