@@ -339,7 +339,9 @@ bool gemm_wgmma_wanted(const Mat& W) {
   return m == kWgmmaOn || (m == kWgmmaAuto && !W.affine && !W.exl3);
 }
 
-void init_gemm_wgmma_kernels() { (void)dev_info(); }
+void init_gemm_wgmma_kernels() {
+  if (dev_info().ok) init_gemm_wgmma_rs_kernels();  // shared-memory limits before any capture
+}
 
 bool gemm_wgmma(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy,
                 bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T, GemmPrec prec,
