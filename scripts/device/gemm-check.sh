@@ -2,8 +2,8 @@
 # One call on the GPU machine for issue 19 (prompt GEMMs), about 2 minutes: the wgmma kernels' tests on their own
 # first (GEMM tests with the weights dequantised in registers and in shared memory, and the model on wgmma against
 # mma.sync; if they hang, everything after leaves the wgmma kernels out), then the other GEMM tests, the
-# bf16 / fp16 CUDA-vs-CPU-emulation test and the EXL3 products (every precision, rows of every magnitude, the
-# cluster-split rows); `lily bench --gemm` (TFLOP/s of every kernel and precision: mma.sync bf16 / fp16 / split,
+# bf16 / fp16 CUDA-vs-CPU-emulation test and the EXL3 products' tests (every precision, rows of every magnitude,
+# cluster-split rows, MoE slots and tiles); `lily bench --gemm` (TFLOP/s of every kernel and precision: mma.sync bf16 / fp16 / split,
 # wgmma bf16 / fp16 with the weights dequantised or converted in registers and in shared memory, the input
 # staging alone); prefill of the Qwen3.5-35B-A3B synth, affine 4-bit, 4K prompt, once per precision mode and kernel
 # choice on one synth (`--cuda-ab`). A short table last. Needs the bundle of scripts/device/bundle.sh (carry
@@ -17,7 +17,7 @@ B=$D/test_cuda
 L=$D/lily
 timeout 35 "$B" --gtest_filter='CudaGemmWgmma.*:*CudaWgmmaModel.*' > "$OUT/wgmma-tests.log" 2>&1
 WRC=$?
-timeout 45 "$B" --gtest_filter='CudaGemm.*:*CudaBf16Classes.*:CudaExl3.LinearMatchesReference:CudaExl3.RowsOfEveryMagnitude:CudaExl3.ClusterSplitRows' \
+timeout 45 "$B" --gtest_filter='CudaGemm.*:*CudaBf16Classes.*:*CudaGoldenBf16.*:CudaExl3.*-CudaExl3.GoldenModelK4MatchesCpu:CudaExl3.TinySynthMatchesCpu:CudaExl3.TimingPrint' \
   > "$OUT/tests.log" 2>&1
 TRC=$?
 # a failed wgmma test still leaves its kernels timed; a hang (timeout) leaves them out
@@ -34,7 +34,7 @@ timeout 90 "$L" bench --synth qwen3.5-35b-a3b --format "${FORMAT:-affine4}" --ba
 PRC=$?
 echo "=== wgmma tests (rc $WRC) ==="
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|outputs past|Which is|Failure|median \|" "$OUT/wgmma-tests.log" | head -30
-echo "=== CudaGemm.* + CudaBf16Classes + CudaExl3 (rc $TRC) ==="
+echo "=== CudaGemm.* + CudaBf16Classes + CudaGoldenBf16 + CudaExl3 (rc $TRC) ==="
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|outputs past|median \|" "$OUT/tests.log" | head -40
 grep -E "Failure|actual:|^(K |split |bf16 |fp16 )" "$OUT/tests.log" | head -12
 echo "=== lily bench --gemm (rc $GRC) ==="
