@@ -58,21 +58,28 @@ void unscale_rows(const std::vector<int>& e, int64_t N, float* y) {
 float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 float round_fp16(float v) { return f16_to_f32(f32_to_f16(v)); }
 
-void matmul_reduced_operands(Operand op, const Linear& W, const float* x, int64_t T, float* y) {
+void matmul_reduced_operands(Operand op, const Linear& W, const float* x, int64_t T, float* y, bool reverse_k) {
   if (T <= 0 || W.out == 0) return;
   refuse_exl3(op, W);
   const int64_t N = W.out, K = W.in;
   std::vector<int> e;
-  const std::vector<float> xr = rounded_rows(op, x, T, K, e);
+  std::vector<float> xr = rounded_rows(op, x, T, K, e);
   const bool bf16_weights = W.format == WeightFormat::Dense && W.dense.dtype == DType::BF16;
-  if (op != Operand::kFp16 && bf16_weights) {  // exact in bf16: w_lo = 0
+  if (op != Operand::kFp16 && bf16_weights && !reverse_k) {  // exact in bf16: w_lo = 0
     matmul(W, xr.data(), T, y, AffinePath::Exact);
     return;
   }
   // Blocks of output rows dequantised, rounded to the operand type and multiplied as a dense fp32 matrix
   // (its values are exact in fp32); split: plus x_hi · w_lo.
   const bool split = op == Operand::kSplit;
-  const std::vector<float> xh = split ? rounded_rows(op, x, T, K, e, false) : std::vector<float>();
+  std::vector<float> xh = split ? rounded_rows(op, x, T, K, e, false) : std::vector<float>();
+  auto reverse_rows = [K](std::vector<float>& m) {
+    for (size_t r = 0; r < m.size(); r += size_t(K)) std::reverse(m.begin() + std::ptrdiff_t(r), m.begin() + std::ptrdiff_t(r + size_t(K)));
+  };
+  if (reverse_k) {
+    reverse_rows(xr);
+    reverse_rows(xh);
+  }
   constexpr int64_t kBlock = 256;
   std::vector<float> wb(size_t(std::min(kBlock, N) * K)), wl(split ? wb.size() : 0);
   std::vector<float> yb(static_cast<size_t>(T * std::min(kBlock, N))), yl(split ? yb.size() : 0);
@@ -86,6 +93,10 @@ void matmul_reduced_operands(Operand op, const Linear& W, const float* x, int64_
         row[k] = round_op(op, v);
         if (split) wl[size_t(r * K + k)] = round_bf16(v - row[k]);
       }
+    }
+    if (reverse_k) {
+      reverse_rows(wb);
+      reverse_rows(wl);
     }
     Linear v;
     v.name = W.name;

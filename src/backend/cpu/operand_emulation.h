@@ -24,7 +24,9 @@ enum class Operand { kBf16, kFp16, kSplit };
 float round_bf16(float v);
 float round_fp16(float v);
 
-void matmul_reduced_operands(Operand op, const Linear& W, const float* x, int64_t T, float* y);
+// reverse_k: the fp32 sums run over k in the reverse order (every operand rounded as before): what a change of
+// summation order alone does to a model's logits (CpuOptions::emulate_reverse_k).
+void matmul_reduced_operands(Operand op, const Linear& W, const float* x, int64_t T, float* y, bool reverse_k = false);
 // Plain reference: double sums of the rounded (and, fp16, scaled) operands, one output at a time.
 void matmul_reduced_operands_ref(Operand op, const Linear& W, const float* x, int64_t T, float* y);
 

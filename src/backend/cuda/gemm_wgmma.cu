@@ -336,7 +336,8 @@ bool gemm_wgmma_device() { return dev_info().ok; }
 
 bool gemm_wgmma_wanted(const Mat& W) {
   const int m = kernel_switches().gemm_wgmma;
-  return m == kWgmmaOn || (m == kWgmmaAuto && !W.affine && !W.exl3);
+  // auto: bf16 and affine 4-bit weights, 1.6-2.9x mma.sync in run 2 (bench/RESULTS.md); affine 8-bit not measured
+  return m == kWgmmaOn || (m == kWgmmaAuto && !W.exl3 && (!W.affine || W.bits == 4));
 }
 
 void init_gemm_wgmma_kernels() {

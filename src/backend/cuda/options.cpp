@@ -71,7 +71,7 @@ const std::vector<Field>& fields() {
       {"bf16_classes", "the same as classes",
        [](CudaOptions& o, const std::string& v) { o.kernels.reduced_classes = parse_product_classes(v, "--cuda-opt bf16_classes"); }},
       {"gemm_wgmma", "bf16 / fp16 prompt GEMMs on the Hopper wgmma + TMA kernels: 1 every product they take, 0 none "
-                     "(the mma.sync kernel), auto (default) those measured faster on them",
+                     "(the mma.sync kernel), auto (default) those measured faster on them (bf16 and affine 4-bit weights)",
        [](CudaOptions& o, const std::string& v) {
          o.kernels.gemm_wgmma = v == "auto" ? cuda::kWgmmaAuto : parse_bool("gemm_wgmma", v) ? cuda::kWgmmaOn : cuda::kWgmmaOff;
        }},

@@ -31,7 +31,7 @@ struct KernelSwitches {
   // flips near-tied experts). The CPU backend emulates a choice (CpuOptions::emulate_bf16 / emulate_fp16).
   uint32_t reduced_classes = kProdAll & ~uint32_t(kProdRouter);
   // bf16 / fp16 prompt GEMMs on the wgmma + TMA kernels (sm_90a) or mma.sync: kWgmmaOff, kWgmmaOn (every product
-  // they take), kWgmmaAuto (those measured faster on them, bench/RESULTS.md: bf16 weights).
+  // they take), kWgmmaAuto (those measured faster on them, bench/RESULTS.md: bf16 and affine 4-bit weights).
   int gemm_wgmma = kWgmmaAuto;
   bool wgmma_rs = true;         // its affine and fp16-mode products: weights dequantised in registers (off: by
                                 // producer warps into shared memory)
