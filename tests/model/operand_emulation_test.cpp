@@ -169,28 +169,29 @@ TEST(SplitEmulation, WithinTheSplitBound) {
       }
 }
 
-// reverse_k (CpuOptions::emulate_reverse_k): the same rounded operands summed over k in the reverse order — within
-// the fp32 accumulation bound of the natural order's result in every mode and format, and not the same bits.
-TEST(OperandEmulation, ReversedOrderOnlyReorders) {
-  for (cpu::Operand op : {cpu::Operand::kBf16, cpu::Operand::kFp16, cpu::Operand::kSplit})
-    for (const char* kind : {"bf16", "f32", "affine4"}) {
-      SCOPED_TRACE(std::string(kind) + " operand " + std::to_string(int(op)));
-      const int64_t N = 300, K = 128, T = 65;
-      Mat m = make(kind, N, K, 7, false);
-      auto x = randn(size_t(T * K), 11);
-      std::vector<float> a(size_t(T * N), NAN), b(size_t(T * N), NAN);
-      cpu::matmul_reduced_operands(op, m.lin, x.data(), T, a.data());
-      cpu::matmul_reduced_operands(op, m.lin, x.data(), T, b.data(), true);
-      const auto s = abs_sums(m.lin, x, T, op == cpu::Operand::kBf16);
-      int differ = 0;
-      for (size_t i = 0; i < a.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(b[i])) << "unwritten output " << i;
-        // both within K·2^-24·Σ|x̃||w̃| of the exact sum of the rounded products (x̃, w̃ within 2^-10 of x, w)
-        ASSERT_LE(std::fabs(double(a[i]) - b[i]), 2.1 * double(K) * std::ldexp(1.0, -24) * s[i] + 1e-30) << i;
-        differ += a[i] != b[i];
+// k_order (CpuOptions::emulate_k_order): the same rounded operands summed over k reversed or from the middle round —
+// within the fp32 accumulation bound of the in-order result in every mode and format, and not the same bits.
+TEST(OperandEmulation, OtherOrdersOnlyReorder) {
+  for (int k_order : {1, 2})
+    for (cpu::Operand op : {cpu::Operand::kBf16, cpu::Operand::kFp16, cpu::Operand::kSplit})
+      for (const char* kind : {"bf16", "f32", "affine4"}) {
+        SCOPED_TRACE(std::string(kind) + " operand " + std::to_string(int(op)) + " k_order " + std::to_string(k_order));
+        const int64_t N = 300, K = 128, T = 65;
+        Mat m = make(kind, N, K, 7, false);
+        auto x = randn(size_t(T * K), 11);
+        std::vector<float> a(size_t(T * N), NAN), b(size_t(T * N), NAN);
+        cpu::matmul_reduced_operands(op, m.lin, x.data(), T, a.data());
+        cpu::matmul_reduced_operands(op, m.lin, x.data(), T, b.data(), k_order);
+        const auto s = abs_sums(m.lin, x, T, op == cpu::Operand::kBf16);
+        int differ = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(b[i])) << "unwritten output " << i;
+          // both within K·2^-24·Σ|x̃||w̃| of the exact sum of the rounded products (x̃, w̃ within 2^-10 of x, w)
+          ASSERT_LE(std::fabs(double(a[i]) - b[i]), 2.1 * double(K) * std::ldexp(1.0, -24) * s[i] + 1e-30) << i;
+          differ += a[i] != b[i];
+        }
+        EXPECT_GT(differ, 0) << "the reordered sums gave the same bits everywhere";
       }
-      EXPECT_GT(differ, 0) << "the reversed sums gave the same bits everywhere";
-    }
 }
 
 // The per-row exponent: the scaled maximum lands in [2^14, 2^15) wherever 2^e stays a normal float (maxima from
@@ -329,11 +330,11 @@ TEST(Bf16Emulation, OptionsByName) {
   EXPECT_TRUE(o.emulate_split);
   cpu::set_cpu_option(o, "emulate_bf16_kv=0");
   EXPECT_FALSE(o.emulate_bf16_kv);
-  cpu::set_cpu_option(o, "emulate_reverse_k=1");
-  EXPECT_TRUE(o.emulate_reverse_k);
+  cpu::set_cpu_option(o, "emulate_k_order=2");
+  EXPECT_EQ(o.emulate_k_order, 2);
   for (const char* bad : {"emulate_bf16=experts,bogus", "emulate_bf16=", "emulate_bf16_rows=0", "emulate_bf16_rows=x",
                           "nosuch=1", "emulate_bf16", "affine=fp8", "emulate_fp16=bf16", "emulate_fp16=",
-                          "emulate_bf16_kv=2", "emulate_bf16_kv=", "emulate_split=yes", "emulate_reverse_k=2"})
+                          "emulate_bf16_kv=2", "emulate_bf16_kv=", "emulate_split=yes", "emulate_k_order=3", "emulate_k_order=-1"})
     EXPECT_THROW(cpu::set_cpu_option(o, bad), InputError) << bad;
   try {
     cpu::set_cpu_option(o, "emulate_bf16=experts,bogus");

@@ -208,7 +208,7 @@ bool CpuBackend::reduced(uint32_t cls, int64_t rows, Operand& op) const {
 void CpuBackend::mm(const Linear& W, const float* x, int64_t T, float* y, uint32_t cls, int64_t rows) const {
   Operand op;
   if (reduced(cls, rows, op) && !(op == Operand::kSplit && W.format == WeightFormat::Exl3))
-    matmul_reduced_operands(op, W, x, T, y, opt_.emulate_reverse_k);
+    matmul_reduced_operands(op, W, x, T, y, opt_.emulate_k_order);
   else matmul(W, x, T, y, opt_.affine);
 }
 
@@ -217,7 +217,7 @@ void CpuBackend::mm_batch(const std::vector<MatJob>& jobs, const std::vector<uin
   for (size_t i = 0; i < jobs.size(); ++i) {
     Operand op;
     if (reduced(cls[i], T_, op) && !(op == Operand::kSplit && jobs[i].W->format == WeightFormat::Exl3))
-      matmul_reduced_operands(op, *jobs[i].W, jobs[i].x, jobs[i].T, jobs[i].y, opt_.emulate_reverse_k);
+      matmul_reduced_operands(op, *jobs[i].W, jobs[i].x, jobs[i].T, jobs[i].y, opt_.emulate_k_order);
     else plain.push_back(jobs[i]);
   }
   matmul_batch(plain, opt_.affine);

@@ -36,9 +36,10 @@ struct CpuOptions {
   // Keys and values rounded to bf16 as they enter the cache, as the CUDA backend's KV cache holds them (every
   // step; its prompt attention's bf16 Q / P operands are not emulated).
   bool emulate_bf16_kv = false;
-  // The emulated products sum over k in the reverse order (operand_emulation.h): how far a change of fp32
-  // summation order alone moves the logits, the yardstick of the device-vs-emulation tests.
-  bool emulate_reverse_k = false;
+  // The emulated products sum over k in order (0), reversed (1) or from the middle round (2)
+  // (operand_emulation.h): how far a change of fp32 summation order alone moves the logits, the yardstick of the
+  // device-vs-emulation tests.
+  int emulate_k_order = 0;
 };
 
 // CpuOptions by name, the CLI's repeated --cpu-opt name=value (InputError for an unknown name or a bad value).

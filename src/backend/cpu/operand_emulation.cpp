@@ -58,14 +58,14 @@ void unscale_rows(const std::vector<int>& e, int64_t N, float* y) {
 float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 float round_fp16(float v) { return f16_to_f32(f32_to_f16(v)); }
 
-void matmul_reduced_operands(Operand op, const Linear& W, const float* x, int64_t T, float* y, bool reverse_k) {
+void matmul_reduced_operands(Operand op, const Linear& W, const float* x, int64_t T, float* y, int k_order) {
   if (T <= 0 || W.out == 0) return;
   refuse_exl3(op, W);
   const int64_t N = W.out, K = W.in;
   std::vector<int> e;
   std::vector<float> xr = rounded_rows(op, x, T, K, e);
   const bool bf16_weights = W.format == WeightFormat::Dense && W.dense.dtype == DType::BF16;
-  if (op != Operand::kFp16 && bf16_weights && !reverse_k) {  // exact in bf16: w_lo = 0
+  if (op != Operand::kFp16 && bf16_weights && k_order == 0) {  // exact in bf16: w_lo = 0
     matmul(W, xr.data(), T, y, AffinePath::Exact);
     return;
   }
@@ -73,13 +73,15 @@ void matmul_reduced_operands(Operand op, const Linear& W, const float* x, int64_
   // (its values are exact in fp32); split: plus x_hi · w_lo.
   const bool split = op == Operand::kSplit;
   std::vector<float> xh = split ? rounded_rows(op, x, T, K, e, false) : std::vector<float>();
-  auto reverse_rows = [K](std::vector<float>& m) {
-    for (size_t r = 0; r < m.size(); r += size_t(K)) std::reverse(m.begin() + std::ptrdiff_t(r), m.begin() + std::ptrdiff_t(r + size_t(K)));
+  if (k_order < 0 || k_order > 2) throw InternalError("matmul_reduced_operands: k_order must be 0, 1 or 2");
+  auto reorder_rows = [K, k_order](std::vector<float>& m, int64_t rows) {
+    for (auto r = m.begin(); r != m.begin() + std::ptrdiff_t(rows * K); r += std::ptrdiff_t(K)) {
+      if (k_order == 1) std::reverse(r, r + std::ptrdiff_t(K));
+      else if (k_order == 2) std::rotate(r, r + std::ptrdiff_t(K / 2), r + std::ptrdiff_t(K));
+    }
   };
-  if (reverse_k) {
-    reverse_rows(xr);
-    reverse_rows(xh);
-  }
+  reorder_rows(xr, T);
+  if (split) reorder_rows(xh, T);
   constexpr int64_t kBlock = 256;
   std::vector<float> wb(size_t(std::min(kBlock, N) * K)), wl(split ? wb.size() : 0);
   std::vector<float> yb(static_cast<size_t>(T * std::min(kBlock, N))), yl(split ? yb.size() : 0);
@@ -94,10 +96,8 @@ void matmul_reduced_operands(Operand op, const Linear& W, const float* x, int64_
         if (split) wl[size_t(r * K + k)] = round_bf16(v - row[k]);
       }
     }
-    if (reverse_k) {
-      reverse_rows(wb);
-      reverse_rows(wl);
-    }
+    reorder_rows(wb, nb);
+    if (split) reorder_rows(wl, nb);
     Linear v;
     v.name = W.name;
     v.out = nb;

@@ -24,9 +24,10 @@ enum class Operand { kBf16, kFp16, kSplit };
 float round_bf16(float v);
 float round_fp16(float v);
 
-// reverse_k: the fp32 sums run over k in the reverse order (every operand rounded as before): what a change of
-// summation order alone does to a model's logits (CpuOptions::emulate_reverse_k).
-void matmul_reduced_operands(Operand op, const Linear& W, const float* x, int64_t T, float* y, bool reverse_k = false);
+// k_order: the fp32 sums run over k in order (0), in the reverse order (1) or from k = in/2 round to in/2 - 1 (2),
+// every operand rounded as before: what a change of summation order alone does to a model's logits
+// (CpuOptions::emulate_k_order).
+void matmul_reduced_operands(Operand op, const Linear& W, const float* x, int64_t T, float* y, int k_order = 0);
 // Plain reference: double sums of the rounded (and, fp16, scaled) operands, one output at a time.
 void matmul_reduced_operands_ref(Operand op, const Linear& W, const float* x, int64_t T, float* y);
 

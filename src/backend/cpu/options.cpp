@@ -40,8 +40,9 @@ const std::vector<Field>& fields() {
        [](CpuOptions& o, const std::string& v) { o.emulate_split = parse_01("emulate_split", v); }},
       {"emulate_bf16_kv", "keys and values rounded to bf16 as they enter the cache (the CUDA backend's KV cache): 1 or 0",
        [](CpuOptions& o, const std::string& v) { o.emulate_bf16_kv = parse_01("emulate_bf16_kv", v); }},
-      {"emulate_reverse_k", "the emulated products sum over k in the reverse order (the effect of a summation order alone): 1 or 0",
-       [](CpuOptions& o, const std::string& v) { o.emulate_reverse_k = parse_01("emulate_reverse_k", v); }},
+      {"emulate_k_order", "the emulated products sum over k in order (0, default), reversed (1) or from the middle round "
+                          "(2): the effect of a summation order alone",
+       [](CpuOptions& o, const std::string& v) { o.emulate_k_order = int(parse_int_in("emulate_k_order", v, 0, 2)); }},
       {"recurrent_max_rows", "DeltaNet groups of up to this many rows use the recurrent rule (default 16)",
        [](CpuOptions& o, const std::string& v) { o.recurrent_max_rows = parse_int_in("recurrent_max_rows", v, 0, int64_t(1) << 40); }},
       {"affine", "affine 4/8-bit products: int8 (quantised activations) or exact (float activations)",
