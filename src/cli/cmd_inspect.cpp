@@ -82,13 +82,12 @@ Register reg("inspect", "Show the kernels of one decode step on a backend (launc
     } else {
       w = ModelWeights::load(*model);
     }
-    auto be = make_backend_with(w, *cuda_opts);
-    const auto ks = cuda_describe_decode_step(*be, *ctx, *rows, *groups);
-    // the step kernel (--cuda-opt mk=1): its op list, when this step ran it
-    const CudaMkInfo mk = cuda_mk_info(*be);
-    const bool mk_ran = std::any_of(ks.begin(), ks.end(), [](const KernelLaunch& k) { return k.name.find("mk_kernel") != std::string::npos; });
     auto be = make_backend_with(w, *cuda_opts, *devices);
-    const auto ks = cuda_describe_decode_step(devices->empty() ? *be : cuda_rank_backend(*be, 0), *ctx, *rows, *groups);
+    Backend& one = devices->empty() ? *be : cuda_rank_backend(*be, 0);  // split: rank 0's kernels
+    const auto ks = cuda_describe_decode_step(one, *ctx, *rows, *groups);
+    // the step kernel (--cuda-opt mk=1): its op list, when this step ran it
+    const CudaMkInfo mk = cuda_mk_info(one);
+    const bool mk_ran = std::any_of(ks.begin(), ks.end(), [](const KernelLaunch& k) { return k.name.find("mk_kernel") != std::string::npos; });
     std::map<int, int> per_layer;
     for (const auto& k : ks) ++per_layer[k.layer];
     if (*json) {

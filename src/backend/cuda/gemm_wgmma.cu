@@ -56,20 +56,7 @@ struct Cfg {
   static constexpr int PREG = XFORM ? 56 : 40, CREG = XFORM ? 224 : 232;  // 128 · PREG + 256 · CREG <= 64 K
 };
 
-struct Args {
-  int out, in, T;
-  float* y;
-  int64_t ldy;
-  int accumulate;
-  const int32_t* tiles;
-  const int32_t* n_tiles;
-  const float* scales;  // fp16: the staged rows' powers of two, by product row
-  const uint16_t* s;    // affine scales / biases (bf16), expert e at + e·sstride, row n at + n·ngroups
-  const uint16_t* b;
-  int64_t sstride;
-  int gs, ngroups;
-  int raster;           // 0: unit w = (tile w / nblk, block w % nblk); 1: (tile w % live, block w / live)
-};
+using wg::Args;
 
 #ifdef LILY_WGMMA_CODE
 using namespace wg;

@@ -54,21 +54,7 @@ struct RsCfg {
   static_assert(STAGE % 1024 == 0, "operands 1024-aligned");
 };
 
-struct RsArgs {
-  int out, in, T;
-  float* y;
-  int64_t ldy;
-  int accumulate;
-  const int32_t* tiles;
-  const int32_t* n_tiles;
-  const float* scales;  // fp16: the staged rows' powers of two, by product row
-  const uint16_t* s;    // affine scales / biases (bf16), expert e at + e·sstride, row n at + n·ngroups
-  const uint16_t* b;
-  int64_t sstride;
-  int gs, ngroups;
-  int raster;
-};
-
+using wg::Args;
 using wg::Unit;
 
 #ifdef LILY_WGMMA_CODE
@@ -146,7 +132,7 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t codes, uint32_t sb) {
 // One unit on a consumer warpgroup (cw) with the wgmma's N rows: the stages j.. j + nk - 1 of the ring, then the
 // epilogue. fa: the A fragments of two slices ([slice parity][block · 4 + register]).
 template <int WB, bool F16, int N>
-__device__ __forceinline__ void rs_unit(const RsArgs& a, const Unit& un, int nk, int& j, unsigned char* sm,
+__device__ __forceinline__ void rs_unit(const Args& a, const Unit& un, int nk, int& j, unsigned char* sm,
                                         uint32_t base, uint32_t full, uint32_t empty, int cw, float (&acc)[2][64],
                                         uint32_t (&fa)[2][8]) {
   using C = RsCfg<WB>;
@@ -234,7 +220,7 @@ __device__ __forceinline__ void rs_unit(const RsArgs& a, const Unit& un, int nk,
 template <int WB, bool F16>
 __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_rs_kernel(const __grid_constant__ CUtensorMap tmA,
                                                                     const __grid_constant__ CUtensorMap tmW,
-                                                                    const RsArgs a) {
+                                                                    const Args a) {
 #ifdef LILY_WGMMA_CODE
   using C = RsCfg<WB>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -332,7 +318,7 @@ void raise_smem() {
 }
 
 template <int WB, bool F16>
-void launch(unsigned grid, const CUtensorMap& ma, const CUtensorMap& mw, const RsArgs& a, cudaStream_t s) {
+void launch(unsigned grid, const CUtensorMap& ma, const CUtensorMap& mw, const Args& a, cudaStream_t s) {
   gemm_wgmma_rs_kernel<WB, F16><<<grid, kThreads, RsCfg<WB>::SMEM, s>>>(ma, mw, a);
 }
 
@@ -376,7 +362,7 @@ void gemm_wgmma_rs(const Mat& W, int out, int in, const float* x, int64_t ldx, c
                             CU_TENSOR_MAP_SWIZZLE_NONE);
   }
   if (!ok) fail_internal("gemm_wgmma_rs: a tensor map of a covered shape was refused");
-  RsArgs a{};
+  Args a{};
   a.out = out; a.in = in; a.T = T; a.y = y; a.ldy = ldy; a.accumulate = accumulate;
   a.tiles = tiles; a.n_tiles = n_tiles; a.scales = st.s;
   a.s = W.s; a.b = W.b; a.sstride = W.sstride; a.gs = W.affine ? W.gs : 1; a.ngroups = W.affine ? in / W.gs : 0;

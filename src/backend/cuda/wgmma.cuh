@@ -125,6 +125,22 @@ struct UnitWalk {
     return un;
   }
 };
+// The arguments both kernels take (the staged rows as A or B, the weights by tensor map or from registers).
+struct Args {
+  int out, in, T;
+  float* y;
+  int64_t ldy;
+  int accumulate;
+  const int32_t* tiles;
+  const int32_t* n_tiles;
+  const float* scales;  // fp16: the staged rows' powers of two, by product row
+  const uint16_t* s;    // affine scales / biases (bf16), expert e at + e·sstride, row n at + n·ngroups
+  const uint16_t* b;
+  int64_t sstride;
+  int gs, ngroups;
+  int raster;           // 0: unit w = (tile w / nblk, block w % nblk); 1: (tile w % live, block w / live)
+};
+
 // Units per launch: one CTA per SM at most.
 inline unsigned unit_grid(int max_tiles_or_0, int T, int out, int sms) {
   const int64_t tiles = max_tiles_or_0 > 0 ? max_tiles_or_0 : (int64_t(T) + kUnitRows - 1) / kUnitRows;
