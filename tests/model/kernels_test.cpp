@@ -1,6 +1,7 @@
 // CPU fast paths against their plain references at awkward sizes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <chrono>
 #include <random>
@@ -118,23 +119,100 @@ TEST(Simd, GemmNnMatchesLoops) {
 }
 
 TEST(Conv, StateCarriesAcrossSteps) {
-  const int64_t T = 9, C = 5, K = 4;
-  auto x = randn(size_t(T * C), 5), w = randn(size_t(C * K), 6);
-  std::vector<float> st1(size_t((K - 1) * C), 0.0f), st2 = st1, y1(size_t(T * C)), y2(size_t(T * C));
-  cpu::causal_conv_silu(x.data(), T, C, K, w.data(), st1.data(), y1.data());
-  for (int64_t t = 0; t < T; ++t) cpu::causal_conv_silu(x.data() + t * C, 1, C, K, w.data(), st2.data(), y2.data() + t * C);
-  for (size_t i = 0; i < y1.size(); ++i) EXPECT_NEAR(y1[i], y2[i], 1e-6);
-  for (size_t i = 0; i < st1.size(); ++i) EXPECT_EQ(st1[i], st2[i]);
-  // Plain definition: y[t][c] = silu(Σ_j w[c][j] x[t-K+1+j][c]).
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < C; ++c) {
-      double s = 0;
-      for (int64_t j = 0; j < K; ++j) {
-        int64_t src = t - K + 1 + j;
-        if (src >= 0) s += double(w[size_t(c * K + j)]) * x[size_t(src * C + c)];
+  const int64_t K = 4;
+  // (T, C): a tail of channels below one vector, odd sizes, and one large enough to split over the pool.
+  for (auto [T, C] : {std::pair<int64_t, int64_t>{9, 5}, {1, 17}, {3, 8}, {129, 65}, {64, 4100}}) {
+    auto x = randn(size_t(T * C), 5), w = randn(size_t(C * K), 6);
+    std::vector<float> st1(size_t((K - 1) * C), 0.0f), st2 = st1, y1(size_t(T * C)), y2(size_t(T * C));
+    cpu::causal_conv_silu(x.data(), T, C, K, w.data(), st1.data(), y1.data());
+    for (int64_t t = 0; t < T; ++t)
+      cpu::causal_conv_silu(x.data() + t * C, 1, C, K, w.data(), st2.data(), y2.data() + t * C);
+    for (size_t i = 0; i < y1.size(); ++i) ASSERT_EQ(y1[i], y2[i]) << T << "x" << C << " at " << i;
+    for (size_t i = 0; i < st1.size(); ++i) ASSERT_EQ(st1[i], st2[i]);
+    // Plain definition: y[t][c] = silu(Σ_j w[c][j] x[t-K+1+j][c]).
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < C; ++c) {
+        double s = 0;
+        for (int64_t j = 0; j < K; ++j) {
+          int64_t src = t - K + 1 + j;
+          if (src >= 0) s += double(w[size_t(c * K + j)]) * x[size_t(src * C + c)];
+        }
+        ASSERT_NEAR(y1[size_t(t * C + c)], s / (1 + std::exp(-s)), 1e-5) << T << "x" << C;
       }
-      EXPECT_NEAR(y1[size_t(t * C + c)], s / (1 + std::exp(-s)), 1e-5);
+  }
+}
+
+// exp8 against double-precision e^x: within 2 ulp on [-87, 88], clamped outside, NaN kept; a value's
+// result does not depend on its lane.
+TEST(Simd, Exp8WithinTwoUlp) {
+  double worst = 0;
+  for (int i = 0; i <= 1750000; ++i) {
+    const float x = -87.0f + float(i) * 1e-4f;
+    cpu::v8f v = {};
+    v[i % 8] = x;
+    const float got = cpu::exp8(v)[i % 8], want = float(std::exp(double(x)));
+    const double ulp = std::nextafter(want, INFINITY) - want;
+    worst = std::max(worst, std::fabs(double(got) - std::exp(double(x))) / ulp);
+    if (i % 4099 == 0) {
+      float buf[3] = {1.0f, x, 2.0f};
+      ASSERT_EQ(cpu::exp8(cpu::load_n(buf + 1, 1))[0], got) << x;
     }
+  }
+  EXPECT_LE(worst, 2.0);
+  const cpu::v8f big = {100.0f, -100.0f, INFINITY, -INFINITY, NAN, 0.0f, 1.0f, -1.0f};
+  const cpu::v8f e = cpu::exp8(big);
+  EXPECT_FLOAT_EQ(e[0], std::exp(88.0f));
+  EXPECT_FLOAT_EQ(e[1], std::exp(-87.0f));
+  EXPECT_FLOAT_EQ(e[2], std::exp(88.0f));
+  EXPECT_FLOAT_EQ(e[3], std::exp(-87.0f));
+  EXPECT_TRUE(std::isnan(e[4]));
+  EXPECT_EQ(e[5], 1.0f);
+  EXPECT_FLOAT_EQ(e[6], std::exp(1.0f));
+  EXPECT_FLOAT_EQ(e[7], std::exp(-1.0f));
+}
+
+// The vector element-wise ops against plain double loops at awkward lengths, one long enough to split
+// over the pool; each element equal to the same value computed alone (no dependence on its index).
+TEST(Ops, VectorFormsMatchPlain) {
+  auto silu_d = [](double v) { return v / (1 + std::exp(-v)); };
+  auto sig_d = [](double v) { return 1 / (1 + std::exp(-v)); };
+  for (int64_t n : {1, 2, 3, 7, 8, 9, 16, 17, 63, 64, 65, 129, 40001}) {
+    auto g = randn(size_t(n), 21, 4.0f), up = randn(size_t(n), 22), o = randn(size_t(n), 23), gate = randn(size_t(n), 24, 3.0f);
+    auto g2 = g, o2 = o, sc = randn(size_t(n), 25, 5.0f), sc2 = sc;
+    cpu::swiglu(g2.data(), up.data(), n);
+    cpu::mul_sigmoid(o2.data(), gate.data(), n);
+    const float mx = *std::max_element(sc.begin(), sc.end());
+    const float sum = cpu::exp_shift_sum(sc2.data(), n, mx);
+    double want_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const size_t u = size_t(i);
+      ASSERT_NEAR(g2[u], silu_d(g[u]) * up[u], 1e-6 * (1 + std::fabs(g[u] * up[u]))) << n << " " << i;
+      ASSERT_NEAR(o2[u], o[u] * sig_d(gate[u]), 1e-6 * (1 + std::fabs(o[u]))) << n << " " << i;
+      const double e = std::exp(double(sc[u] - mx));  // the shift in float, as the op does
+      ASSERT_NEAR(sc2[u], e, 3e-7 * e) << n << " " << i;
+      want_sum += e;
+    }
+    EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum) << n;
+    float one_g = g[size_t(n - 1)];
+    cpu::swiglu(&one_g, &up[size_t(n - 1)], 1);
+    EXPECT_EQ(one_g, g2[size_t(n - 1)]) << n;
+  }
+  for (auto [rows, d] : {std::pair<int64_t, int64_t>{1, 5}, {3, 8}, {17, 128}, {129, 63}, {300, 128}}) {
+    auto o = randn(size_t(rows * d), 31, 2.0f), z = randn(size_t(rows * d), 32, 3.0f), w = randn(size_t(d), 33);
+    auto o2 = o;
+    const float eps = 1e-6f;
+    cpu::gated_rms_norm(o2.data(), z.data(), w.data(), rows, d, eps);
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int64_t i = 0; i < d; ++i) ss += double(o[size_t(r * d + i)]) * o[size_t(r * d + i)];
+      const double inv = 1 / std::sqrt(ss / double(d) + eps);
+      for (int64_t i = 0; i < d; ++i) {
+        const size_t u = size_t(r * d + i);
+        const double want = o[u] * inv * w[size_t(i)] * silu_d(z[u]);
+        ASSERT_NEAR(o2[u], want, 2e-6 * (1 + std::fabs(want))) << rows << "x" << d;
+      }
+    }
+  }
 }
 
 TEST(Half, RoundTrips) {

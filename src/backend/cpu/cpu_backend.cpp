@@ -363,15 +363,7 @@ void CpuBackend::gdn_mixer(int layer) {
     }
   });
   // Gated RMSNorm per value head: norm(o)·w ⊙ silu(z).
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < Hv; ++j) {
-      float* o = e_.data() + t * Hv * dv + j * dv;
-      const float* z = c_.data() + t * Hv * dv + j * dv;
-      float ss = 0;
-      for (int64_t d = 0; d < dv; ++d) ss += o[d] * o[d];
-      const float inv = 1.0f / std::sqrt(ss / float(dv) + eps);
-      for (int64_t d = 0; d < dv; ++d) o[d] = o[d] * inv * G.norm[size_t(d)] * silu(z[d]);
-    }
+  gated_rms_norm(e_.data(), c_.data(), G.norm.data(), T * Hv, dv, eps);
   std::vector<float> out(static_cast<size_t>(T * H));
   mm(G.out, e_.data(), T, out.data(), kProdGdnOut, T);
   emit(out);
@@ -436,15 +428,14 @@ void CpuBackend::attn_mixer(int layer) {
         sc[size_t(s)] = dot(q, S.k.data() + s * kvw + kh * hd, hd) * scale;
         mx = std::max(mx, sc[size_t(s)]);
       }
-      float sum = 0;
-      for (auto& v : sc) sum += (v = std::exp(v - mx));
+      const float sum = exp_shift_sum(sc.data(), n, mx);
       float* o = d_.data() + (t * Hq + h) * hd;
       std::fill(o, o + hd, 0.0f);
       for (int64_t s = 0; s < n; ++s) {
         axpy(sc[size_t(s)] / sum, S.v.data() + s * kvw + kh * hd, o, hd);
       }
       const float* gate = a_.data() + t * Hq * 2 * hd + h * 2 * hd + hd;
-      for (int64_t d = 0; d < hd; ++d) o[d] *= sigmoid(gate[d]);
+      mul_sigmoid(o, gate, hd);
     }
   });
   std::vector<float> out(static_cast<size_t>(T * H));
@@ -470,7 +461,7 @@ void CpuBackend::expert_mlp(const Expert& e, const float* u, int64_t rows, float
   std::vector<float> g(static_cast<size_t>(rows * I)), up(static_cast<size_t>(rows * I));
   mm(e.gate, u, rows, g.data(), cls, T_);
   mm(e.up, u, rows, up.data(), cls, T_);
-  for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * up[i];
+  swiglu(g.data(), up.data(), int64_t(g.size()));
   mm(e.down, g.data(), rows, out, cls, T_);
 }
 
@@ -551,7 +542,7 @@ void CpuBackend::ffn(int layer) {
     cls.push_back(kProdRouter);
   }
   mm_batch(jobs, cls);
-  for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * up[i];
+  swiglu(g.data(), up.data(), int64_t(g.size()));
   jobs.clear();
   cls.clear();
   for (const Run& r : runs) {

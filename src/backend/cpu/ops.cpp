@@ -1,10 +1,12 @@
 #include "backend/cpu/ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "backend/cpu/simd.h"
+#include "core/thread_pool.h"
 
 namespace lily::cpu {
 
@@ -23,17 +25,74 @@ float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 float silu(float v) { return v / (1.0f + std::exp(-v)); }
 float softplus(float v) { return v > 20.0f ? v : std::log1p(std::exp(v)); }
 
+namespace {
+// Runs fn(i0, i1) over [0, n) in pieces of >= ~16K elements' work (elements per index: per): one piece, on the
+// calling thread, for decode-sized calls.
+template <class Fn>
+void split(int64_t n, int64_t per, const Fn& fn) {
+  ThreadPool::global().parallel_for(n, std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, per)), fn);
+}
+}  // namespace
+
+void swiglu(float* g, const float* up, int64_t n) {
+  split((n + 7) / 8, 8, [&](int64_t b0, int64_t b1) {
+    for (int64_t i = b0 * 8; i < std::min(n, b1 * 8); i += 8) {
+      const int64_t m = std::min<int64_t>(8, n - i);
+      store_n(g + i, silu8(load_n(g + i, m)) * load_n(up + i, m), m);
+    }
+  });
+}
+
+void mul_sigmoid(float* o, const float* gate, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) {
+    const int64_t m = std::min<int64_t>(8, n - i);
+    store_n(o + i, load_n(o + i, m) * sigmoid8(load_n(gate + i, m)), m);
+  }
+}
+
+float exp_shift_sum(float* x, int64_t n, float shift) {
+  v8f acc = {};
+  for (int64_t i = 0; i < n; i += 8) {
+    const int64_t m = std::min<int64_t>(8, n - i);
+    const v8f e = exp8(load_n(x, m) - shift);
+    store_n(x, e, m);
+    acc += m == 8 ? e : load_n(x, m);  // the tail's padding lanes stay out of the sum
+    x += 8;
+  }
+  return hsum(acc);
+}
+
+void gated_rms_norm(float* o, const float* z, const float* w, int64_t rows, int64_t d, float eps) {
+  split(rows, d, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* orow = o + r * d;
+      const float* zr = z + r * d;
+      const float inv = 1.0f / std::sqrt(dot(orow, orow, d) / float(d) + eps);
+      for (int64_t i = 0; i < d; i += 8) {
+        const int64_t m = std::min<int64_t>(8, d - i);
+        store_n(orow + i, load_n(orow + i, m) * inv * load_n(w + i, m) * silu8(load_n(zr + i, m)), m);
+      }
+    }
+  });
+}
+
 void causal_conv_silu(const float* x, int64_t T, int64_t C, int64_t K, const float* conv, float* state, float* y) {
-  // Window of K-1 carried rows followed by the T new rows.
-  std::vector<float> win(static_cast<size_t>((K - 1 + T) * C));
+  // Window of K-1 carried rows followed by the T new rows; taps transposed to [K][C] so that one vector
+  // load serves 8 channels. Blocks of 8 channels are split over the pool.
+  std::vector<float> win(static_cast<size_t>((K - 1 + T) * C)), taps(static_cast<size_t>(K * C));
   std::memcpy(win.data(), state, size_t((K - 1) * C) * 4);
   std::memcpy(win.data() + (K - 1) * C, x, size_t(T * C) * 4);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < C; ++c) {
-      float s = 0;
-      for (int64_t j = 0; j < K; ++j) s += conv[c * K + j] * win[size_t((t + j) * C + c)];
-      y[t * C + c] = s / (1.0f + std::exp(-s));
-    }
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t j = 0; j < K; ++j) taps[size_t(j * C + c)] = conv[c * K + j];
+  split((C + 7) / 8, 8 * T * (K + 8), [&](int64_t b0, int64_t b1) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = b0 * 8; c < std::min(C, b1 * 8); c += 8) {
+        const int64_t m = std::min<int64_t>(8, C - c);
+        v8f s = {};
+        for (int64_t j = 0; j < K; ++j) s += load_n(taps.data() + j * C + c, m) * load_n(win.data() + (t + j) * C + c, m);
+        store_n(y + t * C + c, silu8(s), m);
+      }
+  });
   std::memcpy(state, win.data() + T * C, size_t((K - 1) * C) * 4);
 }
 

@@ -11,6 +11,17 @@ float silu(float v);
 float sigmoid(float v);
 float softplus(float v);  // PyTorch's: identity above 20
 
+// The vector forms (simd.h exp8: within 2 ulp of expf, the same result for a value at any index), split
+// over the thread pool when long:
+// g[i] = silu(g[i]) · up[i]   (the SwiGLU product)
+void swiglu(float* g, const float* up, int64_t n);
+// o[i] *= sigmoid(gate[i])
+void mul_sigmoid(float* o, const float* gate, int64_t n);
+// x[i] = e^(x[i] - shift); returns the sum (a softmax's numerators and denominator)
+float exp_shift_sum(float* x, int64_t n, float shift);
+// Gated RMSNorm of `rows` rows of d: o = o / sqrt(mean(o²) + eps) · w ⊙ silu(z)   (o, z: [rows][d])
+void gated_rms_norm(float* o, const float* z, const float* w, int64_t rows, int64_t d, float eps);
+
 // Causal depthwise conv over T rows of C channels with a carried state of K-1 previous rows
 // (state[j*C + c], oldest first), then SiLU. conv[c*K + j] multiplies the input K-1-j steps back.
 // Updates `state` to the last K-1 inputs.

@@ -40,6 +40,48 @@ inline v8f fmadd8(v8f a, v8f b, v8f c) {
 #endif
 }
 
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+// The first n (< 8 allowed) floats of p, zeros after; and its store.
+inline v8f load_n(const float* p, int64_t n) {
+  if (n == 8) return load8(p);  // a plain vector load, not a memcpy call
+  v8f v = {};
+  for (int64_t i = 0; i < n; ++i) v[i] = p[i];
+  return v;
+}
+inline void store_n(float* p, v8f v, int64_t n) {
+  if (n == 8) return store8(p, v);
+  for (int64_t i = 0; i < n; ++i) p[i] = v[i];
+}
+
+// Per lane: m ? a : b (m from a vector comparison: all ones or zeros).
+inline v8f select8(v8i m, v8f a, v8f b) { return (v8f)(((v8i)a & m) | ((v8i)b & ~m)); }
+
+// e^x per lane: x = n·ln2 + r with |r| <= ln2/2 (ln2 in two parts), a degree-7 polynomial for e^r, 2^n built in
+// the exponent bits. Within 2 ulp of e^x on [-87, 88]; outside, the input is clamped there (results
+// 1.6e-38 and 1.7e38: still finite and normal). NaN stays NaN. A lane depends on its own input alone, so a
+// value gives the same result in any lane and through load_n tails.
+inline v8f exp8(v8f x) {
+  const v8f hi = v8f{} + 88.0f, lo = v8f{} - 87.0f;
+  x = select8(x > hi, hi, x);
+  x = select8(x < lo, lo, x);
+  const v8f fx = x * 1.44269504088896341f + 0.5f;
+  v8f n = __builtin_convertvector(__builtin_convertvector(fx, v8i), v8f);
+  n = select8(n > fx, n - 1.0f, n);  // floor (the conversion truncates toward zero)
+  const v8f r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  v8f p = v8f{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const v8i e = (__builtin_convertvector(n, v8i) + 127) << 23;
+  return p * (v8f)e;
+}
+inline v8f sigmoid8(v8f v) { return 1.0f / (1.0f + exp8(-v)); }
+inline v8f silu8(v8f v) { return v / (1.0f + exp8(-v)); }
+
 inline float hsum(v8f v) {
   float s = 0;
   for (int i = 0; i < 8; ++i) s += v[i];
