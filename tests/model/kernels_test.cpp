@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "backend/cpu/attention.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/simd.h"
@@ -213,6 +214,46 @@ TEST(Ops, VectorFormsMatchPlain) {
       }
     }
   }
+}
+
+// Attention in blocks of rows through gemm_nn against the row-by-row path (dot products per key), several
+// sequences in one step at awkward row counts and cached prefixes, GQA 4:1.
+TEST(Attention, BlocksMatchRowByRow) {
+  const int64_t Hq = 8, Hkv = 2, hd = 40, kvw = Hkv * hd;
+  for (int64_t rows : {1, 2, 3, 16, 17, 63, 64, 65, 129})
+    for (int64_t prefix : {0, 5}) {
+      // two sequences: `rows` new rows after `prefix` cached ones, and 3 rows after 7
+      const int64_t rows2 = 3, prefix2 = 7, T = rows + rows2;
+      auto k1 = randn(size_t((prefix + rows) * kvw), 41), v1 = randn(size_t((prefix + rows) * kvw), 42);
+      auto k2 = randn(size_t((prefix2 + rows2) * kvw), 43), v2 = randn(size_t((prefix2 + rows2) * kvw), 44);
+      auto q = randn(size_t(T * Hq * hd), 45, 2.0f), gate = randn(size_t(T * Hq * 2 * hd), 46);
+      std::vector<cpu::AttnSeq> seqs = {{k1.data(), v1.data(), 0, rows, prefix}, {k2.data(), v2.data(), rows, rows2, prefix2}};
+      std::vector<float> o_rows(size_t(T * Hq * hd)), o_blocks(o_rows.size());
+      cpu::AttnArgs a{q.data(), gate.data() + hd, Hq * 2 * hd, 2 * hd, o_rows.data(), Hq, Hkv, hd, 1.0f / std::sqrt(float(hd))};
+      a.block_min_rows = 1 << 30;
+      cpu::attention(a, seqs);
+      a.o = o_blocks.data();
+      a.block_min_rows = 1;
+      cpu::attention(a, seqs);
+      for (size_t i = 0; i < o_rows.size(); ++i)
+        ASSERT_NEAR(o_blocks[i], o_rows[i], 2e-6 * (1 + std::fabs(o_rows[i]))) << rows << " rows after " << prefix << " at " << i;
+      // one row against the plain definition in double
+      const int64_t t = rows - 1, h = 5, kh = h / 4, n = prefix + rows;
+      std::vector<double> sc(static_cast<size_t>(n));
+      double mx = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        double d = 0;
+        for (int64_t c = 0; c < hd; ++c) d += double(q[size_t((t * Hq + h) * hd + c)]) * k1[size_t(j * kvw + kh * hd + c)];
+        mx = std::max(mx, sc[size_t(j)] = d / std::sqrt(double(hd)));
+      }
+      for (auto& x : sc) sum += (x = std::exp(x - mx));
+      for (int64_t c = 0; c < hd; ++c) {
+        double want = 0;
+        for (int64_t j = 0; j < n; ++j) want += sc[size_t(j)] / sum * v1[size_t(j * kvw + kh * hd + c)];
+        want /= 1 + std::exp(-double(gate[size_t(t * Hq * 2 * hd + h * 2 * hd + hd + c)]));
+        ASSERT_NEAR(o_blocks[size_t((t * Hq + h) * hd + c)], want, 1e-5) << rows << " rows";
+      }
+    }
 }
 
 TEST(Half, RoundTrips) {

@@ -5,8 +5,9 @@
 #include <cstring>
 #include <numeric>
 
-#include "backend/cpu/operand_emulation.h"
+#include "backend/cpu/attention.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/operand_emulation.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/simd.h"
 #include "backend/product_class.h"
@@ -374,7 +375,7 @@ void CpuBackend::attn_mixer(int layer) {
   const auto& L = layer_weights(layer);
   const auto& A = L.attn;
   const int64_t T = T_, H = cfg.hidden, Hq = cfg.n_heads, Hkv = cfg.n_kv_heads, hd = cfg.head_dim,
-                grp = Hq / Hkv, kvw = Hkv * hd;
+                kvw = Hkv * hd;
   const float eps = float(cfg.rms_eps);
 
   rms_norm(x_.data(), L.input_norm.data(), T, H, eps, u_.data());
@@ -405,39 +406,19 @@ void CpuBackend::attn_mixer(int layer) {
       b_[i] = round_bf16(b_[i]);
       c_[i] = round_bf16(c_[i]);
     }
-  std::vector<const CpuState::Layer*> row_kv(static_cast<size_t>(T));
+  std::vector<AttnSeq> seqs;
   for (const Group& gr : groups_) {
     auto& S = gr.st->kv(size_t(layer));
     S.k.insert(S.k.end(), b_.begin() + gr.first * kvw, b_.begin() + (gr.first + gr.rows) * kvw);
     S.v.insert(S.v.end(), c_.begin() + gr.first * kvw, c_.begin() + (gr.first + gr.rows) * kvw);
-    for (int64_t t = 0; t < gr.rows; ++t) row_kv[size_t(gr.first + t)] = &S;
   }
-
-  // Causal softmax attention (fp32), GQA: query head h reads KV head ⌊h / grp⌋.
-  const float scale = 1.0f / std::sqrt(float(hd));
+  for (const Group& gr : groups_) {  // after every append: a sequence's vectors no longer move
+    const auto& S = gr.st->kv(size_t(layer));
+    seqs.push_back({S.k.data(), S.v.data(), gr.first, gr.rows, gr.pos0});
+  }
   d_.resize(static_cast<size_t>(T * Hq * hd));
-  ThreadPool::global().parallel_for(T * Hq, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> sc;
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / Hq, h = i % Hq, kh = h / grp, n = pos_[size_t(t)] + 1;
-      const CpuState::Layer& S = *row_kv[size_t(t)];
-      const float* q = e_.data() + (t * Hq + h) * hd;
-      sc.resize(static_cast<size_t>(n));
-      float mx = -INFINITY;
-      for (int64_t s = 0; s < n; ++s) {
-        sc[size_t(s)] = dot(q, S.k.data() + s * kvw + kh * hd, hd) * scale;
-        mx = std::max(mx, sc[size_t(s)]);
-      }
-      const float sum = exp_shift_sum(sc.data(), n, mx);
-      float* o = d_.data() + (t * Hq + h) * hd;
-      std::fill(o, o + hd, 0.0f);
-      for (int64_t s = 0; s < n; ++s) {
-        axpy(sc[size_t(s)] / sum, S.v.data() + s * kvw + kh * hd, o, hd);
-      }
-      const float* gate = a_.data() + t * Hq * 2 * hd + h * 2 * hd + hd;
-      mul_sigmoid(o, gate, hd);
-    }
-  });
+  AttnArgs args{e_.data(), a_.data() + hd, Hq * 2 * hd, 2 * hd, d_.data(), Hq, Hkv, hd, 1.0f / std::sqrt(float(hd))};
+  attention(args, seqs);
   std::vector<float> out(static_cast<size_t>(T * H));
   mm(A.o, d_.data(), T, out.data(), kProdAttnOut, T);
   emit(out);
