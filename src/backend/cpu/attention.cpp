@@ -12,22 +12,31 @@ namespace {
 
 constexpr int64_t kBlockRows = 16;
 
-// Row t (position pos) and head h, one dot product and one axpy per key.
-void one_row(const AttnArgs& a, const AttnSeq& s, int64_t t, int64_t h, std::vector<float>& sc) {
-  const int64_t hd = a.hd, kvw = a.Hkv * hd, kh = h / (a.Hq / a.Hkv);
+// Row t and query heads [h0, h0 + nh) of one KV head: one dot product and one axpy per key and head, the
+// heads inner so that each key and value row is read from memory once for all of them (fp32 rows of hd: they
+// stay in L1 across the heads). Per head the arithmetic is the same for any nh.
+void one_row(const AttnArgs& a, const AttnSeq& s, int64_t t, int64_t h0, int64_t nh, std::vector<float>& sc) {
+  const int64_t hd = a.hd, kvw = a.Hkv * hd, kh = h0 / (a.Hq / a.Hkv);
   const int64_t n = s.pos0 + (t - s.first) + 1;
-  const float* q = a.q + (t * a.Hq + h) * hd;
-  sc.resize(size_t(n));
-  float mx = -INFINITY;
+  const float* q = a.q + (t * a.Hq + h0) * hd;
+  float* o = a.o + (t * a.Hq + h0) * hd;
+  sc.resize(size_t(nh * n));
   for (int64_t j = 0; j < n; ++j) {
-    sc[size_t(j)] = dot(q, s.k + j * kvw + kh * hd, hd) * a.scale;
-    mx = std::max(mx, sc[size_t(j)]);
+    const float* kr = s.k + j * kvw + kh * hd;
+    for (int64_t g = 0; g < nh; ++g) sc[size_t(g * n + j)] = dot(q + g * hd, kr, hd) * a.scale;
   }
-  const float sum = exp_shift_sum(sc.data(), n, mx);
-  float* o = a.o + (t * a.Hq + h) * hd;
-  std::fill(o, o + hd, 0.0f);
-  for (int64_t j = 0; j < n; ++j) axpy(sc[size_t(j)] / sum, s.v + j * kvw + kh * hd, o, hd);
-  mul_sigmoid(o, a.gate + t * a.gate_ts + h * a.gate_hs, hd);
+  float inv[64];
+  for (int64_t g = 0; g < nh; ++g) {
+    float* row = sc.data() + g * n;
+    const float mx = *std::max_element(row, row + n);
+    inv[g] = 1.0f / exp_shift_sum(row, n, mx);
+  }
+  std::fill(o, o + nh * hd, 0.0f);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vr = s.v + j * kvw + kh * hd;
+    for (int64_t g = 0; g < nh; ++g) axpy(sc[size_t(g * n + j)] * inv[g], vr, o + g * hd, hd);
+  }
+  for (int64_t g = 0; g < nh; ++g) mul_sigmoid(o + g * hd, a.gate + t * a.gate_ts + (h0 + g) * a.gate_hs, hd);
 }
 
 // Rows [r0, r0 + br) of sequence s (relative to s.first) for the query heads of KV head kh: scores
@@ -72,9 +81,16 @@ void attention(const AttnArgs& a, const std::vector<AttnSeq>& seqs) {
   for (const AttnSeq& s : seqs)
     if (s.rows < std::max<int64_t>(1, a.block_min_rows))
       for (int64_t i = 0; i < s.rows; ++i) single.push_back({&s, s.first + i});
-  pool.parallel_for(int64_t(single.size()) * a.Hq, 1, [&](int64_t i0, int64_t i1) {
+  // A task per (row, KV head) reads each cached row once for its query heads; a task per (row, head) when
+  // that would leave threads idle.
+  const int64_t grp = a.Hq / a.Hkv;
+  const int64_t nh = int64_t(single.size()) * a.Hkv >= int64_t(pool.size()) && grp <= 64 ? grp : 1, per = a.Hq / nh;
+  pool.parallel_for(int64_t(single.size()) * per, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> sc;
-    for (int64_t i = i0; i < i1; ++i) one_row(a, *single[size_t(i / a.Hq)].first, single[size_t(i / a.Hq)].second, i % a.Hq, sc);
+    for (int64_t i = i0; i < i1; ++i) {
+      const auto& [seq, t] = single[size_t(i / per)];
+      one_row(a, *seq, t, (i % per) * nh, nh, sc);
+    }
   });
   // Long sequences: keys transposed once per sequence ([Hkv][hd][n]), then one task per (KV head, block of rows).
   const int64_t hd = a.hd, kvw = a.Hkv * hd;
