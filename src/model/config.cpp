@@ -252,7 +252,9 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& top, const std::string&
                                   top.contains("quantization_config") ? &top["quantization_config"] : nullptr}) {
     if (q && q->is_object()) {
       c.quantization = *q;
-      c.quant_method = q->value("quant_method", std::string(q->contains("bits") ? "affine" : ""));
+      auto m = q->find("quant_method");
+      if (m != q->end() && !m->is_string()) fail("{}: field 'quant_method' of the quantization object must be a string", where);
+      c.quant_method = m != q->end() ? m->get<std::string>() : std::string(q->contains("bits") ? "affine" : "");
       break;
     }
   }

@@ -161,6 +161,11 @@ TEST(Config, Errors) {
   j["partial_rotary_factor"] = 0.3;
   EXPECT_NE(error_of(j).find("even rotary dimension"), std::string::npos);
   EXPECT_NE(error_of(json::array()).find("not a JSON object"), std::string::npos);
+  j = base_next();  // found by fuzz_config: a non-string quant_method threw nlohmann's type_error
+  j["quantization"] = {{"quant_method", {{"bits", 4}}}, {"group_size", 64}, {"bits", 4}};
+  EXPECT_NE(error_of(j).find("'quant_method' of the quantization object must be a string"), std::string::npos) << error_of(j);
+  j["quantization"] = {{"quant_method", "exl3"}, {"bits", 4}};
+  EXPECT_EQ(ModelConfig::from_json(j, "config.json").quant_method, "exl3");
   json nested = {{"model_type", "qwen3_5_moe"}};
   EXPECT_NE(error_of(nested).find("needs an object 'text_config'"), std::string::npos);
 }
