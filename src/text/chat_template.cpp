@@ -48,7 +48,8 @@ ChatTemplate ChatTemplate::load(const std::filesystem::path& dir, const std::fil
     if (ct.is_array()) {
       for (size_t k = 0; k < ct.size(); ++k) {
         const auto& e = ct[k];
-        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+        if (e.is_object() && e.contains("name") && e["name"] == "default" && e.contains("template") &&
+            e["template"].is_string())
           return from_string(e["template"].get<std::string>(), fmt::format("{} chat_template[{}]", cfg_path.string(), k),
                              specials);
       }

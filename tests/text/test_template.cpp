@@ -89,6 +89,14 @@ TEST(Jinja, LoadErrorsNameTheFile) {
     EXPECT_NE(std::string(e.what()).find("tokenizer_config.json"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("line 1"), std::string::npos) << e.what();
   }
+  // a list whose entries' names are not strings: no "default" entry (not a JSON type error)
+  std::ofstream(dir / "tokenizer_config.json") << R"({"chat_template": [{"name": 5, "template": "x"}, {"name": null}]})";
+  try {
+    ChatTemplate::load(dir);
+    FAIL() << "expected an error";
+  } catch (const lily::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("no entry named \"default\""), std::string::npos) << e.what();
+  }
   std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "<e>"})";
   EXPECT_THROW(ChatTemplate::load(dir), lily::InputError);
   std::ofstream(dir / "chat_template.jinja") << "{{ eos_token }}{{ messages | length }}";
