@@ -256,6 +256,42 @@ TEST(Attention, BlocksMatchRowByRow) {
     }
 }
 
+// The row-by-row path groups a KV head's query heads four at a time (fewer in the last group) and its values in
+// blocks of keys: each head's output must not depend on the grouping (a row alone runs a task per head on a
+// 2-thread pool, two rows a task per KV head), and must match the definition at head sizes with a scalar tail.
+TEST(Attention, RowByRowSameForAnyHeadGrouping) {
+  for (int64_t hd : {20, 44, 64})
+    for (int64_t Hq : {1, 6, 9})
+      for (int64_t prefix : {0, 15, 40}) {
+        const int64_t Hkv = 1, kvw = hd, n = prefix + 2;
+        auto k = randn(size_t(n * kvw), 51), v = randn(size_t(n * kvw), 52);
+        auto q = randn(size_t(2 * Hq * hd), 53, 2.0f), gate = randn(size_t(2 * Hq * 2 * hd), 54);
+        std::vector<float> o_two(size_t(2 * Hq * hd)), o_one(o_two.size());
+        cpu::AttnArgs a{q.data(), gate.data() + hd, Hq * 2 * hd, 2 * hd, o_two.data(), Hq, Hkv, hd, 1.0f / std::sqrt(float(hd))};
+        cpu::attention(a, {{k.data(), v.data(), 0, 2, prefix}});
+        a.o = o_one.data();
+        cpu::attention(a, {{k.data(), v.data(), 1, 1, prefix + 1}});
+        for (int64_t i = Hq * hd; i < 2 * Hq * hd; ++i)
+          ASSERT_EQ(o_one[size_t(i)], o_two[size_t(i)]) << "hd " << hd << " Hq " << Hq << " prefix " << prefix << " at " << i;
+        for (int64_t h = 0; h < Hq; ++h) {
+          std::vector<double> sc(static_cast<size_t>(n));
+          double mx = -INFINITY, sum = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            double d = 0;
+            for (int64_t c = 0; c < hd; ++c) d += double(q[size_t((Hq + h) * hd + c)]) * k[size_t(j * kvw + c)];
+            mx = std::max(mx, sc[size_t(j)] = d / std::sqrt(double(hd)));
+          }
+          for (auto& x : sc) sum += (x = std::exp(x - mx));
+          for (int64_t c = 0; c < hd; ++c) {
+            double want = 0;
+            for (int64_t j = 0; j < n; ++j) want += sc[size_t(j)] / sum * v[size_t(j * kvw + c)];
+            want /= 1 + std::exp(-double(gate[size_t(Hq * 2 * hd + h * 2 * hd + hd + c)]));
+            ASSERT_NEAR(o_two[size_t((Hq + h) * hd + c)], want, 1e-5) << "hd " << hd << " Hq " << Hq << " head " << h;
+          }
+        }
+      }
+}
+
 TEST(Half, RoundTrips) {
   for (float f : {0.0f, 1.0f, -2.5f, 65504.0f, 0x1p-14f, 0x1p-24f, 0x3p-20f, -0.0f}) {
     EXPECT_EQ(f16_to_f32(f32_to_f16(f)), f) << f;
