@@ -144,7 +144,7 @@ void attention(const AttnArgs& a, const std::vector<AttnSeq>& seqs) {
   // A task per (row, KV head) reads each cached row once for its query heads; a task per (row, head) when
   // that would leave threads idle.
   const int64_t grp = a.Hq / a.Hkv;
-  const int64_t nh = int64_t(single.size()) * a.Hkv >= int64_t(pool.size()) && grp <= 64 ? grp : 1, per = a.Hq / nh;
+  const int64_t nh = int64_t(single.size()) * a.Hkv >= int64_t(pool.size()) ? grp : 1, per = a.Hq / nh;
   pool.parallel_for(int64_t(single.size()) * per, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> sc;
     for (int64_t i = i0; i < i1; ++i) {
