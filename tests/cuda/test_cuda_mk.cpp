@@ -99,7 +99,8 @@ CudaOptions mk_options(bool on) {
 
 // One-row steps after prompts of ctx - 1 tokens: the kernel's logits against the per-block kernels' (the
 // prompt itself runs the same prompt kernels on both). Contexts around the 32-key stages and the
-// attention splits; 4 decode steps each.
+// attention splits; 4 decode steps each. A routing near-tie that flips one step carries into the later steps
+// of its context (the states differ), so diverged contexts are counted, not steps.
 void compare_steps(const char* preset, SynthFormat f, const std::vector<int64_t>& contexts) {
   SynthOptions so;
   so.preset = preset;
@@ -112,8 +113,9 @@ void compare_steps(const char* preset, SynthFormat f, const std::vector<int64_t>
   const std::string what = std::string(preset) + " " + synth_format_name(f);
   ASSERT_EQ(cuda_mk_info(*mkb).uncovered, "") << what;
   std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));
-  int64_t steps = 0, far_steps = 0;
+  int64_t steps = 0, far_contexts = 0;
   for (int64_t ctx : contexts) {
+    bool diverged = false;  // a routing near-tie flipped: the states differ for the rest of this context
     auto sa = ref->new_state(ctx + 8);
     auto sb = mkb->new_state(ctx + 8);
     const std::vector<int32_t> prompt = ids_for(ctx - 1, V, uint64_t(ctx));
@@ -139,14 +141,15 @@ void compare_steps(const char* preset, SynthFormat f, const std::vector<int64_t>
       // bf16 hi + lo activations: 1e-2 · RMS (the CUDA comparison tests bound each path's distance to the CPU
       // at 2e-2 · RMS); as there, a near tie between two experts may route one step differently
       const bool far = worst >= 1e-2 * std::max(1.0, rms);
-      far_steps += far;
+      far_contexts += far && !diverged;
       if (far) std::printf("[%s] ctx %lld step %d: max|dlogit| %.3g (a routing near-tie?)\n", what.c_str(), (long long)ctx, s, worst);
-      EXPECT_TRUE(far || ia == ib || la[size_t(ia)] - la[size_t(ib)] < 1e-2 * std::max(1.0, rms))
+      diverged |= far;
+      EXPECT_TRUE(diverged || ia == ib || la[size_t(ia)] - la[size_t(ib)] < 1e-2 * std::max(1.0, rms))
           << what << " ctx " << ctx << " step " << s << ": argmax " << ib << " vs " << ia;
       if (s == 3) std::printf("[%s] ctx %lld: max|dlogit| %.3g (logit RMS %.3g)\n", what.c_str(), (long long)ctx, worst, rms);
     }
   }
-  EXPECT_LE(far_steps, std::max<int64_t>(1, steps / 16)) << what << ": steps beyond 1e-2 · RMS";
+  EXPECT_LE(far_contexts, std::max<int64_t>(1, int64_t(contexts.size()) / 4)) << what << ": contexts beyond 1e-2 · RMS";
   const int64_t one_row_prompts = std::count(contexts.begin(), contexts.end(), int64_t(2));
   EXPECT_EQ(cuda_mk_info(*mkb).steps, steps + one_row_prompts) << what << ": every one-row step ran the kernel";
 }

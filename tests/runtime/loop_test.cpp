@@ -42,10 +42,13 @@ Fixture open(const std::string& name) {
   return f;
 }
 
+constexpr int32_t kProbe = 7;  // a token decoded after the run: its logits show what the state holds
+
 struct Outcome {
   GenerateResult r;
   std::vector<int32_t> seen, session_tokens;
   bool logits_given = false;
+  std::vector<float> probe_logits;  // after decoding kProbe on the session (empty when its context is full)
 };
 
 Outcome run(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions& go, int stop_after = -1, int64_t ctx = 0) {
@@ -57,7 +60,21 @@ Outcome run(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     return stop_after < 0 || int(o.seen.size()) < stop_after;
   });
   o.session_tokens = s.tokens();
+  if (s.n_tokens() < s.capacity()) {
+    o.probe_logits.resize(size_t(e.config().vocab));
+    s.decode(kProbe, o.probe_logits.data());
+  }
   return o;
+}
+
+// The logits after prompt + gen + kProbe on a fresh session of `e`.
+std::vector<float> probe_reference(Engine& e, const std::vector<int32_t>& prompt, std::vector<int32_t> gen) {
+  Session s(e);
+  std::vector<float> l(size_t(e.config().vocab));
+  gen.push_back(kProbe);
+  s.prefill(prompt, l.data());
+  for (int32_t t : gen) s.decode(t, l.data());
+  return l;
 }
 
 TEST(Loop, DevicePathMatchesTheHostPathAndEndState) {
@@ -112,6 +129,18 @@ TEST(Loop, DevicePathMatchesTheHostPathAndEndState) {
     want.insert(want.end(), h.r.tokens.begin(), h.r.tokens.begin() + std::ptrdiff_t(fit));
     EXPECT_EQ(h.session_tokens, want);
     EXPECT_EQ(d.session_tokens, want);
+    // ... in their states too: one more token gives a fresh session's logits
+    const bool room = v.ctx == 0 || int64_t(want.size()) < v.ctx;
+    ASSERT_EQ(h.probe_logits.empty(), !room);
+    ASSERT_EQ(d.probe_logits.empty(), !room);
+    if (room) {
+      const auto ref = probe_reference(*f.host, P, std::vector<int32_t>(want.begin() + std::ptrdiff_t(P.size()), want.end()));
+      for (const Outcome* o : {&h, &d}) {
+        double worst = 0;
+        for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, double(std::abs(o->probe_logits[i] - ref[i])));
+        EXPECT_LT(worst, 1e-4) << (o == &h ? "host" : "device") << " path: the state holds exactly the absorbed tokens";
+      }
+    }
   }
   EXPECT_EQ(run(*f.dev, P, vs[5].go).r.finish_reason, "stop");
   EXPECT_EQ(run(*f.dev, P, vs[6].go, -1, vs[6].ctx).r.finish_reason, "length");
