@@ -11,9 +11,11 @@ TEST(CudaExl3, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <span>
 #include <sstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -444,6 +446,138 @@ TEST(CudaExl3, MoeSlotsAndTiles) {
       std::copy(yr.begin(), yr.end(), y2.begin() + r * H);
     }
     EXPECT_LT(rel_err(dy2.down(), y2), 2e-5) << "down tiles cb " << cb;
+  }
+}
+
+// Decode GEMVs whose grid is under ~2 blocks per SM split k over a thread-block cluster (exl3_gemv_split):
+// long inputs (k-tile rows for 1, 2 and 8 ranks), few column blocks, one to three rows, a fused RMSNorm,
+// accumulate, several parts and a column map; MoE slots in swiglu mode and down. Each against the reference
+// and against the unsplit kernel (the same products summed in another order).
+// The GEMV with its k split over a cluster (each rank staging only its own chunks) and unsplit, against the
+// reference and against each other.
+TEST(CudaExl3, SplitGemvMatchesUnsplit) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  // results[split]
+  const char* names[2] = {"unsplit", "split"};
+  auto variants = [&](const std::function<std::vector<float>()>& run) {
+    std::vector<std::vector<float>> r;
+    for (int v = 0; v < 2; ++v) {
+      SwitchesScope sw([v](cuda::KernelSwitches& k) { k.exl3_gemv_split = v ? 4 : 0; });
+      r.push_back(run());
+    }
+    return r;
+  };
+  auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return rel_err(a, std::vector<double>(b.begin(), b.end()));
+  };
+  // dense rows: in 256 (16 k-tile rows: no split), 512 (2 ranks), 2048 and 4096 (8 ranks); 1152 and 2176 end
+  // in half a pair of 128-chunks (9 and 17 chunks: 2 and 8 ranks)
+  for (auto [K, cb, in, out] : {std::tuple{4, 1, 2048, 300}, std::tuple{2, 0, 4096, 128}, std::tuple{3, 2, 512, 200},
+                                std::tuple{4, 1, 256, 130}, std::tuple{5, 1, 2000, 260}, std::tuple{4, 1, 1152, 140},
+                                std::tuple{6, 1, 2100, 200}}) {
+    HostExl3 h(K, Exl3Codebook(cb), in, out, rng, true);
+    DevExl3 d({&h}, 1);
+    for (int T : {1, 2, 3}) {
+      const std::string what = "K " + std::to_string(K) + " in " + std::to_string(in) + " out " + std::to_string(out) +
+                               " T " + std::to_string(T);
+      auto x = randn(size_t(T) * in, rng);
+      auto y0 = randn(size_t(T) * out, rng);
+      auto nw = randn(size_t(in), rng);
+      const bool norm = T < 3, acc = T == 2;
+      std::vector<float> xn = x;
+      if (norm)
+        for (int t = 0; t < T; ++t) {
+          double ss = 0;
+          for (int i = 0; i < in; ++i) ss += double(x[size_t(t * in + i)]) * x[size_t(t * in + i)];
+          const double inv = 1.0 / std::sqrt(ss / in + 1e-6);
+          for (int i = 0; i < in; ++i) xn[size_t(t * in + i)] = float(x[size_t(t * in + i)] * inv * nw[size_t(i)]);
+        }
+      auto want = h.ref(xn, T);
+      if (acc)
+        for (size_t i = 0; i < want.size(); ++i) want[i] += y0[i];
+      auto r = variants([&] {
+        Dev<float> dx(x), dn(nw), dy(y0);
+        cuda::linear(d.m, out, in, dx.p, in, T, dy.p, out, acc, nullptr, norm ? dn.p : nullptr, 1e-6f);
+        return dy.down();
+      });
+      for (int v = 0; v < 2; ++v) EXPECT_LT(rel_err(r[size_t(v)], want), 2e-5) << what << " " << names[v];
+      EXPECT_LT(close(r[1], r[0]), 1e-5) << what << " split vs unsplit";
+    }
+  }
+  // several parts (5 column blocks) with a column map on the middle one
+  {
+    const int in = 1024;
+    HostExl3 a(4, Exl3Codebook::Mcg, in, 130, rng), b(4, Exl3Codebook::Mcg, in, 200, rng, true),
+        c(4, Exl3Codebook::Mcg, in, 60, rng);
+    for (int j = 0; j < 200; ++j) b.out_rows.push_back(int32_t((j * 37 + 11) % 256));
+    b.fix();
+    DevExl3 d({&a, &b, &c}, 3);
+    const int out = 130 + 200 + 60;
+    auto x = randn(size_t(in), rng);
+    auto ra = a.ref(x, 1), rb = b.ref(x, 1), rc = c.ref(x, 1);
+    std::vector<double> want(ra);
+    want.insert(want.end(), rb.begin(), rb.end());
+    want.insert(want.end(), rc.begin(), rc.end());
+    auto r = variants([&] {
+      Dev<float> dx(x), dy(static_cast<size_t>(out));
+      dy.poison();
+      cuda::linear(d.m, out, in, dx.p, in, 1, dy.p, out, false, nullptr);
+      return dy.down();
+    });
+    for (int v = 0; v < 2; ++v) EXPECT_LT(rel_err(r[size_t(v)], want), 2e-5) << "parts " << names[v];
+    EXPECT_LT(close(r[1], r[0]), 1e-5) << "parts split vs unsplit";
+  }
+  // MoE slots: gate‖up (2 column blocks of each part, 6 slots) with the norm, then down (in 512: 2 ranks)
+  {
+    const int E = 4, H = 2048, I = 512;
+    std::vector<std::unique_ptr<HostExl3>> g, u, dn;
+    for (int e = 0; e < E; ++e) {
+      g.push_back(std::make_unique<HostExl3>(4, Exl3Codebook::Mcg, H, I, rng));
+      u.push_back(std::make_unique<HostExl3>(4, Exl3Codebook::Mcg, H, I, rng));
+      dn.push_back(std::make_unique<HostExl3>(4, Exl3Codebook::Mcg, I, H, rng));
+    }
+    std::vector<const HostExl3*> gu, dd;
+    for (int e = 0; e < E; ++e) { gu.push_back(g[size_t(e)].get()); gu.push_back(u[size_t(e)].get()); dd.push_back(dn[size_t(e)].get()); }
+    DevExl3 mgu(gu, 2), mdn(dd, 1);
+    const std::vector<int32_t> ex = {3, 0, 2, 2, 1, 3};
+    const int slots = int(ex.size());
+    auto x = randn(size_t(2) * H, rng, 2.f);
+    auto nw = randn(size_t(H), rng);
+    std::vector<double> hw(size_t(slots) * I);
+    for (int sl = 0; sl < slots; ++sl) {
+      std::vector<float> xr(x.begin() + (sl / 3) * H, x.begin() + (sl / 3 + 1) * H);
+      double ss = 0;
+      for (float v : xr) ss += double(v) * v;
+      const double inv = 1.0 / std::sqrt(ss / H + 1e-6);
+      for (int i = 0; i < H; ++i) xr[size_t(i)] = float(xr[size_t(i)] * inv * nw[size_t(i)]);
+      auto gr = g[size_t(ex[size_t(sl)])]->ref(xr, 1), ur = u[size_t(ex[size_t(sl)])]->ref(xr, 1);
+      for (int r = 0; r < I; ++r) hw[size_t(sl * I + r)] = silu(gr[size_t(r)]) * ur[size_t(r)];
+    }
+    Dev<int32_t> dex(ex);
+    auto hr = variants([&] {
+      Dev<float> dx(x), dnw(nw), dh(size_t(slots) * I);
+      dh.poison();
+      cuda::gemv_slots(mgu.m, dex.p, 0, H, dx.p, H, 3, slots, dh.p, I, false, I, nullptr, dnw.p, 1e-6f);
+      return dh.down();
+    });
+    for (int v = 0; v < 2; ++v) EXPECT_LT(rel_err(hr[size_t(v)], hw), 2e-5) << "swiglu slots " << names[v];
+    EXPECT_LT(close(hr[1], hr[0]), 1e-5) << "swiglu slots split vs unsplit";
+    const std::vector<float>& hs = hr[1];
+    std::vector<double> yw(size_t(slots) * H);
+    for (int sl = 0; sl < slots; ++sl) {
+      std::vector<float> hr(hs.begin() + sl * I, hs.begin() + (sl + 1) * I);
+      auto yr = dn[size_t(ex[size_t(sl)])]->ref(hr, 1);
+      std::copy(yr.begin(), yr.end(), yw.begin() + sl * H);
+    }
+    auto yr = variants([&] {
+      Dev<float> dh(hs), dy(size_t(slots) * H);
+      dy.poison();
+      cuda::gemv_slots(mdn.m, dex.p, H, I, dh.p, I, 1, slots, dy.p, H, false, 0, nullptr);
+      return dy.down();
+    });
+    for (int v = 0; v < 2; ++v) EXPECT_LT(rel_err(yr[size_t(v)], yw), 2e-5) << "down slots " << names[v];
+    EXPECT_LT(close(yr[1], yr[0]), 1e-5) << "down slots split vs unsplit";
   }
 }
 

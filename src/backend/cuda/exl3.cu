@@ -1,11 +1,13 @@
 // EXL3 (trellis-coded) weights on the device, see shared/docs/exl3-format.md and quant/exl3/exl3.h.
 //   - tile decode: a warp decodes one 16x16 tile, lane L the stream positions 8L..8L+7, which are
 //     exactly the B fragments of two mma.m16n8k16 (k rows 2(L%4)+{0,1,8,9}, n columns L/4 and L/4+8).
-//   - GEMV (decode rows, MoE slots): one block per (slot, 128-column block of a part). The input row
-//     (optionally RMS-normalised) ⊙ suh goes through the Hadamard-128 in shared memory; every warp walks
+//   - GEMV (decode rows, MoE slots): one block per (slot, 128-column block of a part), or a thread-block
+//     cluster of ks blocks (sm_90) that split its k-tile rows when the grid would leave SMs idle. The input
+//     row (optionally RMS-normalised) ⊙ suh goes through the Hadamard-128 in shared memory; every warp walks
 //     k-tile rows, streams the packed words of 8 tiles (one row of the 128-column block) into a per-warp
-//     buffer and decodes them in registers against the staged input; the block then reduces, applies the
-//     output Hadamard-128, svh, bias and the logical column map (or silu(gate)·up in swiglu mode).
+//     buffer and decodes them in registers against the staged input; the block then reduces (rank 0 of a
+//     cluster adds the other ranks' sums from their shared memory, in rank order), applies the output
+//     Hadamard-128, svh, bias and the logical column map (or silu(gate)·up in swiglu mode).
 //   - GEMM (prompts, MoE tile map): one block per (tile of <= 64 rows, 128-column block). Per 128-wide k
 //     chunk the rows are staged in fp16 after suh and the Hadamard, each row times its power of two (the rule
 //     of backend/fp16_scale.h on max |x|, from gemm_stage.h's pre-pass) and 2^-8 of headroom for the
@@ -20,7 +22,9 @@
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "backend/cuda/device_info.h"
@@ -129,71 +133,90 @@ __global__ void decode_tiles_kernel(const uint16_t* __restrict__ trellis, int ou
 }
 
 // ---- GEMV ------------------------------------------------------------------------------------
-// P = 1: block x = column block among the expert's parts. P = 2 (swiglu): parts 0 (gate) and 1 (up) of
-// the expert, block x = column block of both; output r = silu(gate_r) · up_r for r < swiglu_I.
+// P = 1: block x / ks = column block among the expert's parts. P = 2 (swiglu): parts 0 (gate) and 1 (up) of
+// the expert, block x / ks = column block of both; output r = silu(gate_r) · up_r for r < swiglu_I.
+// ks > 1 (launched as clusters of ks along x): block x % ks takes the k-tile rows ≡ its rank (mod ks) in
+// steps of kGvWarps rows; rank 0 finishes. K <= 4: registers capped for two blocks per SM (the split's
+// grids count on them).
 template <int K, int CB, int P>
-__global__ void __launch_bounds__(32 * kGvWarps) exl3_gemv_kernel(const Exl3Part* __restrict__ parts, int nparts,
+__global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kernel(const Exl3Part* __restrict__ parts, int nparts,
     const int32_t* __restrict__ expert, int out, int in, const float* __restrict__ x, int64_t ldx, int xdiv,
-    float* __restrict__ y, int64_t ldy, bool accumulate, int swiglu_I, const float* __restrict__ norm_w, float eps) {
+    float* __restrict__ y, int64_t ldy, bool accumulate, int swiglu_I, const float* __restrict__ norm_w, float eps,
+    int ks) {
   extern __shared__ __align__(16) float smem[];
   __shared__ float rsum[32];
   __shared__ float ov[P * 128];
   const int slot = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int e = expert ? expert[slot] : 0;
   const Exl3Part* ep = parts + int64_t(e) * nparts;
-  int nb = blockIdx.x;
+  int nb = blockIdx.x / ks;
+  const int kr = blockIdx.x % ks, kstep = kGvWarps * ks;
   const Exl3Part* pt = P == 1 ? locate(ep, nb) : ep;
   const int in_p = pt->in_p;
   float* xh = smem;                                                    // [P][in_p]
   float* red = xh + P * in_p;                                          // [kGvWarps][P][128]
   uint32_t* tw = reinterpret_cast<uint32_t*>(red + kGvWarps * P * 128) + warp * 64 * K;  // 8 tiles per warp
   const float* xr = x + int64_t(slot / xdiv) * ldx;
+  const int TK = in_p / 16, rq = 2 * (lane & 3), i0 = warp + kGvWarps * kr;
+  auto part_base = [&](int p) { return reinterpret_cast<const uint2*>(pt[p].trellis + int64_t(nb) * 8 * 16 * K); };
+  auto part_row = [&](int p) { return int64_t(pt[p].out_p / 16) * 4 * K; };  // uint2 per k-tile row of the matrix
+  uint2 cur[K];  // the packed words of this warp's next k-tile row: the first in flight during the staging
+  if (i0 < TK)
+#pragma unroll
+    for (int m = 0; m < K; ++m) cur[m] = ld_nc2(part_base(0) + i0 * part_row(0) + lane + 32 * m);
   float inv = 1.f;
   if (norm_w) {
     float ss = 0.f;
     for (int i = threadIdx.x; i < in; i += blockDim.x) ss += xr[i] * xr[i];
     inv = rsqrtf(block_sum(ss, rsum) / float(in) + eps);
   }
-  for (int k = threadIdx.x; k < in_p; k += blockDim.x) {
+  // This rank's k-tile rows i ≡ warp + kGvWarps·kr (mod kstep) read the inputs of the 256-wide pairs of
+  // 128-chunks q ≡ kr (mod ks) (the last pair may be half): only those are staged.
+  static_assert(kGvWarps * 16 == 256, "one k-tile row per warp covers a pair of 128-chunks");
+  const int npair = (in_p + 255) / 256, mine = (npair - kr + ks - 1) / ks;
+  for (int t = threadIdx.x; t < mine * 256; t += blockDim.x) {
+    const int k = (kr + ks * (t >> 8)) * 256 + (t & 255);
+    if (k >= in_p) continue;
     const float v = k < in ? (norm_w ? xr[k] * inv * norm_w[k] : xr[k]) : 0.f;
 #pragma unroll
     for (int p = 0; p < P; ++p) xh[p * in_p + k] = v * __half2float(__ushort_as_half(pt[p].suh[k]));
   }
   __syncthreads();
   for (int h = 1; h < 128; h <<= 1) {
-    for (int q = threadIdx.x; q < P * in_p / 2; q += blockDim.x) {
-      const int lo = (q / h) * 2 * h + (q % h);
-      const float a = xh[lo], b = xh[lo + h];
-      xh[lo] = a + b;
-      xh[lo + h] = a - b;
-    }
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+      for (int r = threadIdx.x; r < mine * 128; r += blockDim.x) {
+        const int b = r & 127, lo = (kr + ks * (r >> 7)) * 256 + (b / h) * 2 * h + (b % h);
+        if (lo >= in_p) continue;
+        float* xp = xh + p * in_p;
+        const float a = xp[lo], c = xp[lo + h];
+        xp[lo] = a + c;
+        xp[lo + h] = a - c;
+      }
     __syncthreads();
   }
-  const int TK = in_p / 16, rq = 2 * (lane & 3);
-  float acc[P][8][2];
-#pragma unroll
-  for (int p = 0; p < P; ++p)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[p][j][0] = acc[p][j][1] = 0.f;
+  // one part at a time: its sums go to red before the next part starts (half the live accumulators at P = 2)
 #pragma unroll
   for (int p = 0; p < P; ++p) {
-    const int tn = pt[p].out_p / 16;
-    const uint2* base = reinterpret_cast<const uint2*>(pt[p].trellis + int64_t(nb) * 8 * 16 * K);
-    const int64_t row_u2 = int64_t(tn) * 4 * K;  // uint2 per k-tile row of the whole matrix
-    const float* xp = xh + p * in_p;
-    uint2 cur[K];
-    int i = warp;
-    if (i < TK)
+    float acc[8][2];
 #pragma unroll
-      for (int m = 0; m < K; ++m) cur[m] = ld_nc2(base + i * row_u2 + lane + 32 * m);
-    for (; i < TK; i += kGvWarps) {
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) acc[j][h] = 0.f;
+    const uint2* base = part_base(p);
+    const int64_t row_u2 = part_row(p);
+    const float* xp = xh + p * in_p;
+    if (p > 0 && i0 < TK)
+#pragma unroll
+      for (int m = 0; m < K; ++m) cur[m] = ld_nc2(base + i0 * row_u2 + lane + 32 * m);
+    for (int i = i0; i < TK; i += kstep) {
       __syncwarp();
 #pragma unroll
       for (int m = 0; m < K; ++m) reinterpret_cast<uint2*>(tw)[lane + 32 * m] = cur[m];
       __syncwarp();
-      if (i + kGvWarps < TK)  // next row in flight while this one decodes
+      if (i + kstep < TK)  // next row in flight while this one decodes
 #pragma unroll
-        for (int m = 0; m < K; ++m) cur[m] = ld_nc2(base + (i + kGvWarps) * row_u2 + lane + 32 * m);
+        for (int m = 0; m < K; ++m) cur[m] = ld_nc2(base + (i + kstep) * row_u2 + lane + 32 * m);
       const float x0 = xp[16 * i + rq], x1 = xp[16 * i + rq + 1], x8 = xp[16 * i + rq + 8], x9 = xp[16 * i + rq + 9];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -202,22 +225,20 @@ __global__ void __launch_bounds__(32 * kGvWarps) exl3_gemv_kernel(const Exl3Part
         float w[8];
 #pragma unroll
         for (int u = 0; u < 8; ++u) w[u] = __half2float(v[u]);
-        acc[p][j][0] += x0 * w[0] + x1 * w[1] + x8 * w[2] + x9 * w[3];
-        acc[p][j][1] += x0 * w[4] + x1 * w[5] + x8 * w[6] + x9 * w[7];
+        acc[j][0] += x0 * w[0] + x1 * w[1] + x8 * w[2] + x9 * w[3];
+        acc[j][1] += x0 * w[4] + x1 * w[5] + x8 * w[6] + x9 * w[7];
       }
     }
-  }
-#pragma unroll
-  for (int p = 0; p < P; ++p)
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float v = acc[p][j][h];
+        float v = acc[j][h];
         v += __shfl_xor_sync(0xffffffffu, v, 1);
         v += __shfl_xor_sync(0xffffffffu, v, 2);
         if ((lane & 3) == 0) red[(warp * P + p) * 128 + j * 16 + (lane >> 2) + 8 * h] = v;
       }
+  }
   __syncthreads();
   for (int t = threadIdx.x; t < P * 128; t += blockDim.x) {
     const int p = t >> 7, c = t & 127;
@@ -227,6 +248,22 @@ __global__ void __launch_bounds__(32 * kGvWarps) exl3_gemv_kernel(const Exl3Part
     ov[t] = s;
   }
   __syncthreads();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (ks > 1) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();  // every rank's sums are in its ov
+    const bool lead = cl.block_rank() == 0;
+    if (lead)
+      for (int t = threadIdx.x; t < P * 128; t += blockDim.x) {
+        float s = ov[t];
+        for (int r = 1; r < ks; ++r) s += cl.map_shared_rank(ov, r)[t];
+        ov[t] = s;
+      }
+    cl.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
+    if (!lead) return;
+  }
+#endif
   for (int h = 1; h < 128; h <<= 1) {
     for (int q = threadIdx.x; q < P * 64; q += blockDim.x) {
       const int lo = (q / h) * 2 * h + (q % h);
@@ -528,6 +565,49 @@ void exl3_decode_tiles(const uint16_t* trellis, int K, int cb, int in_p, int out
   LILY_CU_LAUNCH();
 }
 
+namespace {
+// A launch of grid blocks of `threads` in clusters of ks along x (no cluster attribute when ks = 1); the
+// attribute lives in attr, which must outlive the launch.
+cudaLaunchConfig_t cluster_launch(dim3 grid, int threads, size_t smem, cudaStream_t s, int ks, cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  attr = {};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = unsigned(ks);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = ks > 1 ? 1 : 0;
+  return cfg;
+}
+
+// Clusters of ks GEMV blocks (K, cb, P, smem) the device holds at once; asked once per shape and device.
+int64_t gemv_cluster_fit(int K, int cb, int P, size_t smem, int ks) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, int, size_t, int>, int64_t> fit;
+  int dev = 0;
+  LILY_CU(cudaGetDevice(&dev));
+  const auto key = std::tuple{dev, K, cb, P, smem, ks};
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = fit.find(key); it != fit.end()) return it->second;
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = cluster_launch(dim3(unsigned(ks * 64), 1), 32 * kGvWarps, smem, nullptr, ks, attr);
+  int n = 0;
+  dispatch(K, cb, [&](auto kc, auto cc) {
+    constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
+    if (P == 2)
+      LILY_CU(cudaOccupancyMaxActiveClusters(&n, exl3_gemv_kernel<k, c, 2>, &cfg));
+    else
+      LILY_CU(cudaOccupancyMaxActiveClusters(&n, exl3_gemv_kernel<k, c, 1>, &cfg));
+  });
+  fit[key] = n;
+  return n;
+}
+}  // namespace
+
 void exl3_gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv,
                      int slots, float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s,
                      const float* norm_w, float eps) {
@@ -536,18 +616,30 @@ void exl3_gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const
   const int P = swiglu_I > 0 ? 2 : 1;
   if (P == 2 && W.nparts != 2) fail_internal("EXL3 GEMV: swiglu mode needs gate and up as the two parts of each expert");
   if (in > W.in_p) fail_internal("EXL3 GEMV: input wider than the padded input width");
-  const dim3 grid(unsigned(P == 2 ? W.col_blocks / 2 : W.col_blocks), unsigned(slots));
+  const int cols = P == 2 ? W.col_blocks / 2 : W.col_blocks;
+  // k split over a cluster while the grid stays within exl3_gemv_split blocks per SM, every warp keeps a
+  // k-tile row and the clusters fit the GPU at once (clusters live within a GPC: at 8 blocks some SMs
+  // stay empty, and a cluster past the last that fits waits for a whole second wave)
+  const int TK = W.in_p / 16, per_sm = kernel_switches().exl3_gemv_split;
+  int ks = 1;
+  if (per_sm > 0 && device_cc_major() >= 9)
+    while (ks < 8 && int64_t(cols) * slots * ks * 2 <= int64_t(per_sm) * device_sm_count() && TK / (2 * ks) >= kGvWarps)
+      ks *= 2;
   const size_t smem = gemv_smem(W.K, P, W.in_p);
+  while (ks > 1 && int64_t(cols) * slots > gemv_cluster_fit(W.K, W.cb, P, smem, ks)) ks /= 2;
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = cluster_launch(dim3(unsigned(cols * ks), unsigned(slots)), 32 * kGvWarps, smem, s, ks, attr);
   dispatch(W.K, W.cb, [&](auto kc, auto cc) {
     constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
+    auto launch = [&](auto kernel, int sw) {
+      LILY_CU(cudaLaunchKernelEx(&cfg, kernel, W.parts, W.nparts, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, sw,
+                                 norm_w, eps, ks));
+    };
     if (P == 2)
-      exl3_gemv_kernel<k, c, 2><<<grid, 32 * kGvWarps, smem, s>>>(W.parts, W.nparts, expert, out, in, x, ldx, xdiv, y,
-                                                                   ldy, accumulate, swiglu_I, norm_w, eps);
+      launch(exl3_gemv_kernel<k, c, 2>, swiglu_I);
     else
-      exl3_gemv_kernel<k, c, 1><<<grid, 32 * kGvWarps, smem, s>>>(W.parts, W.nparts, expert, out, in, x, ldx, xdiv, y,
-                                                                   ldy, accumulate, 0, norm_w, eps);
+      launch(exl3_gemv_kernel<k, c, 1>, 0);
   });
-  LILY_CU_LAUNCH();
 }
 
 void exl3_gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
@@ -581,17 +673,8 @@ bool exl3_rows(const Mat& W, int out, int in, const float* x, int64_t ldx, int T
   int ks = 1;
   if (device_cc_major() >= 9)
     while (ks < 8 && int64_t(W.col_blocks) * ks < 2 * device_sm_count() && chunks / (2 * ks) >= 2) ks *= 2;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1] = {};
-  cfg.gridDim = dim3(unsigned(W.col_blocks * ks), 1);
-  cfg.blockDim = dim3(256);
-  cfg.stream = s;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(ks);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = ks > 1 ? 1 : 0;
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = cluster_launch(dim3(unsigned(W.col_blocks * ks), 1), 256, 0, s, ks, attr);
   dispatch(W.K, W.cb, [&](auto kc, auto cc) {
     constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
     cfg.dynamicSmemBytes = gemm_smem<k>();

@@ -83,6 +83,9 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.gemm_skip_empty = parse_bool("gemm_skip_empty", v); }},
       {"ring_early_ids", "MoE down product reads expert ids before its PDL wait",
        [](CudaOptions& o, const std::string& v) { o.kernels.ring_early_ids = parse_bool("ring_early_ids", v); }},
+      {"exl3_gemv_split", "EXL3 decode GEMVs of few column blocks split k over a thread-block cluster while the grid "
+                          "stays within N blocks per SM (sm_90; 0 off; 0..4, default 2)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.exl3_gemv_split = parse_int_in("exl3_gemv_split", v, 0, 4); }},
       {"gemv_rows", "dense products of up to this many rows as GEMVs (2..64)",
        [](CudaOptions& o, const std::string& v) { o.kernels.gemv_rows = parse_int_in("gemv_rows", v, 2, 64); }},
       {"moe_gemv_rows", "MoE steps of up to this many rows as per-slot GEMVs (1..64)",

@@ -38,6 +38,9 @@ struct KernelSwitches {
   int wgmma_raster = 0;         // its unit order: 0 tile-major (CTAs share rows), 1 column-major (share weights)
   bool gemm_skip_empty = true;  // expert GEMM warps skip the MMAs of row tiles past a partial tile
   bool ring_early_ids = true;   // the MoE down+combine ring product reads its expert ids before its PDL wait
+  // EXL3 decode GEMVs of few column blocks split k over a cluster of up to 8 blocks while the grid stays within
+  // this many blocks per SM (0: never split)
+  int exl3_gemv_split = 2;
   int gemv_rows = 16;           // dense products of up to this many rows run as one GEMV per row, more as GEMMs
   int moe_gemv_rows = 32;       // MoE steps of up to this many rows run one GEMV per (row, expert) slot
   // Multi-row products (gemv_rows.cu), ahead of the two above, for steps of rows_min..N rows (0: off).
