@@ -15,7 +15,7 @@ struct EngineOptions {
   int64_t prefill_chunk = 0;    // prompt tokens per forward step; 0: Backend::preferred_prefill_chunk()
   // --devices (backend/rank_driver.h parse_devices): "" one device; "N" the model split over N ranks
   // (model/shard.h): N CPU ranks run in turn, or GPUs 0..N-1; "a,b,..." the GPUs of the ranks.
-  std::string devices;
+  std::string devices = {};
 };
 
 class Engine {

@@ -37,7 +37,7 @@ bool affine_int8_supported(const quant::AffineWeight& w);
 // Row kernels or tiles: Auto takes tiles from kInt8TileMinTokens tokens on where the ISA has them;
 // Tiles on an ISA without them is an error (int8_tiles_available). Results are the same either way.
 enum class Int8Tiling { Auto, Rows, Tiles };
-constexpr int64_t kInt8TileMinTokens = 3;
+constexpr int64_t kInt8TileMinTokens = 5;
 bool int8_tiles_available(Int8Isa isa);
 
 // y[T, out] = x[T, in] · Wᵀ through int8 activations with the given kernel (tests force each one).

@@ -1,4 +1,4 @@
-// Affine 4/8-bit × int8 activations for one or two tokens at a time (AVX-512 VNNI): decode-sized products,
+// Affine 4/8-bit × int8 activations for one, two or four tokens at a time (AVX-512 VNNI): decode-sized products,
 // straight from the packed rows, with the tiles' arithmetic (affine_int8_internal.h: one sum per input block,
 // folded in order), so that a row's result does not depend on how many tokens run with it.
 //
@@ -163,7 +163,7 @@ struct Fold {
   float* s = nullptr;  // [G][16] scales, then [G][16] biases
   float* y = nullptr;
   int64_t ys = 0;
-  __m512 acc[2];
+  __m512 acc[4];  // per token of the pass (NT <= 4)
 };
 
 void fold_step(Fold& f) {
@@ -279,6 +279,8 @@ LILY_INT8_ZMM_END
 void gemv_blocks_avx512(const quant::AffineWeight& w, const Acts& a, int64_t blk0, int64_t blk1, float* y, int64_t ys) {
 #if LILY_X86
   int64_t t = 0;
+  for (; t + 4 <= a.T; t += 4)
+    w.bits == 4 ? gemv_pass<4, 4>(w, a, t, blk0, blk1, y, ys) : gemv_pass<8, 4>(w, a, t, blk0, blk1, y, ys);
   for (; t + 2 <= a.T; t += 2)
     w.bits == 4 ? gemv_pass<4, 2>(w, a, t, blk0, blk1, y, ys) : gemv_pass<8, 2>(w, a, t, blk0, blk1, y, ys);
   if (t < a.T) w.bits == 4 ? gemv_pass<4, 1>(w, a, t, blk0, blk1, y, ys) : gemv_pass<8, 1>(w, a, t, blk0, blk1, y, ys);
