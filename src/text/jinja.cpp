@@ -1,6 +1,8 @@
 #include "text/jinja.h"
 
 #include <ctime>
+#include <memory>
+#include <vector>
 
 #include "core/error.h"
 #include "text/jinja_interp.h"
@@ -12,8 +14,22 @@ using detail::Frame;
 
 namespace {
 
-Value make_namespace(CallArgs& a) {
+// The namespaces of one render: `set ns.a = ns` (or a value holding ns) makes a cycle of shared pointers that
+// would outlive the render, so the render empties every namespace it made when it ends (also on an error).
+struct Namespaces {
+  std::vector<std::weak_ptr<Object>> made;
+  Namespaces() = default;
+  Namespaces(const Namespaces&) = delete;
+  Namespaces& operator=(const Namespaces&) = delete;
+  ~Namespaces() {
+    for (auto& w : made)
+      if (auto o = w.lock()) o->items.clear();
+  }
+};
+
+Value make_namespace(CallArgs& a, Namespaces& spaces) {
   auto o = std::make_shared<Object>();
+  spaces.made.push_back(o);
   o->is_namespace = true;
   for (auto& p : a.pos)
     if (p.kind == Value::Obj)
@@ -39,11 +55,12 @@ Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
 std::string Template::render(const nlohmann::ordered_json& globals, const RenderLimits& limits) const {
+  Namespaces spaces;  // outlives the context below, whose values may hold the namespaces
   detail::Interp in{name_, limits};
   Ctx c;
   c.frames.emplace_back();
   Frame& g = c.frames[0];
-  g["namespace"] = Value(Function(make_namespace));
+  g["namespace"] = Value(Function([&spaces](CallArgs& a) { return make_namespace(a, spaces); }));
   g["dict"] = Value(Function([](CallArgs& a) {
     auto o = std::make_shared<Object>();
     for (auto& p : a.pos)

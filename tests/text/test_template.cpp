@@ -208,3 +208,15 @@ TEST(Jinja, RenderStepsPerMessage) {
   EXPECT_NO_THROW(t.render(g, limits));
   EXPECT_GE(jinja::RenderLimits{}.steps, 100u * 270000u);
 }
+
+// A namespace holding itself (directly or through a dict or list) renders, and the render frees it: the
+// cycle of shared pointers is broken when the render ends, also when it ends in an error. The leak part is
+// checked by LeakSanitizer (this suite runs in the sanitizer build); found by fuzz_jinja.
+TEST(Jinja, NamespaceCyclesAreFreed) {
+  auto render = [](const std::string& tpl) { return jinja::Template(tpl, "t").render(ojson::object()); };
+  EXPECT_EQ(render("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns.me.me.a }}"), "1");
+  EXPECT_EQ(render("{% set ns = namespace(a=2) %}{% set ns.d = {'x': [ns]} %}{{ ns.d.x[0].a }}"), "2");
+  EXPECT_EQ(render("{% set p = namespace() %}{% set q = namespace(p=p) %}{% set p.q = q %}{{ p.q.p.q is defined }}"),
+            "True");
+  EXPECT_THROW(render("{% set ns = namespace() %}{% set ns.me = ns %}{{ raise_exception('stop') }}"), lily::InputError);
+}
