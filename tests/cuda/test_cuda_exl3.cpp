@@ -449,22 +449,40 @@ TEST(CudaExl3, MoeSlotsAndTiles) {
   }
 }
 
-// Decode GEMVs whose grid is under ~2 blocks per SM split k over a thread-block cluster (exl3_gemv_split):
-// long inputs (k-tile rows for 1, 2 and 8 ranks), few column blocks, one to three rows, a fused RMSNorm,
-// accumulate, several parts and a column map; MoE slots in swiglu mode and down. Each against the reference
-// and against the unsplit kernel (the same products summed in another order).
-// The GEMV with its k split over a cluster (each rank staging only its own chunks) and unsplit, against the
-// reference and against each other.
+// Decode GEMVs whose grid is under ~2 blocks per SM split k (exl3_gemv_split) over a thread-block cluster
+// or over independent blocks whose last adds the partial sums (exl3_gemv_fixup): long inputs (k-tile rows
+// for 1 to 16 ranks), few column blocks, one to three rows, a fused RMSNorm, accumulate, several parts and a
+// column map; MoE slots in swiglu mode and down. Each against the reference and against the unsplit kernel
+// (the same products summed in another order); the fixup launches twice with bit-identical results (its
+// counters are back at zero after each launch).
 TEST(CudaExl3, SplitGemvMatchesUnsplit) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(31);
-  // results[split]
-  const char* names[2] = {"unsplit", "split"};
-  auto variants = [&](const std::function<std::vector<float>()>& run) {
+  struct Scratch {  // the fixup's scratch for the default stream the launches below use
+    Scratch() { cuda::exl3_split_scratch_acquire(nullptr); }
+    ~Scratch() { cuda::exl3_split_scratch_release(nullptr); }
+  } scratch;
+  const char* names[3] = {"unsplit", "cluster", "fixup"};
+  auto set = [](int v) {
+    return [v](cuda::KernelSwitches& k) {
+      k.exl3_gemv_split = v ? 4 : 0;
+      k.exl3_gemv_fixup = v == 2;
+    };
+  };
+  // results[variant]; the fixup variant's plan checked (split, as independent blocks) where `split` says so
+  auto variants = [&](const std::function<std::vector<float>()>& run, const cuda::Mat& m, int slots, bool swiglu,
+                      bool split, const std::string& what) {
     std::vector<std::vector<float>> r;
-    for (int v = 0; v < 2; ++v) {
-      SwitchesScope sw([v](cuda::KernelSwitches& k) { k.exl3_gemv_split = v ? 4 : 0; });
+    for (int v = 0; v < 3; ++v) {
+      SwitchesScope sw(set(v));
       r.push_back(run());
+      if (v == 2) {
+        const cuda::Exl3GemvSplit p = cuda::exl3_gemv_split_of(m, slots, swiglu, nullptr);
+        if (split) {
+          EXPECT_TRUE(p.ks > 1 && p.fixup) << what << ": ks " << p.ks << " fixup " << p.fixup;
+        }
+        EXPECT_EQ(run(), r.back()) << what << ": fixup launched again";
+      }
     }
     return r;
   };
@@ -500,9 +518,9 @@ TEST(CudaExl3, SplitGemvMatchesUnsplit) {
         Dev<float> dx(x), dn(nw), dy(y0);
         cuda::linear(d.m, out, in, dx.p, in, T, dy.p, out, acc, nullptr, norm ? dn.p : nullptr, 1e-6f);
         return dy.down();
-      });
-      for (int v = 0; v < 2; ++v) EXPECT_LT(rel_err(r[size_t(v)], want), 2e-5) << what << " " << names[v];
-      EXPECT_LT(close(r[1], r[0]), 1e-5) << what << " split vs unsplit";
+      }, d.m, T, false, in > 256, what);
+      for (int v = 0; v < 3; ++v) EXPECT_LT(rel_err(r[size_t(v)], want), 2e-5) << what << " " << names[v];
+      for (int v = 1; v < 3; ++v) EXPECT_LT(close(r[size_t(v)], r[0]), 1e-5) << what << " " << names[v] << " vs unsplit";
     }
   }
   // several parts (5 column blocks) with a column map on the middle one
@@ -524,9 +542,9 @@ TEST(CudaExl3, SplitGemvMatchesUnsplit) {
       dy.poison();
       cuda::linear(d.m, out, in, dx.p, in, 1, dy.p, out, false, nullptr);
       return dy.down();
-    });
-    for (int v = 0; v < 2; ++v) EXPECT_LT(rel_err(r[size_t(v)], want), 2e-5) << "parts " << names[v];
-    EXPECT_LT(close(r[1], r[0]), 1e-5) << "parts split vs unsplit";
+    }, d.m, 1, false, true, "parts");
+    for (int v = 0; v < 3; ++v) EXPECT_LT(rel_err(r[size_t(v)], want), 2e-5) << "parts " << names[v];
+    for (int v = 1; v < 3; ++v) EXPECT_LT(close(r[size_t(v)], r[0]), 1e-5) << "parts " << names[v] << " vs unsplit";
   }
   // MoE slots: gate‖up (2 column blocks of each part, 6 slots) with the norm, then down (in 512: 2 ranks)
   {
@@ -560,10 +578,10 @@ TEST(CudaExl3, SplitGemvMatchesUnsplit) {
       dh.poison();
       cuda::gemv_slots(mgu.m, dex.p, 0, H, dx.p, H, 3, slots, dh.p, I, false, I, nullptr, dnw.p, 1e-6f);
       return dh.down();
-    });
-    for (int v = 0; v < 2; ++v) EXPECT_LT(rel_err(hr[size_t(v)], hw), 2e-5) << "swiglu slots " << names[v];
-    EXPECT_LT(close(hr[1], hr[0]), 1e-5) << "swiglu slots split vs unsplit";
-    const std::vector<float>& hs = hr[1];
+    }, mgu.m, slots, true, true, "swiglu slots");
+    for (int v = 0; v < 3; ++v) EXPECT_LT(rel_err(hr[size_t(v)], hw), 2e-5) << "swiglu slots " << names[v];
+    for (int v = 1; v < 3; ++v) EXPECT_LT(close(hr[size_t(v)], hr[0]), 1e-5) << "swiglu slots " << names[v] << " vs unsplit";
+    const std::vector<float>& hs = hr[2];
     std::vector<double> yw(size_t(slots) * H);
     for (int sl = 0; sl < slots; ++sl) {
       std::vector<float> hr(hs.begin() + sl * I, hs.begin() + (sl + 1) * I);
@@ -575,9 +593,9 @@ TEST(CudaExl3, SplitGemvMatchesUnsplit) {
       dy.poison();
       cuda::gemv_slots(mdn.m, dex.p, H, I, dh.p, I, 1, slots, dy.p, H, false, 0, nullptr);
       return dy.down();
-    });
-    for (int v = 0; v < 2; ++v) EXPECT_LT(rel_err(yr[size_t(v)], yw), 2e-5) << "down slots " << names[v];
-    EXPECT_LT(close(yr[1], yr[0]), 1e-5) << "down slots split vs unsplit";
+    }, mdn.m, slots, false, true, "down slots");
+    for (int v = 0; v < 3; ++v) EXPECT_LT(rel_err(yr[size_t(v)], yw), 2e-5) << "down slots " << names[v];
+    for (int v = 1; v < 3; ++v) EXPECT_LT(close(yr[size_t(v)], yr[0]), 1e-5) << "down slots " << names[v] << " vs unsplit";
   }
 }
 

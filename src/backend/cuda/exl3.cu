@@ -95,6 +95,13 @@ __device__ __forceinline__ uint2 ld_nc2(const uint2* p) {
   return v;
 }
 
+// Partial sums [unit][rank][P·128] and one arrival counter per unit (column block and slot), zero between launches.
+struct SplitScratch {
+  float* part = nullptr;
+  unsigned* count = nullptr;
+};
+constexpr int kSplitPerSmMax = 4;  // KernelSwitches::exl3_gemv_split's upper bound: blocks of a split launch per SM
+
 // Part and 128-column block of blockIdx.x among one expert's parts.
 __device__ __forceinline__ const Exl3Part* locate(const Exl3Part* ep, int& nb) {
   int p = 0;
@@ -135,17 +142,19 @@ __global__ void decode_tiles_kernel(const uint16_t* __restrict__ trellis, int ou
 // ---- GEMV ------------------------------------------------------------------------------------
 // P = 1: block x / ks = column block among the expert's parts. P = 2 (swiglu): parts 0 (gate) and 1 (up) of
 // the expert, block x / ks = column block of both; output r = silu(gate_r) · up_r for r < swiglu_I.
-// ks > 1 (launched as clusters of ks along x): block x % ks takes the k-tile rows ≡ its rank (mod ks) in
-// steps of kGvWarps rows; rank 0 finishes. K <= 4: registers capped for two blocks per SM (the split's
+// ks > 1: block x % ks takes the k-tile rows ≡ its rank (mod ks) in steps of kGvWarps rows. Launched as
+// clusters of ks along x (fx empty): rank 0 adds the ranks' sums and finishes; as independent blocks (fx set):
+// the last block of the column block to arrive adds them (in rank order too) and finishes. K <= 4: registers capped for two blocks per SM (the split's
 // grids count on them).
 template <int K, int CB, int P>
 __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kernel(const Exl3Part* __restrict__ parts, int nparts,
     const int32_t* __restrict__ expert, int out, int in, const float* __restrict__ x, int64_t ldx, int xdiv,
     float* __restrict__ y, int64_t ldy, bool accumulate, int swiglu_I, const float* __restrict__ norm_w, float eps,
-    int ks) {
+    int ks, SplitScratch fx) {
   extern __shared__ __align__(16) float smem[];
   __shared__ float rsum[32];
   __shared__ float ov[P * 128];
+  __shared__ int fix_last;
   const int slot = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int e = expert ? expert[slot] : 0;
   const Exl3Part* ep = parts + int64_t(e) * nparts;
@@ -248,8 +257,31 @@ __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kerne
     ov[t] = s;
   }
   __syncthreads();
+  if (ks > 1 && fx.part) {
+    // Independent blocks: each writes its sums to its rank's row of the column block's partials; the last to
+    // arrive (counted in fx.count) adds the rows in rank order, resets the counter for the next launch on this
+    // stream (launches on one stream run one after the other) and finishes.
+    const int unit = blockIdx.y * (gridDim.x / ks) + blockIdx.x / ks;
+    float* part = fx.part + int64_t(unit) * ks * P * 128;
+    for (int t = threadIdx.x; t < P * 128; t += blockDim.x) __stcg(part + kr * P * 128 + t, ov[t]);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      fix_last = atomicAdd(fx.count + unit, 1u) == unsigned(ks - 1);
+      if (fix_last) fx.count[unit] = 0u;
+    }
+    __syncthreads();
+    if (!fix_last) return;
+    __threadfence();
+    for (int t = threadIdx.x; t < P * 128; t += blockDim.x) {
+      float v = __ldcg(part + t);
+      for (int r = 1; r < ks; ++r) v += __ldcg(part + r * P * 128 + t);
+      ov[t] = v;
+    }
+    __syncthreads();
+  }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (ks > 1) {
+  if (ks > 1 && !fx.part) {
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
     cl.sync();  // every rank's sums are in its ov
@@ -584,6 +616,21 @@ cudaLaunchConfig_t cluster_launch(dim3 grid, int threads, size_t smem, cudaStrea
   return cfg;
 }
 
+struct ScratchEntry {
+  SplitScratch sc;
+  int refs = 0;
+  int64_t blocks = 0;  // the most blocks of a split launch it serves
+};
+std::mutex g_scratch_mu;
+std::map<cudaStream_t, ScratchEntry> g_scratch;
+
+// The stream's scratch when it serves a split launch of `blocks` blocks, else an empty one.
+SplitScratch split_scratch(cudaStream_t s, int64_t blocks) {
+  std::lock_guard<std::mutex> lock(g_scratch_mu);
+  auto it = g_scratch.find(s);
+  return it != g_scratch.end() && blocks <= it->second.blocks ? it->second.sc : SplitScratch{};
+}
+
 // Clusters of ks GEMV blocks (K, cb, P, smem) the device holds at once; asked once per shape and device.
 int64_t gemv_cluster_fit(int K, int cb, int P, size_t smem, int ks) {
   static std::mutex mu;
@@ -608,6 +655,57 @@ int64_t gemv_cluster_fit(int K, int cb, int P, size_t smem, int ks) {
 }
 }  // namespace
 
+namespace {
+// k split of a GEMV of cols column blocks and `slots` slots while the grid stays within exl3_gemv_split blocks per
+// SM and every warp keeps a k-tile row: over independent blocks (exl3_gemv_fixup, with the stream's scratch in
+// fx), any ks; else over clusters of a power of two up to 8 that fit the GPU at once (clusters live within a
+// GPC: at 8 blocks some SMs stay empty, and a cluster past the last that fits waits for a whole second wave).
+int gemv_split(const Mat& W, int cols, int slots, int P, size_t smem, cudaStream_t s, SplitScratch& fx) {
+  const int TK = W.in_p / 16, per_sm = kernel_switches().exl3_gemv_split;
+  const int64_t units = int64_t(cols) * slots, cap = int64_t(per_sm) * device_sm_count();
+  int ks = 1;
+  fx = {};
+  if (per_sm > 0 && kernel_switches().exl3_gemv_fixup) {
+    while (units * (ks + 1) <= cap && TK / (ks + 1) >= kGvWarps) ++ks;
+    if (ks > 1) fx = split_scratch(s, units * ks);
+    if (fx.part) return ks;
+    ks = 1;
+  }
+  if (per_sm > 0 && device_cc_major() >= 9) {
+    while (ks < 8 && units * ks * 2 <= cap && TK / (2 * ks) >= kGvWarps) ks *= 2;
+    while (ks > 1 && units > gemv_cluster_fit(W.K, W.cb, P, smem, ks)) ks /= 2;
+  }
+  return ks;
+}
+}  // namespace
+
+Exl3GemvSplit exl3_gemv_split_of(const Mat& W, int slots, bool swiglu, cudaStream_t s) {
+  init_exl3_kernels();
+  const int P = swiglu ? 2 : 1;
+  SplitScratch fx;
+  const int ks = gemv_split(W, P == 2 ? W.col_blocks / 2 : W.col_blocks, slots, P, gemv_smem(W.K, P, W.in_p), s, fx);
+  return {ks, fx.part != nullptr};
+}
+
+void exl3_split_scratch_acquire(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(g_scratch_mu);
+  ScratchEntry& e = g_scratch[s];
+  if (e.refs++ > 0) return;
+  e.blocks = int64_t(kSplitPerSmMax) * device_sm_count();
+  LILY_CU(cudaMalloc(&e.sc.part, size_t(e.blocks) * 2 * 128 * sizeof(float)));
+  LILY_CU(cudaMalloc(&e.sc.count, size_t(e.blocks) * sizeof(unsigned)));
+  LILY_CU(cudaMemset(e.sc.count, 0, size_t(e.blocks) * sizeof(unsigned)));
+}
+
+void exl3_split_scratch_release(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(g_scratch_mu);
+  auto it = g_scratch.find(s);
+  if (it == g_scratch.end() || --it->second.refs > 0) return;
+  cudaFree(it->second.sc.part);
+  cudaFree(it->second.sc.count);
+  g_scratch.erase(it);
+}
+
 void exl3_gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv,
                      int slots, float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s,
                      const float* norm_w, float eps) {
@@ -617,23 +715,17 @@ void exl3_gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const
   if (P == 2 && W.nparts != 2) fail_internal("EXL3 GEMV: swiglu mode needs gate and up as the two parts of each expert");
   if (in > W.in_p) fail_internal("EXL3 GEMV: input wider than the padded input width");
   const int cols = P == 2 ? W.col_blocks / 2 : W.col_blocks;
-  // k split over a cluster while the grid stays within exl3_gemv_split blocks per SM, every warp keeps a
-  // k-tile row and the clusters fit the GPU at once (clusters live within a GPC: at 8 blocks some SMs
-  // stay empty, and a cluster past the last that fits waits for a whole second wave)
-  const int TK = W.in_p / 16, per_sm = kernel_switches().exl3_gemv_split;
-  int ks = 1;
-  if (per_sm > 0 && device_cc_major() >= 9)
-    while (ks < 8 && int64_t(cols) * slots * ks * 2 <= int64_t(per_sm) * device_sm_count() && TK / (2 * ks) >= kGvWarps)
-      ks *= 2;
   const size_t smem = gemv_smem(W.K, P, W.in_p);
-  while (ks > 1 && int64_t(cols) * slots > gemv_cluster_fit(W.K, W.cb, P, smem, ks)) ks /= 2;
+  SplitScratch fx;
+  const int ks = gemv_split(W, cols, slots, P, smem, s, fx);
   cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg = cluster_launch(dim3(unsigned(cols * ks), unsigned(slots)), 32 * kGvWarps, smem, s, ks, attr);
+  cudaLaunchConfig_t cfg = cluster_launch(dim3(unsigned(cols * ks), unsigned(slots)), 32 * kGvWarps, smem, s,
+                                          fx.part ? 1 : ks, attr);
   dispatch(W.K, W.cb, [&](auto kc, auto cc) {
     constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
     auto launch = [&](auto kernel, int sw) {
       LILY_CU(cudaLaunchKernelEx(&cfg, kernel, W.parts, W.nparts, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, sw,
-                                 norm_w, eps, ks));
+                                 norm_w, eps, ks, fx));
     };
     if (P == 2)
       launch(exl3_gemv_kernel<k, c, 2>, swiglu_I);

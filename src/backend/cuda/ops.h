@@ -79,6 +79,19 @@ inline void linear(const uint16_t* W, int64_t ldw, int out, int in, const float*
   linear(Mat::bf16(W, ldw), out, in, x, ldx, T, y, ldy, accumulate, s);
 }
 
+// Device scratch of the split EXL3 decode GEMVs (KernelSwitches::exl3_gemv_fixup) launched on stream s: the
+// partial sums and per-column-block counters of one launch at a time, held per stream (counted) until released.
+// A split GEMV on a stream without it runs over thread-block clusters. Acquire outside graph capture.
+void exl3_split_scratch_acquire(cudaStream_t s);
+void exl3_split_scratch_release(cudaStream_t s);
+// How exl3_gemv_slots splits k for these operands on stream s: ranks (1: no split) and whether they run as
+// independent blocks (else as a cluster).
+struct Exl3GemvSplit {
+  int ks = 1;
+  bool fixup = false;
+};
+Exl3GemvSplit exl3_gemv_split_of(const Mat& W, int slots, bool swiglu, cudaStream_t s);
+
 // Row-parallel GEMV over `slots`: slot s reads expert expert[s] of W (expert null: W itself), input row
 // x + (s / xdiv)·ldx and writes y + s·ldy. swiglu_I > 0: W holds gate rows [0, I) and up rows [I, 2I);
 // y[r] = silu(gate_r · x) · (up_r · x) for r < I (out is ignored).

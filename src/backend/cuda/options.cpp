@@ -51,6 +51,9 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.profile = parse_bool("profile", v); }},
       {"ba_fold", "DeltaNet b|a projection inside the step kernel", [](CudaOptions& o, const std::string& v) { o.ba_fold = parse_bool("ba_fold", v); }},
       {"topk_fold", "MoE top-k inside the router GEMV", [](CudaOptions& o, const std::string& v) { o.topk_fold = parse_bool("topk_fold", v); }},
+      {"shared_in_stack", "the shared expert rides in the routed expert stacks as one more slot where its format "
+                          "matches theirs (read at weight upload; default on)",
+       [](CudaOptions& o, const std::string& v) { o.shared_in_stack = parse_bool("shared_in_stack", v); }},
       {"mk", "one-row decode steps as one persistent kernel (where the model's shapes and formats are covered)",
        [](CudaOptions& o, const std::string& v) { o.mk = parse_bool("mk", v); }},
       {"mk_trace", "the step kernel records a timeline of its tasks (lily bench prints its breakdown)",
@@ -86,6 +89,9 @@ const std::vector<Field>& fields() {
       {"exl3_gemv_split", "EXL3 decode GEMVs of few column blocks split k over a thread-block cluster while the grid "
                           "stays within N blocks per SM (sm_90; 0 off; 0..4, default 2)",
        [](CudaOptions& o, const std::string& v) { o.kernels.exl3_gemv_split = parse_int_in("exl3_gemv_split", v, 0, 4); }},
+      {"exl3_gemv_fixup", "the split EXL3 decode GEMVs: independent blocks whose last one adds the partial sums in "
+                          "rank order (default on; off: thread-block clusters)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.exl3_gemv_fixup = parse_bool("exl3_gemv_fixup", v); }},
       {"gemv_rows", "dense products of up to this many rows as GEMVs (2..64)",
        [](CudaOptions& o, const std::string& v) { o.kernels.gemv_rows = parse_int_in("gemv_rows", v, 2, 64); }},
       {"moe_gemv_rows", "MoE steps of up to this many rows as per-slot GEMVs (1..64)",
