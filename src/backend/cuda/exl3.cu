@@ -156,6 +156,10 @@ __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kerne
   __shared__ float ov[P * 128];
   __shared__ int fix_last;
   const int slot = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // PDL: the next kernel may be scheduled now; this one waits for the previous kernel before it reads what that
+  // kernel writes (expert ids, activations, y) and before any global write
+  allow_dependent_launch();
+  if (expert) grid_dependency_wait();
   const int e = expert ? expert[slot] : 0;
   const Exl3Part* ep = parts + int64_t(e) * nparts;
   int nb = blockIdx.x / ks;
@@ -173,6 +177,7 @@ __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kerne
   if (i0 < TK)
 #pragma unroll
     for (int m = 0; m < K; ++m) cur[m] = ld_nc2(part_base(0) + i0 * part_row(0) + lane + 32 * m);
+  if (!expert) grid_dependency_wait();  // dense: the first weights are in flight while the previous kernel ends
   float inv = 1.f;
   if (norm_w) {
     float ss = 0.f;
@@ -718,13 +723,12 @@ void exl3_gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const
   const size_t smem = gemv_smem(W.K, P, W.in_p);
   SplitScratch fx;
   const int ks = gemv_split(W, cols, slots, P, smem, s, fx);
-  cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg = cluster_launch(dim3(unsigned(cols * ks), unsigned(slots)), 32 * kGvWarps, smem, s,
-                                          fx.part ? 1 : ks, attr);
+  PdlLaunch L(dim3(unsigned(cols * ks), unsigned(slots)), dim3(32 * kGvWarps), smem, s,
+              ks > 1 && !fx.part ? unsigned(ks) : 0u, kernel_switches().exl3_pdl);
   dispatch(W.K, W.cb, [&](auto kc, auto cc) {
     constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
     auto launch = [&](auto kernel, int sw) {
-      LILY_CU(cudaLaunchKernelEx(&cfg, kernel, W.parts, W.nparts, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, sw,
+      LILY_CU(cudaLaunchKernelEx(&L.cfg, kernel, W.parts, W.nparts, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, sw,
                                  norm_w, eps, ks, fx));
     };
     if (P == 2)

@@ -36,11 +36,11 @@ inline bool pdl_enabled() { return kernel_switches().pdl; }
 // Launch configuration for cudaLaunchKernelEx with programmatic stream serialization when PDL is
 // enabled: the kernel may start while the previous one finishes and must call grid_dependency_wait()
 // before reading anything that kernel writes. cluster_x > 0: thread-block clusters of cluster_x CTAs
-// along x (sm_90). Not copyable (cfg.attrs points into the object).
+// along x (sm_90). pdl false: plain serialization for this launch. Not copyable (cfg.attrs points into the object).
 struct PdlLaunch {
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[2] = {};
-  PdlLaunch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, unsigned cluster_x = 0) {
+  PdlLaunch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, unsigned cluster_x = 0, bool pdl = true) {
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
@@ -53,7 +53,7 @@ struct PdlLaunch {
       attr[n].val.clusterDim.z = 1;
       ++n;
     }
-    if (pdl_enabled()) {
+    if (pdl && pdl_enabled()) {
       attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
       attr[n].val.programmaticStreamSerializationAllowed = 1;
       ++n;
