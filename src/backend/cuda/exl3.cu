@@ -663,7 +663,7 @@ int64_t gemv_cluster_fit(int K, int cb, int P, size_t smem, int ks) {
 namespace {
 // k split of a GEMV of cols column blocks and `slots` slots while the grid stays within exl3_gemv_split blocks per
 // SM and every warp keeps a k-tile row: over independent blocks (exl3_gemv_fixup, with the stream's scratch in
-// fx), any ks; else over clusters of a power of two up to 8 that fit the GPU at once (clusters live within a
+// fx), any ks that leaves each warp exl3_split_rows k-tile rows; else over clusters of a power of two up to 8 that fit the GPU at once (clusters live within a
 // GPC: at 8 blocks some SMs stay empty, and a cluster past the last that fits waits for a whole second wave).
 int gemv_split(const Mat& W, int cols, int slots, int P, size_t smem, cudaStream_t s, SplitScratch& fx) {
   const int TK = W.in_p / 16, per_sm = kernel_switches().exl3_gemv_split;
@@ -671,7 +671,8 @@ int gemv_split(const Mat& W, int cols, int slots, int P, size_t smem, cudaStream
   int ks = 1;
   fx = {};
   if (per_sm > 0 && kernel_switches().exl3_gemv_fixup) {
-    while (units * (ks + 1) <= cap && TK / (ks + 1) >= kGvWarps) ++ks;
+    const int rows = kernel_switches().exl3_split_rows;
+    while (units * (ks + 1) <= cap && TK / (ks + 1) >= kGvWarps * rows) ++ks;
     if (ks > 1) fx = split_scratch(s, units * ks);
     if (fx.part) return ks;
     ks = 1;
@@ -723,8 +724,10 @@ void exl3_gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const
   const size_t smem = gemv_smem(W.K, P, W.in_p);
   SplitScratch fx;
   const int ks = gemv_split(W, cols, slots, P, smem, s, fx);
+  // PDL for all but cluster launches (measured: the two together lost 10% on the 35B shape, bench/RESULTS.md)
+  const bool cluster = ks > 1 && !fx.part;
   PdlLaunch L(dim3(unsigned(cols * ks), unsigned(slots)), dim3(32 * kGvWarps), smem, s,
-              ks > 1 && !fx.part ? unsigned(ks) : 0u, kernel_switches().exl3_pdl);
+              cluster ? unsigned(ks) : 0u, kernel_switches().exl3_pdl && !cluster);
   dispatch(W.K, W.cb, [&](auto kc, auto cc) {
     constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
     auto launch = [&](auto kernel, int sw) {

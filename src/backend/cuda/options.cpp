@@ -92,6 +92,8 @@ const std::vector<Field>& fields() {
       {"exl3_gemv_fixup", "the split EXL3 decode GEMVs: independent blocks whose last one adds the partial sums in "
                           "rank order (default on; off: thread-block clusters)",
        [](CudaOptions& o, const std::string& v) { o.kernels.exl3_gemv_fixup = parse_bool("exl3_gemv_fixup", v); }},
+      {"exl3_split_rows", "with exl3_gemv_fixup: the split leaves each warp at least this many k-tile rows (1..4)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.exl3_split_rows = parse_int_in("exl3_split_rows", v, 1, 4); }},
       {"exl3_pdl", "EXL3 decode GEMVs launched with programmatic dependent launch (with pdl; default on)",
        [](CudaOptions& o, const std::string& v) { o.kernels.exl3_pdl = parse_bool("exl3_pdl", v); }},
       {"gemv_rows", "dense products of up to this many rows as GEMVs (2..64)",
