@@ -467,6 +467,7 @@ TEST(CudaExl3, SplitGemvMatchesUnsplit) {
     return [v](cuda::KernelSwitches& k) {
       k.exl3_gemv_split = v ? 4 : 0;
       k.exl3_gemv_fixup = v == 2;
+      k.exl3_fixup_min_in = 0;
     };
   };
   // results[variant]; the fixup variant's plan checked (split, as independent blocks) where `split` says so

@@ -663,14 +663,14 @@ int64_t gemv_cluster_fit(int K, int cb, int P, size_t smem, int ks) {
 namespace {
 // k split of a GEMV of cols column blocks and `slots` slots while the grid stays within exl3_gemv_split blocks per
 // SM and every warp keeps a k-tile row: over independent blocks (exl3_gemv_fixup, with the stream's scratch in
-// fx), any ks that leaves each warp exl3_split_rows k-tile rows; else over clusters of a power of two up to 8 that fit the GPU at once (clusters live within a
+// fx) for inputs of at least exl3_fixup_min_in, any ks that leaves each warp exl3_split_rows k-tile rows; else over clusters of a power of two up to 8 that fit the GPU at once (clusters live within a
 // GPC: at 8 blocks some SMs stay empty, and a cluster past the last that fits waits for a whole second wave).
 int gemv_split(const Mat& W, int cols, int slots, int P, size_t smem, cudaStream_t s, SplitScratch& fx) {
   const int TK = W.in_p / 16, per_sm = kernel_switches().exl3_gemv_split;
   const int64_t units = int64_t(cols) * slots, cap = int64_t(per_sm) * device_sm_count();
   int ks = 1;
   fx = {};
-  if (per_sm > 0 && kernel_switches().exl3_gemv_fixup) {
+  if (per_sm > 0 && kernel_switches().exl3_gemv_fixup && W.in_p >= kernel_switches().exl3_fixup_min_in) {
     const int rows = kernel_switches().exl3_split_rows;
     while (units * (ks + 1) <= cap && TK / (ks + 1) >= kGvWarps * rows) ++ks;
     if (ks > 1) fx = split_scratch(s, units * ks);

@@ -94,6 +94,9 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.exl3_gemv_fixup = parse_bool("exl3_gemv_fixup", v); }},
       {"exl3_split_rows", "with exl3_gemv_fixup: the split leaves each warp at least this many k-tile rows (1..4)",
        [](CudaOptions& o, const std::string& v) { o.kernels.exl3_split_rows = parse_int_in("exl3_split_rows", v, 1, 4); }},
+      {"exl3_fixup_min_in", "with exl3_gemv_fixup: only inputs of at least this many columns split over independent "
+                            "blocks, narrower ones over clusters (0..65536, default 2048)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.exl3_fixup_min_in = parse_int_in("exl3_fixup_min_in", v, 0, 65536); }},
       {"exl3_pdl", "EXL3 decode GEMVs launched with programmatic dependent launch (with pdl; default on)",
        [](CudaOptions& o, const std::string& v) { o.kernels.exl3_pdl = parse_bool("exl3_pdl", v); }},
       {"gemv_rows", "dense products of up to this many rows as GEMVs (2..64)",

@@ -45,6 +45,7 @@ struct KernelSwitches {
   // the partial sums in rank order and finishes) instead of clusters (at most 8, and only as many as fit at once)
   bool exl3_gemv_fixup = true;
   int exl3_split_rows = 1;      // ... the independent blocks' split leaves each warp at least this many k-tile rows
+  int exl3_fixup_min_in = 2048; // ... and takes inputs of at least this many (padded) columns; narrower ones cluster
   bool exl3_pdl = true;         // EXL3 decode GEMVs launched with PDL (with pdl): the first weights load early
   int gemv_rows = 16;           // dense products of up to this many rows run as one GEMV per row, more as GEMMs
   int moe_gemv_rows = 32;       // MoE steps of up to this many rows run one GEMV per (row, expert) slot
