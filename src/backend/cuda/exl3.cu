@@ -43,6 +43,10 @@ constexpr int kGmRows = kGemmBM;         // GEMM rows per tile (the MoE tile map
 constexpr int kAStride = 136;            // halves per staged GEMM input row (conflict-free fragment loads)
 constexpr int kCStride = 132;            // floats per staged GEMM output row
 
+// The xor of the 3INST and MCG codebooks, from constant memory: the compiler cannot fold it into an immediate,
+// so (x & 0x8FFF8FFF) ^ it is one LOP3 a weight (with two immediates ptxas emits two).
+__constant__ uint32_t kTrellisXor = 0x3B603B60u;
+
 // 16-bit state -> fp16 through codebook CB (0 3INST, 1 MCG, 2 MUL1); one fp16 rounding, as exllamav3.
 template <int CB>
 __device__ __forceinline__ __half decode_state(uint32_t s) {
@@ -52,8 +56,9 @@ __device__ __forceinline__ __half decode_state(uint32_t s) {
     const __half hv = __ushort_as_half(uint16_t(0x6400u + n));  // exactly 1024 + n
     return __hfma(hv, __ushort_as_half(uint16_t(0x1EEE)), __ushort_as_half(uint16_t(0xC931)));
   } else {
-    uint32_t x = CB == 0 ? s * 89226354u + 64248484u : s * 0xCBAC1FEDu;
-    x = (x & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    const uint32_t h = CB == 0 ? s * 89226354u + 64248484u : s * 0xCBAC1FEDu;
+    uint32_t x;
+    asm("lop3.b32 %0, %1, 0x8FFF8FFF, %2, 0x6A;" : "=r"(x) : "r"(h), "r"(kTrellisXor));  // (a & b) ^ c
     return __hadd(__ushort_as_half(uint16_t(x & 0xFFFFu)), __ushort_as_half(uint16_t(x >> 16)));
   }
 }
