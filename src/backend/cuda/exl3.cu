@@ -47,6 +47,15 @@ constexpr int kCStride = 132;            // floats per staged GEMM output row
 // so (x & 0x8FFF8FFF) ^ it is one LOP3 a weight (with two immediates ptxas emits two).
 __constant__ uint32_t kTrellisXor = 0x3B603B60u;
 
+// 3INST / MCG: the masked hash of a state, whose two fp16 halves sum to the weight (decode_state).
+template <int CB>
+__device__ __forceinline__ uint32_t state_hash(uint32_t s) {
+  const uint32_t h = CB == 0 ? s * 89226354u + 64248484u : s * 0xCBAC1FEDu;
+  uint32_t x;
+  asm("lop3.b32 %0, %1, 0x8FFF8FFF, %2, 0x6A;" : "=r"(x) : "r"(h), "r"(kTrellisXor));  // (a & b) ^ c
+  return x;
+}
+
 // 16-bit state -> fp16 through codebook CB (0 3INST, 1 MCG, 2 MUL1); one fp16 rounding, as exllamav3.
 template <int CB>
 __device__ __forceinline__ __half decode_state(uint32_t s) {
@@ -56,9 +65,7 @@ __device__ __forceinline__ __half decode_state(uint32_t s) {
     const __half hv = __ushort_as_half(uint16_t(0x6400u + n));  // exactly 1024 + n
     return __hfma(hv, __ushort_as_half(uint16_t(0x1EEE)), __ushort_as_half(uint16_t(0xC931)));
   } else {
-    const uint32_t h = CB == 0 ? s * 89226354u + 64248484u : s * 0xCBAC1FEDu;
-    uint32_t x;
-    asm("lop3.b32 %0, %1, 0x8FFF8FFF, %2, 0x6A;" : "=r"(x) : "r"(h), "r"(kTrellisXor));  // (a & b) ^ c
+    const uint32_t x = state_hash<CB>(s);
     return __hadd(__ushort_as_half(uint16_t(x & 0xFFFFu)), __ushort_as_half(uint16_t(x >> 16)));
   }
 }
@@ -84,8 +91,22 @@ template <int K, int CB>
 __device__ __forceinline__ void lane_decode(const uint32_t* w, int L, __half v[8]) {
   uint32_t st[8];
   lane_states<K>(w, L, st);
+  if constexpr (CB == 2) {
 #pragma unroll
-  for (int u = 0; u < 8; ++u) v[u] = decode_state<CB>(st[u]);
+    for (int u = 0; u < 8; ++u) v[u] = decode_state<CB>(st[u]);
+  } else {
+    // two weights a step: their low halves and their high halves gathered by one PRMT each, one HADD2
+    // (the same sums as decode_state's, lane by lane)
+#pragma unroll
+    for (int u = 0; u < 8; u += 2) {
+      const uint32_t a = state_hash<CB>(st[u]), b = state_hash<CB>(st[u + 1]);
+      const uint32_t lo = __byte_perm(a, b, 0x5410), hi = __byte_perm(a, b, 0x7632);
+      uint32_t sum;
+      asm("add.rn.f16x2 %0, %1, %2;" : "=r"(sum) : "r"(lo), "r"(hi));
+      v[u] = __ushort_as_half(uint16_t(sum & 0xFFFFu));
+      v[u + 1] = __ushort_as_half(uint16_t(sum >> 16));
+    }
+  }
 }
 
 __device__ __forceinline__ uint4 ld_nc4(const uint4* p) {
