@@ -8,16 +8,7 @@
 //     buffer and decodes them in registers against the staged input; the block then reduces (rank 0 of a
 //     cluster adds the other ranks' sums from their shared memory, in rank order), applies the output
 //     Hadamard-128, svh, bias and the logical column map (or silu(gate)·up in swiglu mode).
-//   - GEMM (prompts, MoE tile map): one block per (tile of <= 64 rows, 128-column block). Per 128-wide k
-//     chunk the rows are staged in fp16 after suh and the Hadamard, each row times its power of two (the rule
-//     of backend/fp16_scale.h on max |x|, from gemm_stage.h's pre-pass) and 2^-8 of headroom for the
-//     Hadamard's growth, undone on the outputs, so that no row overflows fp16 or sinks into its subnormals
-//     (GemmPrec::kSplit: as hi + lo pairs, two MMAs per product, so it keeps fp32-like accuracy; kBf16 and
-//     kFp16: hi alone); the chunk's trellis words are staged in shared memory, each warp decodes its tile
-//     column straight into B fragments and runs mma.sync m16n8k16 with fp32 accumulation. Dense products of
-//     few rows (exl3_rows, always split) split the k chunks over a thread-block cluster of ks blocks along x
-//     (sm_90) and take the row scales from max |x| over the cluster (no pre-pass); rank 0 sums the partial
-//     tiles from the others' shared memory in rank order and finishes.
+//   - GEMM (prompts, MoE tile map, few dense rows): exl3_gemm.cu; shared device pieces: exl3_tile.cuh.
 // Weights are never dequantised to global memory.
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
@@ -28,98 +19,13 @@
 #include <type_traits>
 
 #include "backend/cuda/device_info.h"
-#include "backend/cuda/gemm_tc.h"
+#include "backend/cuda/exl3_tile.cuh"
 #include "backend/cuda/kernels.cuh"
-#include "backend/cuda/ptx.cuh"
-#include "backend/cuda/gemm_stage.h"
-#include "backend/cuda/rows.h"
 
 namespace lily::cuda {
 namespace {
 
-constexpr float kHad = 0.088388347648f;  // 1/sqrt(128) in fp32, as exllamav3
-constexpr int kGvWarps = 16;             // GEMV warps per block
-constexpr int kGmRows = kGemmBM;         // GEMM rows per tile (the MoE tile map's granularity)
-constexpr int kAStride = 136;            // halves per staged GEMM input row (conflict-free fragment loads)
-constexpr int kCStride = 132;            // floats per staged GEMM output row
-
-// The xor of the 3INST and MCG codebooks, from constant memory: the compiler cannot fold it into an immediate,
-// so (x & 0x8FFF8FFF) ^ it is one LOP3 a weight (with two immediates ptxas emits two).
-__constant__ uint32_t kTrellisXor = 0x3B603B60u;
-
-// 3INST / MCG: the masked hash of a state, whose two fp16 halves sum to the weight (decode_state).
-template <int CB>
-__device__ __forceinline__ uint32_t state_hash(uint32_t s) {
-  const uint32_t h = CB == 0 ? s * 89226354u + 64248484u : s * 0xCBAC1FEDu;
-  uint32_t x;
-  asm("lop3.b32 %0, %1, 0x8FFF8FFF, %2, 0x6A;" : "=r"(x) : "r"(h), "r"(kTrellisXor));  // (a & b) ^ c
-  return x;
-}
-
-// 16-bit state -> fp16 through codebook CB (0 3INST, 1 MCG, 2 MUL1); one fp16 rounding, as exllamav3.
-template <int CB>
-__device__ __forceinline__ __half decode_state(uint32_t s) {
-  if constexpr (CB == 2) {
-    const uint32_t x = s * 0x83DCD12Du;
-    const uint32_t n = __dp4a(x, 0x01010101u, 0u);  // byte sum, 0..1020
-    const __half hv = __ushort_as_half(uint16_t(0x6400u + n));  // exactly 1024 + n
-    return __hfma(hv, __ushort_as_half(uint16_t(0x1EEE)), __ushort_as_half(uint16_t(0xC931)));
-  } else {
-    const uint32_t x = state_hash<CB>(s);
-    return __hadd(__ushort_as_half(uint16_t(x & 0xFFFFu)), __ushort_as_half(uint16_t(x >> 16)));
-  }
-}
-
-// States of stream positions 8L..8L+7 of one tile whose 8K little-endian uint32 words (the stored uint16
-// pairs) are at w. The 16-bit window of position t ends at stream bit (t+1)K (cyclic); the 7K + 16 bits
-// lane L needs always fit in 3 consecutive words (cyclic).
-template <int K>
-__device__ __forceinline__ void lane_states(const uint32_t* w, int L, uint32_t st[8]) {
-  constexpr int NW = 8 * K;
-  const int A = 8 * L * K + K - 16 + 256 * K;  // start of position 8L's window, kept positive
-  const int qa = (A >> 5) % NW, off = A & 31;
-  const uint32_t w0 = w[qa], w1 = w[(qa + 1) % NW], w2 = w[(qa + 2) % NW];
-  const uint64_t hi = (uint64_t(w0) << 32) | w1, lo = (uint64_t(w1) << 32) | w2;
-#pragma unroll
-  for (int u = 0; u < 8; ++u) {
-    const int e = off + 16 + u * K;  // window end, counted from the most significant bit of w0
-    st[u] = (e <= 64 ? uint32_t(hi >> (64 - e)) : uint32_t(lo >> (96 - e))) & 0xFFFFu;
-  }
-}
-
-template <int K, int CB>
-__device__ __forceinline__ void lane_decode(const uint32_t* w, int L, __half v[8]) {
-  uint32_t st[8];
-  lane_states<K>(w, L, st);
-  if constexpr (CB == 2) {
-#pragma unroll
-    for (int u = 0; u < 8; ++u) v[u] = decode_state<CB>(st[u]);
-  } else {
-    // two weights a step: their low halves and their high halves gathered by one PRMT each, one HADD2
-    // (the same sums as decode_state's, lane by lane)
-#pragma unroll
-    for (int u = 0; u < 8; u += 2) {
-      const uint32_t a = state_hash<CB>(st[u]), b = state_hash<CB>(st[u + 1]);
-      const uint32_t lo = __byte_perm(a, b, 0x5410), hi = __byte_perm(a, b, 0x7632);
-      uint32_t sum;
-      asm("add.rn.f16x2 %0, %1, %2;" : "=r"(sum) : "r"(lo), "r"(hi));
-      v[u] = __ushort_as_half(uint16_t(sum & 0xFFFFu));
-      v[u + 1] = __ushort_as_half(uint16_t(sum >> 16));
-    }
-  }
-}
-
-__device__ __forceinline__ uint4 ld_nc4(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint2 ld_nc2(const uint2* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
+constexpr int kGvWarps = 16;  // GEMV warps per block
 
 // Partial sums [unit][rank][P·128] and one arrival counter per unit (column block and slot), zero between launches.
 struct SplitScratch {
@@ -127,26 +33,6 @@ struct SplitScratch {
   unsigned* count = nullptr;
 };
 constexpr int kSplitPerSmMax = 4;  // KernelSwitches::exl3_gemv_split's upper bound: blocks of a split launch per SM
-
-// Part and 128-column block of blockIdx.x among one expert's parts.
-__device__ __forceinline__ const Exl3Part* locate(const Exl3Part* ep, int& nb) {
-  int p = 0;
-  while (nb >= ep[p].out_p / 128) nb -= ep[p++].out_p / 128;
-  return ep + p;
-}
-
-// In-place fp32 FWHT of the 128 values a warp holds as v[0..3] = elements 4·lane .. 4·lane + 3 (unscaled).
-__device__ __forceinline__ void warp_had128(float v[4], int lane) {
-  const float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
-  v[0] = a + c; v[1] = b + d; v[2] = a - c; v[3] = b - d;
-#pragma unroll
-  for (int m = 1; m < 32; m <<= 1)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float o = __shfl_xor_sync(0xffffffffu, v[q], m);
-      v[q] = (lane & m) ? o - v[q] : v[q] + o;
-    }
-}
 
 // ---- tile decode (tests) ----------------------------------------------------------------------
 template <int K, int CB>
@@ -170,8 +56,8 @@ __global__ void decode_tiles_kernel(const uint16_t* __restrict__ trellis, int ou
 // the expert, block x / ks = column block of both; output r = silu(gate_r) · up_r for r < swiglu_I.
 // ks > 1: block x % ks takes the k-tile rows ≡ its rank (mod ks) in steps of kGvWarps rows. Launched as
 // clusters of ks along x (fx empty): rank 0 adds the ranks' sums and finishes; as independent blocks (fx set):
-// the last block of the column block to arrive adds them (in rank order too) and finishes. K <= 4: registers capped for two blocks per SM (the split's
-// grids count on them).
+// the last block of the column block to arrive adds them (in rank order too) and finishes. K <= 4: registers
+// capped for two blocks per SM (the split's grids count on them).
 template <int K, int CB, int P>
 __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kernel(const Exl3Part* __restrict__ parts, int nparts,
     const int32_t* __restrict__ expert, int out, int in, const float* __restrict__ x, int64_t ldx, int xdiv,
@@ -369,225 +255,6 @@ __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kerne
   }
 }
 
-// ---- GEMM ------------------------------------------------------------------------------------
-// The row scales' headroom: a Hadamard-128 row (· 1/sqrt(128)) of x ⊙ suh can grow to sqrt(128) · max|x ⊙ suh|;
-// row scales put max|x| in [2^14, 2^15), this factor brings it to [2^6, 2^7): no overflow while |suh| < 45.
-constexpr float kExl3Headroom = 1.f / 256.f;
-__device__ __forceinline__ uint32_t pack2(__half lo, __half hi) {
-  return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
-}
-
-template <int K>
-constexpr size_t gemm_smem() {
-  return size_t(2) * kGmRows * kAStride * 2 + size_t(64) * 8 * K * 4;
-}
-
-// 256 threads = 8 warps; warp w owns tile column w of the 128-column block (16 outputs, 2 n8 fragments)
-// for all 64 rows (4 m16 fragments). ks > 1 (launched as clusters of ks along x): block x = column block · ks
-// + cluster rank, which takes the k chunks ≡ rank (mod ks). SPLIT: the input rows as fp16 hi + lo (two
-// MMAs), else hi alone. Row scales: rs.s (a pre-pass), or with rs.s null max |x| of each row over the
-// cluster's k chunks (dense rows: exl3_rows).
-template <int K, int CB, bool SPLIT>
-__global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restrict__ parts, int nparts, int out, int in,
-    const float* __restrict__ x, int64_t ldx, const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy,
-    bool accumulate, const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks,
-    const RowScales rs) {
-  extern __shared__ __align__(16) unsigned char sm[];
-  __half* Ahi = reinterpret_cast<__half*>(sm);                               // [64][kAStride]
-  __half* Alo = Ahi + kGmRows * kAStride;                                    // [64][kAStride]
-  uint32_t* tw = reinterpret_cast<uint32_t*>(Alo + kGmRows * kAStride);      // chunk tile (ii, j) at (8ii + j)·8K
-  float* Cs = reinterpret_cast<float*>(sm);                                  // [64][kCStride], after the k loop
-  __shared__ int rows_idx[kGmRows];
-  __shared__ float rows_scale[kGmRows];
-  __shared__ float rows_max[kGmRows];  // without rs.s: max |x| of each row over this block's k chunks
-  const int tile = blockIdx.y;
-  int e = 0, row0, nrows;
-  if (tiles) {
-    if (tile >= *n_tiles) return;
-    e = tiles[3 * tile]; row0 = tiles[3 * tile + 1]; nrows = tiles[3 * tile + 2];
-  } else {
-    row0 = tile * kGmRows; nrows = min(kGmRows, T - row0);
-  }
-  int nb = blockIdx.x / ks;
-  const int kr = blockIdx.x % ks;
-  const Exl3Part* pt = locate(parts + int64_t(e) * nparts, nb);
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
-  if (tid < kGmRows) {
-    const int src = tid < nrows ? (gather ? gather[row0 + tid] : row0 + tid) : -1;
-    rows_idx[tid] = src;
-    rows_scale[tid] = rs.s && src >= 0 ? row_scale_of(rs, src, row0 + tid) * kExl3Headroom : 1.f;
-  }
-  __syncthreads();
-  const int in_p = pt->in_p, tn = pt->out_p / 16;
-  if (!rs.s) {  // the scales from the rows themselves, the same in every block of a cluster
-    for (int r = warp; r < nrows; r += 8) {
-      const float* xr = x + int64_t(rows_idx[r]) * ldx;
-      float m = 0.f;
-      for (int kb = kr; kb < in_p / 128; kb += ks)
-        for (int k = kb * 128 + lane; k < min(in, kb * 128 + 128); k += 32) m = fmaxf(m, fabsf(xr[k]));
-      m = warp_max(m);
-      if (lane == 0) rows_max[r] = m;
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (ks > 1) {
-      namespace cg = cooperative_groups;
-      cg::cluster_group cl = cg::this_cluster();
-      cl.sync();  // every rank's maxima written; they stay alive until the cluster's last sync below
-      if (tid < nrows) {
-        float m = 0.f;
-        for (int q = 0; q < ks; ++q) m = fmaxf(m, cl.map_shared_rank(rows_max, q)[tid]);
-        rows_scale[tid] = pow2f(fp16_row_exponent(m)) * kExl3Headroom;
-      }
-    } else
-#endif
-    {
-      __syncthreads();
-      if (tid < nrows) rows_scale[tid] = pow2f(fp16_row_exponent(rows_max[tid])) * kExl3Headroom;
-    }
-    __syncthreads();
-  }
-  const int mtiles = (nrows + 15) / 16;
-  float acc[4][2][4] = {};
-  for (int kb = kr; kb < in_p / 128; kb += ks) {
-    __syncthreads();
-    constexpr int row_u4 = 16 * K;  // uint4 per row of 8 tiles
-    for (int v = tid; v < 8 * row_u4; v += 256) {
-      const int ii = v / row_u4, o = v % row_u4;
-      const uint4* src = reinterpret_cast<const uint4*>(pt->trellis + (int64_t(kb * 8 + ii) * tn + nb * 8) * 16 * K) + o;
-      reinterpret_cast<uint4*>(tw)[v] = ld_nc4(src);
-    }
-    for (int r = warp; r < mtiles * 16; r += 8) {
-      const int xr = rows_idx[r], k = kb * 128 + 4 * lane;
-      float v[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        v[q] = (xr >= 0 && k + q < in) ? x[int64_t(xr) * ldx + k + q] * __half2float(__ushort_as_half(pt->suh[k + q])) : 0.f;
-      warp_had128(v, lane);
-      __half hi[4], lo[4];
-      const float rsc = rows_scale[r];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float s = v[q] * kHad * rsc;
-        hi[q] = __float2half_rn(s);
-        lo[q] = __float2half_rn(s - __half2float(hi[q]));
-      }
-      *reinterpret_cast<uint2*>(Ahi + r * kAStride + 4 * lane) = make_uint2(pack2(hi[0], hi[1]), pack2(hi[2], hi[3]));
-      if constexpr (SPLIT)
-        *reinterpret_cast<uint2*>(Alo + r * kAStride + 4 * lane) = make_uint2(pack2(lo[0], lo[1]), pack2(lo[2], lo[3]));
-    }
-    __syncthreads();
-#pragma unroll 2
-    for (int ii = 0; ii < 8; ++ii) {
-      __half w[8];
-      lane_decode<K, CB>(tw + (ii * 8 + warp) * 8 * K, lane, w);
-      const uint32_t b00 = pack2(w[0], w[1]), b01 = pack2(w[2], w[3]), b10 = pack2(w[4], w[5]), b11 = pack2(w[6], w[7]);
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-        if (mt >= mtiles) break;
-        const int o = (mt * 16 + g) * kAStride + ii * 16 + 2 * c4;
-        uint32_t ah[4];
-        ah[0] = *reinterpret_cast<const uint32_t*>(Ahi + o);
-        ah[1] = *reinterpret_cast<const uint32_t*>(Ahi + o + 8 * kAStride);
-        ah[2] = *reinterpret_cast<const uint32_t*>(Ahi + o + 8);
-        ah[3] = *reinterpret_cast<const uint32_t*>(Ahi + o + 8 * kAStride + 8);
-        mma_f16(acc[mt][0], ah, b00, b01);
-        mma_f16(acc[mt][1], ah, b10, b11);
-        if constexpr (SPLIT) {
-          uint32_t al[4];
-          al[0] = *reinterpret_cast<const uint32_t*>(Alo + o);
-          al[1] = *reinterpret_cast<const uint32_t*>(Alo + o + 8 * kAStride);
-          al[2] = *reinterpret_cast<const uint32_t*>(Alo + o + 8);
-          al[3] = *reinterpret_cast<const uint32_t*>(Alo + o + 8 * kAStride + 8);
-          mma_f16(acc[mt][0], al, b00, b01);
-          mma_f16(acc[mt][1], al, b10, b11);
-        }
-      }
-    }
-  }
-  __syncthreads();  // A is dead: the output tile reuses it
-#pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-    for (int n8 = 0; n8 < 2; ++n8) {
-      const int col = warp * 16 + n8 * 8 + 2 * c4, r = mt * 16 + g;
-      Cs[r * kCStride + col] = acc[mt][n8][0];
-      Cs[r * kCStride + col + 1] = acc[mt][n8][1];
-      Cs[(r + 8) * kCStride + col] = acc[mt][n8][2];
-      Cs[(r + 8) * kCStride + col + 1] = acc[mt][n8][3];
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (ks > 1) {  // rank 0 adds the other ranks' partial tiles in rank order (deterministic)
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    cl.sync();
-    if (kr == 0)
-      for (int q = 1; q < ks; ++q) {
-        const float* o = cl.map_shared_rank(Cs, q);
-        for (int i = tid; i < nrows * kCStride; i += blockDim.x) Cs[i] += o[i];
-      }
-    cl.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
-    if (kr != 0) return;
-  }
-#endif
-  __syncthreads();
-  const bool remap = pt->out_rows != nullptr;
-  for (int r = warp; r < nrows; r += 8) {
-    float v[4];
-    const float inv = __frcp_rn(rows_scale[r]);  // exact: a power of two
-#pragma unroll
-    for (int q = 0; q < 4; ++q) v[q] = Cs[r * kCStride + 4 * lane + q] * inv;
-    warp_had128(v, lane);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int col = nb * 128 + 4 * lane + q;
-      float val = v[q] * kHad * __half2float(__ushort_as_half(pt->svh[col]));
-      if (pt->bias) val += __half2float(__ushort_as_half(pt->bias[col]));
-      if (remap) {
-        Cs[r * kCStride + 4 * lane + q] = val;
-      } else if (col < pt->rows && pt->row0 + col < out) {
-        float* yp = y + int64_t(row0 + r) * ldy + pt->row0 + col;
-        *yp = accumulate ? *yp + val : val;
-      }
-    }
-  }
-  if (remap) {
-    __syncthreads();
-    for (int j = tid; j < pt->rows && pt->row0 + j < out; j += blockDim.x) {
-      const int col = pt->out_rows[j];
-      if ((col >> 7) != nb) continue;
-      for (int r = 0; r < nrows; ++r) {
-        float* yp = y + int64_t(row0 + r) * ldy + pt->row0 + j;
-        const float val = Cs[r * kCStride + (col & 127)];
-        *yp = accumulate ? *yp + val : val;
-      }
-    }
-  }
-}
-
-// Calls f(integral_constant<K>, integral_constant<CB>) for runtime K in 1..8 and CB in 0..2.
-template <typename F>
-void dispatch(int K, int cb, F&& f) {
-  auto with_cb = [&](auto kc) {
-    switch (cb) {
-      case 0: f(kc, std::integral_constant<int, 0>{}); return;
-      case 1: f(kc, std::integral_constant<int, 1>{}); return;
-      case 2: f(kc, std::integral_constant<int, 2>{}); return;
-      default: fail_internal("EXL3: codebook must be 0 (3inst), 1 (mcg) or 2 (mul1)");
-    }
-  };
-  switch (K) {
-    case 1: with_cb(std::integral_constant<int, 1>{}); return;
-    case 2: with_cb(std::integral_constant<int, 2>{}); return;
-    case 3: with_cb(std::integral_constant<int, 3>{}); return;
-    case 4: with_cb(std::integral_constant<int, 4>{}); return;
-    case 5: with_cb(std::integral_constant<int, 5>{}); return;
-    case 6: with_cb(std::integral_constant<int, 6>{}); return;
-    case 7: with_cb(std::integral_constant<int, 7>{}); return;
-    case 8: with_cb(std::integral_constant<int, 8>{}); return;
-    default: fail_internal("EXL3: K must be 1..8");
-  }
-}
-
 size_t gemv_smem(int K, int P, int in_p) {
   return sizeof(float) * (size_t(P) * in_p + size_t(kGvWarps) * P * 128) + size_t(kGvWarps) * 64 * K * 4;
 }
@@ -611,11 +278,8 @@ void init_exl3_kernels() {
         constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
         LILY_CU(cudaFuncSetAttribute(exl3_gemv_kernel<k, c, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
         LILY_CU(cudaFuncSetAttribute(exl3_gemv_kernel<k, c, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-        LILY_CU(cudaFuncSetAttribute(exl3_gemm_kernel<k, c, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     int(gemm_smem<k>())));
-        LILY_CU(cudaFuncSetAttribute(exl3_gemm_kernel<k, c, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     int(gemm_smem<k>())));
       });
+  init_exl3_gemm_kernels();
   if (dev >= 0 && dev < 64) done[dev] = true;
 }
 
@@ -629,24 +293,6 @@ void exl3_decode_tiles(const uint16_t* trellis, int K, int cb, int in_p, int out
 }
 
 namespace {
-// A launch of grid blocks of `threads` in clusters of ks along x (no cluster attribute when ks = 1); the
-// attribute lives in attr, which must outlive the launch.
-cudaLaunchConfig_t cluster_launch(dim3 grid, int threads, size_t smem, cudaStream_t s, int ks, cudaLaunchAttribute& attr) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(unsigned(threads));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  attr = {};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = unsigned(ks);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = ks > 1 ? 1 : 0;
-  return cfg;
-}
-
 struct ScratchEntry {
   SplitScratch sc;
   int refs = 0;
@@ -765,50 +411,6 @@ void exl3_gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const
     else
       launch(exl3_gemv_kernel<k, c, 1>, 0);
   });
-}
-
-void exl3_gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
-                     int64_t ldy, bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T,
-                     cudaStream_t s, int x_rows) {
-  if (max_tiles <= 0) return;
-  init_exl3_kernels();
-  if (in > W.in_p) fail_internal("EXL3 GEMM: input wider than the padded input width");
-  const dim3 grid(unsigned(W.col_blocks), unsigned(max_tiles));
-  const GemmPrec prec = gemm_prec_for(W);
-  const RowScales rs = row_scales(x, ldx, in, gather, tiles, n_tiles, max_tiles, T, x_rows, s);  // every mode
-  dispatch(W.K, W.cb, [&](auto kc, auto cc) {
-    constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
-    if (prec == GemmPrec::kSplit)
-      exl3_gemm_kernel<k, c, true><<<grid, 256, gemm_smem<k>(), s>>>(W.parts, W.nparts, out, in, x, ldx, gather, y,
-                                                                     ldy, accumulate, tiles, n_tiles, T, 1, rs);
-    else
-      exl3_gemm_kernel<k, c, false><<<grid, 256, gemm_smem<k>(), s>>>(W.parts, W.nparts, out, in, x, ldx, gather, y,
-                                                                      ldy, accumulate, tiles, n_tiles, T, 1, rs);
-  });
-  LILY_CU_LAUNCH();
-}
-
-bool exl3_rows(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
-               cudaStream_t s) {
-  if (!W.exl3 || T < 1 || T > kGemmBM || in > W.in_p || W.col_blocks <= 0) return false;
-  init_exl3_kernels();
-  // clusters of up to 8 blocks along x share a column block's k chunks (at least two chunks each) until
-  // the grid has ~2 blocks per SM
-  const int chunks = W.in_p / 128;
-  int ks = 1;
-  if (device_cc_major() >= 9)
-    while (ks < 8 && int64_t(W.col_blocks) * ks < 2 * device_sm_count() && chunks / (2 * ks) >= 2) ks *= 2;
-  cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg = cluster_launch(dim3(unsigned(W.col_blocks * ks), 1), 256, 0, s, ks, attr);
-  dispatch(W.K, W.cb, [&](auto kc, auto cc) {
-    constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
-    cfg.dynamicSmemBytes = gemm_smem<k>();
-    LILY_CU(cudaLaunchKernelEx(&cfg, exl3_gemm_kernel<k, c, true>, W.parts, W.nparts, out, in, x, ldx,
-                               static_cast<const int32_t*>(nullptr), y, ldy, accumulate,
-                               static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr), T, ks,
-                               RowScales{}));
-  });
-  return true;
 }
 
 }  // namespace lily::cuda
