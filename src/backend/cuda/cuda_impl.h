@@ -302,6 +302,7 @@ class CudaBackend final : public Backend {
   CudaOptions opt_;
   std::shared_ptr<Device> dev_;
   cudaStream_t stream_ = nullptr, side_ = nullptr;  // side_: shared expert, forked/joined by events
+  bool exl3_scratch_ = false;  // the streams hold the split EXL3 GEMVs' scratch (the model has EXL3 weights)
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   std::vector<DevLayer> layers_;  // the model's layers, then (MTP models) the MTP layer
   Mat embed_, lm_head_;

@@ -53,8 +53,10 @@ CudaBackend::CudaBackend(std::shared_ptr<const ModelWeights> w, const CudaOption
   LILY_CU(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
   init_kernels();
   upload_weights();
-  exl3_split_scratch_acquire(stream_);  // released by the destructor, which runs only after the constructor ends
-  exl3_split_scratch_acquire(side_);
+  if (exl3_scratch_) {  // released by the destructor, which runs only after the constructor ends
+    exl3_split_scratch_acquire(stream_);
+    exl3_split_scratch_acquire(side_);
+  }
   LILY_CU(cudaDeviceSynchronize());
 }
 
@@ -81,8 +83,10 @@ CudaBackend::~CudaBackend() {
   dev_->free(samp_slots_, sizeof(SampleSlot) * size_t(slot_cap_));
   dev_->free(samp_mem_, samp_bytes_);
   dev_->free(small_, small_bytes());
-  exl3_split_scratch_release(stream_);
-  exl3_split_scratch_release(side_);
+  if (exl3_scratch_) {
+    exl3_split_scratch_release(stream_);
+    exl3_split_scratch_release(side_);
+  }
   cudaStreamDestroy(side_);
   cudaEventDestroy(fork_);
   cudaEventDestroy(join_);
@@ -173,8 +177,8 @@ void CudaBackend::upload_layer(const LayerWeights& L, DevLayer& D, int l) {
     // ... and only when the options' reduced-operand classes treat the routed and the shared expert products alike
     const uint32_t bc = opt_.kernels.reduced_classes;
     auto same_prec = [bc](uint32_t x, uint32_t y) { return !(bc & x) == !(bc & y); };
-    m.shared_in_stack = opt_.shared_in_stack && !F.shared.gate.empty() && F.shared.gate.out == m.I && F.shared.down.in == m.I &&
-                        same_format(F.shared.gate, e0.gate) && same_format(F.shared.up, e0.up) &&
+    m.shared_in_stack = opt_.shared_in_stack && !F.shared.gate.empty() && F.shared.gate.out == m.I &&
+                        F.shared.down.in == m.I && same_format(F.shared.gate, e0.gate) && same_format(F.shared.up, e0.up) &&
                         same_format(F.shared.down, e0.down) && (F.shared_gate.empty() || m.gate_in_router) &&
                         same_prec(kProdExpertsGateUp, kProdShared) && same_prec(kProdExpertsDown, kProdShared);
     if (m.shared_in_stack) {
@@ -297,6 +301,7 @@ Mat CudaBackend::upload(const std::vector<const Linear*>& parts) {
 }
 
 Mat CudaBackend::upload_exl3(const std::vector<const Linear*>& parts, int per_expert) {
+  exl3_scratch_ = true;
   const Linear& f = *parts.at(0);
   if (per_expert <= 0 || parts.size() % size_t(per_expert) != 0)
     throw InternalError("CudaBackend::upload_exl3: parts do not divide into experts");
