@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/, clang with ASan + UBSan) in build-fuzz/ and runs each for
 # SECONDS (default 600), one after the other, starting from the seeds in fuzz/corpus/<target>/ and the
-# inputs earlier runs kept in build-fuzz/corpus/<target>/. A crash, hang (> 10 s), leak, sanitizer
+# inputs earlier runs kept in build-fuzz/corpus/<target>/. A crash, hang (> FUZZ_TIMEOUT, default 10 s), leak, sanitizer
 # report or out-of-memory (> 2 GB) stops that target; its input is saved in build-fuzz/artifacts/<target>/
 # (replay: build-fuzz/fuzz/fuzz_TARGET FILE).
 # Prints one line per target (executions, exec/s of wall time, CPU seconds, exec per CPU second, corpus
@@ -10,6 +10,8 @@
 #   FUZZ_JOBS=N   run N targets at a time (default 1)
 #   FUZZ_NICE=N   niceness of the fuzzers (default 0)
 #   FUZZ_RUNS=N   also stop a target after N executions (the long run: FUZZ_RUNS=10000000)
+#   FUZZ_TIMEOUT=S  seconds one input may take before it counts as a hang (default 10; long runs on a
+#                 shared host: 30, so that load cannot pass for a hang)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-600}
@@ -47,7 +49,7 @@ run_one() {
   [ -n "${FUZZ_RUNS:-}" ] && extra+=(-runs="$FUZZ_RUNS")
   local rc=0 TIMEFORMAT='%3U %3S'
   { time nice -n "${FUZZ_NICE:-0}" "$bin" "$work" "fuzz/corpus/$t" "${extra[@]}" -max_total_time="$SECONDS_PER_TARGET" \
-    -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$art" >"$log" 2>&1; } 2>"$log.cpu" || rc=$?
+    -timeout="${FUZZ_TIMEOUT:-10}" -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$art" >"$log" 2>&1; } 2>"$log.cpu" || rc=$?
   local execs rate cpu cpurate corp
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
