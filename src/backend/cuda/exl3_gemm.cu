@@ -61,13 +61,8 @@ __global__ void __launch_bounds__(256) exl3_gemm_kernel(const Exl3Part* __restri
   __shared__ float rows_scale[kGmRows];
   __shared__ float rows_max[kGmRows];  // without rs.s: max |x| of each row over this block's k chunks
   const int tile = blockIdx.y;
-  int e = 0, row0, nrows;
-  if (tiles) {
-    if (tile >= *n_tiles) return;
-    e = tiles[3 * tile]; row0 = tiles[3 * tile + 1]; nrows = tiles[3 * tile + 2];
-  } else {
-    row0 = tile * kGmRows; nrows = min(kGmRows, T - row0);
-  }
+  int e, row0, nrows;
+  if (!tile_rows(tiles, n_tiles, tile, T, kGmRows, e, row0, nrows)) return;
   int nb = blockIdx.x / ks;
   const int kr = blockIdx.x % ks;
   const Exl3Part* pt = locate(parts + int64_t(e) * nparts, nb);

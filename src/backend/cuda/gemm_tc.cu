@@ -77,13 +77,8 @@ __global__ void __launch_bounds__(kThreads) gemm_tc_kernel(const Mat W, int out,
 
   const int tile = tiles ? blockIdx.y : blockIdx.x;
   const int n0 = (tiles ? blockIdx.x : blockIdx.y) * kBN;
-  int e = 0, row0, nrows;
-  if (tiles) {
-    if (tile >= *n_tiles) return;
-    e = tiles[3 * tile]; row0 = tiles[3 * tile + 1]; nrows = min(tiles[3 * tile + 2], BM);
-  } else {
-    row0 = tile * BM; nrows = min(BM, T - row0);
-  }
+  int e, row0, nrows;
+  if (!tile_rows(tiles, n_tiles, tile, T, BM, e, row0, nrows)) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp >> 2, wn = warp & 3;
   for (int i = tid; i < BM; i += kThreads) {

@@ -155,6 +155,19 @@ void exl3_gemm_tiles(const Mat& W, int out, int in, const float* x, int64_t ldx,
                      int64_t ldy, bool accumulate, const int32_t* tiles, const int32_t* n_tiles, int max_tiles, int T,
                      cudaStream_t s, int x_rows = 0);
 
+// Rows of output tile `tile` of a prompt product: entry `tile` of the MoE tile map (tiles: [n][3] = expert,
+// first row, rows, at most bm; *n_tiles entries) or, without a map, rows tile·bm .. of T. False past the map's end.
+__device__ __forceinline__ bool tile_rows(const int32_t* tiles, const int32_t* n_tiles, int tile, int T, int bm, int& e,
+                                          int& row0, int& nrows) {
+  if (!tiles) {
+    e = 0, row0 = tile * bm, nrows = min(bm, T - row0);
+    return true;
+  }
+  if (tile >= *n_tiles) return false;
+  e = tiles[3 * tile], row0 = tiles[3 * tile + 1], nrows = min(tiles[3 * tile + 2], bm);
+  return true;
+}
+
 // Element (r, i) of expert e of W as float (scalar path: GEMM staging, embedding gather).
 __device__ __forceinline__ float mat_at(const Mat& m, int e, int64_t r, int64_t i, int in) {
   if (!m.affine) return bf(m.w[int64_t(e) * m.estride + r * m.ld + i]);

@@ -57,13 +57,8 @@ __global__ void __launch_bounds__(256) gemm_kernel(const Mat W, int out, int in,
   __shared__ float Ws_[BK][kGemmBN + 4];
   __shared__ int rows_idx[kGemmBM];
   const int tile = blockIdx.y;
-  int e = 0, row0, nrows;
-  if (tiles) {
-    if (tile >= *n_tiles) return;
-    e = tiles[3 * tile]; row0 = tiles[3 * tile + 1]; nrows = tiles[3 * tile + 2];
-  } else {
-    row0 = tile * kGemmBM; nrows = min(kGemmBM, T - row0);
-  }
+  int e, row0, nrows;
+  if (!tile_rows(tiles, n_tiles, tile, T, kGemmBM, e, row0, nrows)) return;
   const int n0 = blockIdx.x * kGemmBN;
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
   if (tid < kGemmBM) rows_idx[tid] = tid < nrows ? (gather ? gather[row0 + tid] : row0 + tid) : -1;
