@@ -80,8 +80,9 @@ double compare(std::shared_ptr<const ModelWeights> w, int ranks, const std::vect
   return worst;
 }
 
-// max |Δlogit| / RMS of the split model against the unsplit one (measured 3e-6 .. 2.4e-5)
-constexpr double kTol = 5e-5;
+// max |Δlogit| / RMS of the split model against the unsplit one (measured 3e-6 .. 2.4e-5 with -march=native;
+// 5.3e-5 for tiny-tp8 affine4 at 8 ranks with LILY_NATIVE=OFF, whose CPU kernels round differently)
+constexpr double kTol = 1e-4;
 
 const std::vector<std::string> kGoldens = {"qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_text-a-mtp", "qwen3_5_moe_text-a-mtp",
                                 "qwen3_next-a-mtp", "qwen3_5_moe_text-r"};
