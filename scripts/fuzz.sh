@@ -36,6 +36,10 @@ else
   for f in fuzz/fuzz_*.cpp; do n=${f#fuzz/fuzz_}; TARGETS+=("${n%.cpp}"); done
 fi
 
+# No allocation stacks in the fuzzers' reports: recording one per malloc is a fifth of fuzz_output's CPU time
+# (measured: 25.9 → 20.8 CPU s for the same 30K executions); replaying a saved input outside this script prints
+# them again (ASan's default).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-malloc_context_size=0}
 mkdir -p "$B/logs" "$B/corpus/jinja"
 # The real Qwen3 chat template (fetched, not in the repo) seeds the Jinja target too.
 node -e 'process.stdout.write(require(process.argv[1]).chat_template)' \
