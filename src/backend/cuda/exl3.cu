@@ -3,11 +3,12 @@
 //     exactly the B fragments of two mma.m16n8k16 (k rows 2(L%4)+{0,1,8,9}, n columns L/4 and L/4+8).
 //   - GEMV (decode rows, MoE slots): one block per (slot, 128-column block of a part), or a thread-block
 //     cluster of ks blocks (sm_90) that split its k-tile rows when the grid would leave SMs idle. The input
-//     row (optionally RMS-normalised) ⊙ suh goes through the Hadamard-128 in shared memory; every warp walks
-//     k-tile rows, streams the packed words of 8 tiles (one row of the 128-column block) into a per-warp
-//     buffer and decodes them in registers against the staged input; the block then reduces (rank 0 of a
-//     cluster adds the other ranks' sums from their shared memory, in rank order), applies the output
-//     Hadamard-128, svh, bias and the logical column map (or silu(gate)·up in swiglu mode).
+//     row (optionally RMS-normalised) ⊙ suh goes through the Hadamard-128 (a warp per 128-chunk, in
+//     registers) into shared memory; every warp walks k-tile rows, streams the packed words of 8 tiles (one
+//     row of the 128-column block) into a per-warp buffer and decodes them in registers against the staged
+//     input; the block then reduces (rank 0 of a cluster adds the other ranks' sums from their shared memory,
+//     in rank order), applies the output Hadamard-128 (a warp per part), svh, bias and the logical column map
+//     (or silu(gate)·up in swiglu mode).
 //   - GEMM (prompts, MoE tile map, few dense rows): exl3_gemm.cu; shared device pieces: exl3_tile.cuh.
 // Weights are never dequantised to global memory.
 #include <cooperative_groups.h>
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kerne
     int ks, SplitScratch fx) {
   extern __shared__ __align__(16) float smem[];
   __shared__ float rsum[32];
-  __shared__ float ov[P * 128];
+  __shared__ __align__(16) float ov[P * 128];
   __shared__ int fix_last;
   const int slot = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // PDL: the next kernel may be scheduled now; this one waits for the previous kernel before it reads what that
@@ -97,30 +98,32 @@ __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kerne
     inv = rsqrtf(block_sum(ss, rsum) / float(in) + eps);
   }
   // This rank's k-tile rows i ≡ warp + kGvWarps·kr (mod kstep) read the inputs of the 256-wide pairs of
-  // 128-chunks q ≡ kr (mod ks) (the last pair may be half): only those are staged.
+  // 128-chunks q ≡ kr (mod ks) (the last pair may be half): only those are staged. A warp stages a chunk
+  // (lane: elements 4·lane..4·lane+3) ⊙ each part's suh and puts it through the Hadamard-128 in registers
+  // (warp_had128: the butterflies of a shared-memory FWHT in the same order, so the same sums), then stores it:
+  // one barrier, not one per butterfly stage.
   static_assert(kGvWarps * 16 == 256, "one k-tile row per warp covers a pair of 128-chunks");
-  const int npair = (in_p + 255) / 256, mine = (npair - kr + ks - 1) / ks;
-  for (int t = threadIdx.x; t < mine * 256; t += blockDim.x) {
-    const int k = (kr + ks * (t >> 8)) * 256 + (t & 255);
-    if (k >= in_p) continue;
-    const float v = k < in ? (norm_w ? xr[k] * inv * norm_w[k] : xr[k]) : 0.f;
+  const int nchunk = in_p / 128, mine = ((nchunk + 1) / 2 - kr + ks - 1) / ks;
+  for (int t = warp; t < 2 * mine; t += kGvWarps) {
+    const int c = 2 * (kr + ks * (t >> 1)) + (t & 1);
+    if (c >= nchunk) continue;
+    const int k0 = c * 128 + 4 * lane;
+    float xv[4];
 #pragma unroll
-    for (int p = 0; p < P; ++p) xh[p * in_p + k] = v * __half2float(__ushort_as_half(pt[p].suh[k]));
+    for (int q = 0; q < 4; ++q) {
+      const int k = k0 + q;
+      xv[q] = k < in ? (norm_w ? xr[k] * inv * norm_w[k] : xr[k]) : 0.f;
+    }
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      float v[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) v[q] = xv[q] * __half2float(__ushort_as_half(pt[p].suh[k0 + q]));
+      warp_had128(v, lane);
+      *reinterpret_cast<float4*>(xh + p * in_p + k0) = make_float4(v[0], v[1], v[2], v[3]);
+    }
   }
   __syncthreads();
-  for (int h = 1; h < 128; h <<= 1) {
-#pragma unroll
-    for (int p = 0; p < P; ++p)
-      for (int r = threadIdx.x; r < mine * 128; r += blockDim.x) {
-        const int b = r & 127, lo = (kr + ks * (r >> 7)) * 256 + (b / h) * 2 * h + (b % h);
-        if (lo >= in_p) continue;
-        float* xp = xh + p * in_p;
-        const float a = xp[lo], c = xp[lo + h];
-        xp[lo] = a + c;
-        xp[lo + h] = a - c;
-      }
-    __syncthreads();
-  }
   // one part at a time: its sums go to red before the next part starts (half the live accumulators at P = 2)
 #pragma unroll
   for (int p = 0; p < P; ++p) {
@@ -213,15 +216,15 @@ __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kerne
     if (!lead) return;
   }
 #endif
-  for (int h = 1; h < 128; h <<= 1) {
-    for (int q = threadIdx.x; q < P * 64; q += blockDim.x) {
-      const int lo = (q / h) * 2 * h + (q % h);
-      const float a = ov[lo], b = ov[lo + h];
-      ov[lo] = a + b;
-      ov[lo + h] = a - b;
-    }
-    __syncthreads();
+  // output Hadamard-128 of part `warp`'s sums in registers (as the input's), one barrier
+  if (warp < P) {
+    float4* o4 = reinterpret_cast<float4*>(ov + warp * 128) + lane;
+    const float4 f = *o4;
+    float v[4] = {f.x, f.y, f.z, f.w};
+    warp_had128(v, lane);
+    *o4 = make_float4(v[0], v[1], v[2], v[3]);
   }
+  __syncthreads();
   const float sc = kHad * kHad;
   auto value = [&](const Exl3Part& q, int p, int col) {  // padded column col of part q (slot p of ov)
     float v = ov[p * 128 + (col & 127)] * sc * __half2float(__ushort_as_half(q.svh[col]));
