@@ -14,7 +14,7 @@ namespace lily::cli {
 void add_cuda_opt(CLI::App& app, std::vector<std::string>& dst) {
   app.add_option("--cuda-opt", dst,
                  "CUDA backend option name=value, repeatable (graphs, chunk_min, profile, ba_fold, topk_fold, pdl, "
-                 "gemv_ring, precision, classes, gemm_wgmma, wgmma_rs, wgmma_raster, gemm_skip_empty, ring_early_ids, exl3_gemv_split, exl3_gemv_fixup, exl3_split_rows, exl3_fixup_min_in, exl3_pdl, shared_in_stack, gemv_rows, moe_gemv_rows, device)");
+                 "gemv_ring, precision, classes, gemm_wgmma, wgmma_rs, wgmma_raster, gemm_skip_empty, ring_early_ids, exl3_gemv_split, exl3_gemv_fixup, exl3_split_rows, exl3_fixup_min_in, exl3_pdl, exl3_down_combine, shared_in_stack, gemv_rows, moe_gemv_rows, device)");
   app.add_option_function<std::string>(
          "--precision", [&dst](const std::string& v) { dst.push_back("precision=" + v); },
          "CUDA prompt GEMM operands: high (default: split bf16 hi/lo, ~fp32 results), fp16 (one product per "

@@ -23,6 +23,7 @@ TEST(CudaExl3, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #include "backend/cpu/cpu_backend.h"
 #include "cuda_compare.h"
 #include "cuda_test_util.h"
+#include "exl3_test_util.h"
 #include "io/safetensors.h"
 #include "model/qwen_hybrid.h"
 #include "model/weights.h"
@@ -39,93 +40,13 @@ using lily::cudatest::SwitchesScope;
 using lily::cudatest::randn;
 using lily::cudatest::rel_err;
 using quant::Exl3Codebook;
-using quant::Exl3Weight;
+using lily::cudatest::DevExl3;
+using lily::cudatest::HostExl3;
+using lily::cudatest::silu;
 
 namespace {
 
 const int kRows[] = {1, 2, 3, 5, 8, 16, 17, 32, 63, 64, 65, 129};
-
-// A random EXL3 linear on the host (every trellis bit pattern is a valid code stream).
-struct HostExl3 {
-  std::vector<uint16_t> trellis, suh, svh, bias;
-  std::vector<int32_t> out_rows;
-  Exl3Weight w;
-  HostExl3(int K, Exl3Codebook cb, int64_t in, int64_t out, std::mt19937& rng, bool with_bias = false) {
-    w.K = K;
-    w.codebook = cb;
-    w.in = in;
-    w.out = out;
-    w.in_p = (in + 127) / 128 * 128;
-    w.out_p = (out + 127) / 128 * 128;
-    trellis.resize(size_t(w.in_p * w.out_p * K / 16));
-    for (auto& t : trellis) t = uint16_t(rng());
-    std::uniform_real_distribution<float> u(0.5f, 1.5f);
-    const float s = 1.f / std::sqrt(float(w.in_p));
-    suh.resize(size_t(w.in_p));
-    svh.resize(size_t(w.out_p));
-    for (auto& v : suh) v = f32_to_f16((rng() & 1 ? -1.f : 1.f) * u(rng));
-    for (auto& v : svh) v = f32_to_f16((rng() & 1 ? -s : s) * u(rng));
-    if (with_bias) {
-      bias.resize(size_t(w.out_p));
-      for (auto& v : bias) v = f32_to_f16(u(rng) - 1.f);
-    }
-    fix();
-  }
-  HostExl3(const HostExl3& o) : trellis(o.trellis), suh(o.suh), svh(o.svh), bias(o.bias), out_rows(o.out_rows), w(o.w) { fix(); }
-  void fix() {
-    w.trellis = trellis.data();
-    w.suh = suh.data();
-    w.svh = svh.data();
-    w.bias = bias.empty() ? nullptr : bias.data();
-    w.out_rows = out_rows.empty() ? nullptr : out_rows.data();
-  }
-  std::vector<double> ref(const std::vector<float>& x, int T) const {
-    std::vector<float> y(size_t(T) * size_t(w.out));
-    quant::exl3_forward_ref(w, x.data(), T, y.data());
-    return std::vector<double>(y.begin(), y.end());
-  }
-};
-
-// Device copy of several EXL3 linears as one cuda::Mat (parts[e·per_expert + p]).
-struct DevExl3 {
-  std::vector<std::unique_ptr<Dev<uint16_t>>> u16;
-  std::vector<std::unique_ptr<Dev<int32_t>>> i32;
-  std::unique_ptr<Dev<uint8_t>> parts;
-  cuda::Mat m;
-  DevExl3(const std::vector<const HostExl3*>& ps, int per_expert) {
-    std::vector<cuda::Exl3Part> h(ps.size());
-    auto up16 = [&](const std::vector<uint16_t>& v) -> const uint16_t* {
-      if (v.empty()) return nullptr;
-      u16.push_back(std::make_unique<Dev<uint16_t>>(v));
-      return u16.back()->p;
-    };
-    for (size_t i = 0; i < ps.size(); ++i) {
-      const HostExl3& q = *ps[i];
-      h[i].trellis = up16(q.trellis);
-      h[i].suh = up16(q.suh);
-      h[i].svh = up16(q.svh);
-      h[i].bias = up16(q.bias);
-      if (!q.out_rows.empty()) {
-        i32.push_back(std::make_unique<Dev<int32_t>>(q.out_rows));
-        h[i].out_rows = i32.back()->p;
-      }
-      h[i].in_p = int(q.w.in_p);
-      h[i].out_p = int(q.w.out_p);
-      h[i].rows = int(q.w.out);
-      h[i].row0 = i % size_t(per_expert) == 0 ? 0 : h[i - 1].row0 + h[i - 1].rows;
-    }
-    std::vector<uint8_t> bytes(sizeof(cuda::Exl3Part) * h.size());
-    std::memcpy(bytes.data(), h.data(), bytes.size());
-    parts = std::make_unique<Dev<uint8_t>>(bytes);
-    m.exl3 = true;
-    m.parts = reinterpret_cast<const cuda::Exl3Part*>(parts->p);
-    m.nparts = per_expert;
-    m.K = ps[0]->w.K;
-    m.cb = int(ps[0]->w.codebook);
-    m.in_p = int(ps[0]->w.in_p);
-    for (int p = 0; p < per_expert; ++p) m.col_blocks += int(ps[size_t(p)]->w.out_p / 128);
-  }
-};
 
 const TensorInfo& tensor(const SafeTensorsFile& f, const std::string& n) {
   auto it = f.tensors().find(n);
@@ -351,101 +272,6 @@ TEST(CudaExl3, MultiPartRows) {
     dy.poison();
     cuda::linear(d.m, out, in, dx.p, in, T, dy.p, out, false, nullptr);
     EXPECT_LT(rel_err(dy.down(), want), 2e-5) << "T " << T;
-  }
-}
-
-double silu(double v) { return v / (1 + std::exp(-v)); }
-
-// MoE: gemv_slots with expert indices (swiglu gate/up with fused RMSNorm, then down) and gemm_tiles over a
-// tile map with experts of 0, 1 and many rows, gathered input rows, and dead tiles past *n_tiles.
-TEST(CudaExl3, MoeSlotsAndTiles) {
-  LILY_REQUIRE_GPU();
-  HighPrecisionScope high;  // fp32-class tolerances (both precisions: LinearMatchesReference)
-  std::mt19937 rng(11);
-  const int E = 5, H = 192, I = 200;
-  for (int cb = 0; cb < 3; ++cb) {
-    const int K = 2 + 2 * cb;
-    std::vector<std::unique_ptr<HostExl3>> g, u, dn;
-    for (int e = 0; e < E; ++e) {
-      g.push_back(std::make_unique<HostExl3>(K, Exl3Codebook(cb), H, I, rng));
-      u.push_back(std::make_unique<HostExl3>(K, Exl3Codebook(cb), H, I, rng));
-      dn.push_back(std::make_unique<HostExl3>(K, Exl3Codebook(cb), I, H, rng));
-    }
-    std::vector<const HostExl3*> gu, dd;
-    for (int e = 0; e < E; ++e) { gu.push_back(g[size_t(e)].get()); gu.push_back(u[size_t(e)].get()); dd.push_back(dn[size_t(e)].get()); }
-    DevExl3 mgu(gu, 2), mdn(dd, 1);
-    // decode slots: 2 tokens x 3 choices, x row = slot / 3
-    const std::vector<int32_t> ex = {3, 0, 4, 4, 1, 3};
-    const int slots = int(ex.size()), T = 2;
-    auto x = randn(size_t(T) * H, rng, 2.f);
-    auto nw = randn(size_t(H), rng);
-    std::vector<float> xn(x.size());
-    for (int t = 0; t < T; ++t) {
-      double ss = 0;
-      for (int i = 0; i < H; ++i) ss += double(x[size_t(t * H + i)]) * x[size_t(t * H + i)];
-      const double inv = 1.0 / std::sqrt(ss / H + 1e-6);
-      for (int i = 0; i < H; ++i) xn[size_t(t * H + i)] = float(x[size_t(t * H + i)] * inv * nw[size_t(i)]);
-    }
-    std::vector<double> hw(size_t(slots) * I), yw(size_t(slots) * H);
-    for (int s = 0; s < slots; ++s) {
-      std::vector<float> xr(xn.begin() + (s / 3) * H, xn.begin() + (s / 3 + 1) * H);
-      auto gr = g[size_t(ex[size_t(s)])]->ref(xr, 1), ur = u[size_t(ex[size_t(s)])]->ref(xr, 1);
-      for (int r = 0; r < I; ++r) hw[size_t(s * I + r)] = silu(gr[size_t(r)]) * ur[size_t(r)];
-    }
-    Dev<float> dx(x), dn_w(nw), dh(size_t(slots) * I), dyb(size_t(slots) * H);
-    Dev<int32_t> dex(ex);
-    cuda::gemv_slots(mgu.m, dex.p, 0, H, dx.p, H, 3, slots, dh.p, I, false, I, nullptr, dn_w.p, 1e-6f);
-    auto hgot = dh.down();
-    EXPECT_LT(rel_err(hgot, hw), 2e-5) << "swiglu slots cb " << cb;
-    for (int s = 0; s < slots; ++s) {
-      std::vector<float> hr(hgot.begin() + s * I, hgot.begin() + (s + 1) * I);
-      auto yr = dn[size_t(ex[size_t(s)])]->ref(hr, 1);
-      std::copy(yr.begin(), yr.end(), yw.begin() + s * H);
-    }
-    cuda::gemv_slots(mdn.m, dex.p, H, I, dh.p, I, 1, slots, dyb.p, H, false, 0, nullptr);
-    EXPECT_LT(rel_err(dyb.down(), yw), 2e-5) << "down slots cb " << cb;
-
-    // prompt tiles: expert rows {0, 70, 1, 0, 129}, rows gathered from a 150-row x
-    const int counts[E] = {0, 70, 1, 0, 129};
-    const int XT = 150;
-    auto xp = randn(size_t(XT) * H, rng);
-    std::vector<int32_t> tiles, gather;
-    std::vector<int> row_e;
-    int n = 0;
-    for (int e = 0; e < E; ++e) {
-      for (int r = 0; r < counts[e]; r += 64) tiles.insert(tiles.end(), {e, n + r, std::min(64, counts[e] - r)});
-      for (int r = 0; r < counts[e]; ++r) { gather.push_back(int32_t(rng() % XT)); row_e.push_back(e); }
-      n += counts[e];
-    }
-    const int live = int(tiles.size() / 3), max_tiles = live + 3;
-    tiles.resize(size_t(max_tiles) * 3, 0);  // dead tiles: never read
-    Dev<float> dxp(xp), dgu(size_t(n) * 2 * I), dhp(size_t(n) * I), dy2(size_t(n) * H);
-    Dev<int32_t> dtiles(tiles), dnt(std::vector<int32_t>{live}), dg(gather);
-    dgu.poison();
-    cuda::gemm_tiles(mgu.m, 2 * I, H, dxp.p, H, dg.p, dgu.p, 2 * I, false, dtiles.p, dnt.p, max_tiles, n, nullptr);
-    auto gu_got = dgu.down();
-    std::vector<double> gu_want(size_t(n) * 2 * I);
-    for (int r = 0; r < n; ++r) {
-      std::vector<float> xr(xp.begin() + gather[size_t(r)] * H, xp.begin() + (gather[size_t(r)] + 1) * H);
-      auto gr = g[size_t(row_e[size_t(r)])]->ref(xr, 1), ur = u[size_t(row_e[size_t(r)])]->ref(xr, 1);
-      std::copy(gr.begin(), gr.end(), gu_want.begin() + r * 2 * I);
-      std::copy(ur.begin(), ur.end(), gu_want.begin() + r * 2 * I + I);
-    }
-    EXPECT_LT(rel_err(gu_got, gu_want), 2e-5) << "gate/up tiles cb " << cb;
-    // down over the same tile map, x = the (host) swiglu of the gate/up rows, no gather
-    std::vector<float> hp(size_t(n) * I);
-    for (int r = 0; r < n; ++r)
-      for (int c = 0; c < I; ++c)
-        hp[size_t(r * I + c)] = float(silu(gu_got[size_t(r * 2 * I + c)]) * gu_got[size_t(r * 2 * I + I + c)]);
-    dhp.up(hp);
-    cuda::gemm_tiles(mdn.m, H, I, dhp.p, I, nullptr, dy2.p, H, false, dtiles.p, dnt.p, max_tiles, n, nullptr);
-    std::vector<double> y2(size_t(n) * H);
-    for (int r = 0; r < n; ++r) {
-      std::vector<float> hr(hp.begin() + r * I, hp.begin() + (r + 1) * I);
-      auto yr = dn[size_t(row_e[size_t(r)])]->ref(hr, 1);
-      std::copy(yr.begin(), yr.end(), y2.begin() + r * H);
-    }
-    EXPECT_LT(rel_err(dy2.down(), y2), 2e-5) << "down tiles cb " << cb;
   }
 }
 

@@ -14,6 +14,7 @@
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -59,11 +60,15 @@ __global__ void decode_tiles_kernel(const uint16_t* __restrict__ trellis, int ou
 // clusters of ks along x (fx empty): rank 0 adds the ranks' sums and finishes; as independent blocks (fx set):
 // the last block of the column block to arrive adds them (in rank order too) and finishes. K <= 4: registers
 // capped for two blocks per SM (the split's grids count on them).
+// cw set (P = 1, ks = 1, fx set: MoE down + combine): slot s belongs to token s / kk; y is the residual, row t
+// at y + t·ldy, and gets y[t, r] += Σ_j cw[t·kk + j] · (slot t·kk + j's output r), the sum in slot order (as
+// combine_kernel, so bit-identical to the products into a buffer and that kernel): each block stores its
+// padded columns to fx.part, the last of the token's kk blocks of its column block adds them.
 template <int K, int CB, int P>
 __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kernel(const Exl3Part* __restrict__ parts, int nparts,
     const int32_t* __restrict__ expert, int out, int in, const float* __restrict__ x, int64_t ldx, int xdiv,
     float* __restrict__ y, int64_t ldy, bool accumulate, int swiglu_I, const float* __restrict__ norm_w, float eps,
-    int ks, SplitScratch fx) {
+    int ks, SplitScratch fx, const float* __restrict__ cw, int kk) {
   extern __shared__ __align__(16) float smem[];
   __shared__ float rsum[32];
   __shared__ __align__(16) float ov[P * 128];
@@ -239,6 +244,36 @@ __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kerne
       yr[r] = accumulate ? yr[r] + v : v;
     }
   } else {
+    if (cw) {
+      const int t = threadIdx.x, cols = gridDim.x, tok = slot / kk, unit = tok * cols + nb;
+      if (t < 128) __stcg(fx.part + (int64_t(slot) * cols + nb) * 128 + t, value(*pt, 0, nb * 128 + t));
+      __threadfence();
+      __syncthreads();
+      if (t == 0) {
+        fix_last = atomicAdd(fx.count + unit, 1u) == unsigned(kk - 1);
+        if (fix_last) fx.count[unit] = 0u;  // back at zero for the next launch on this stream
+      }
+      __syncthreads();
+      if (!fix_last) return;
+      __threadfence();
+      float* yt = y + int64_t(tok) * ldy + pt->row0;
+      auto add = [&](int j, int col) {
+        float acc = yt[j];
+        for (int q = 0; q < kk; ++q) {
+          const int sq = tok * kk + q;
+          acc += cw[sq] * __ldcg(fx.part + (int64_t(sq) * cols + nb) * 128 + (col & 127));
+        }
+        yt[j] = acc;
+      };
+      if (!pt->out_rows) {
+        const int j = nb * 128 + t;
+        if (t < 128 && j < pt->rows && pt->row0 + j < out) add(j, j);
+      } else {
+        for (int j = t; j < pt->rows && pt->row0 + j < out; j += blockDim.x)
+          if ((pt->out_rows[j] >> 7) == nb) add(j, pt->out_rows[j]);
+      }
+      return;
+    }
     if (!pt->out_rows) {
       const int t = threadIdx.x, j = nb * 128 + t;
       if (t < 128 && j < pt->rows && pt->row0 + j < out) {
@@ -407,13 +442,35 @@ void exl3_gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const
     constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
     auto launch = [&](auto kernel, int sw) {
       LILY_CU(cudaLaunchKernelEx(&L.cfg, kernel, W.parts, W.nparts, expert, out, in, x, ldx, xdiv, y, ldy, accumulate, sw,
-                                 norm_w, eps, ks, fx));
+                                 norm_w, eps, ks, fx, static_cast<const float*>(nullptr), 1));
     };
     if (P == 2)
       launch(exl3_gemv_kernel<k, c, 2>, swiglu_I);
     else
       launch(exl3_gemv_kernel<k, c, 1>, 0);
   });
+}
+
+bool exl3_gemv_combine(const Mat& W, const int32_t* expert, int out, int in, const float* h, int64_t ldh,
+                       const float* weights, int kk, int T, float* x, int64_t ldx, cudaStream_t s) {
+  if (!W.exl3 || W.nparts != 1 || T <= 0 || kk <= 0 || !kernel_switches().exl3_down_combine) return false;
+  if (in > W.in_p) fail_internal("EXL3 GEMV: input wider than the padded input width");
+  init_exl3_kernels();
+  const int cols = W.col_blocks, slots = T * kk;
+  const size_t smem = gemv_smem(W.K, 1, W.in_p);
+  SplitScratch fx;
+  if (gemv_split(W, cols, slots, 1, smem, s, fx) != 1) return false;  // split launches keep the scratch for their sums
+  // the slots' outputs: slots·cols column blocks of 128 floats (the scratch holds 2·128 per block it serves);
+  // one counter per (token, column block)
+  fx = split_scratch(s, std::max<int64_t>((int64_t(slots) * cols + 1) / 2, int64_t(T) * cols));
+  if (!fx.part) return false;
+  PdlLaunch L(dim3(unsigned(cols), unsigned(slots)), dim3(32 * kGvWarps), smem, s, 0u, kernel_switches().exl3_pdl);
+  dispatch(W.K, W.cb, [&](auto kc, auto cc) {
+    constexpr int k = decltype(kc)::value, c = decltype(cc)::value;
+    LILY_CU(cudaLaunchKernelEx(&L.cfg, exl3_gemv_kernel<k, c, 1>, W.parts, W.nparts, expert, out, in, h, ldh, 1, x, ldx,
+                               true, 0, static_cast<const float*>(nullptr), 0.f, 1, fx, weights, kk));
+  });
+  return true;
 }
 
 }  // namespace lily::cuda

@@ -240,6 +240,8 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
     if (T == 1 && !has_shared &&
         gemv_ring_concat(m.down, sc.idx, H, m.I, sc.h, m.I, sc.w, kk, x, true, s, ring_gu && ring_early_ids()))
       return;
+    // EXL3, no side-stream shared expert: the down GEMV adds the weighted slots into the residual itself
+    if (!has_shared && exl3_gemv_combine(m.down, sc.idx, H, m.I, sc.h, m.I, sc.w, kk, T, x, H, s)) return;
     gemv_slots(m.down, sc.idx, H, m.I, sc.h, m.I, 1, n, sc.yb, H, false, 0, s);
   } else {
     const int En = m.E + (m.shared_in_stack ? 1 : 0);  // experts in the stacks

@@ -91,6 +91,13 @@ struct Exl3GemvSplit {
   bool fixup = false;
 };
 Exl3GemvSplit exl3_gemv_split_of(const Mat& W, int slots, bool swiglu, cudaStream_t s);
+// MoE down projection and combine in one launch (KernelSwitches::exl3_down_combine): for T tokens of kk slots
+// (slot s: expert expert[s], input row h + s·ldh), x[t, r] += Σ_j weights[t·kk + j] · (W_{expert[t·kk+j]} h)[r],
+// bit-identical to exl3_gemv_slots into a buffer then combine_kernel. Uses the stream's split scratch; returns
+// false, launching nothing, when W is not a one-part EXL3 stack, the GEMV would split k, or the scratch is
+// missing or too small.
+bool exl3_gemv_combine(const Mat& W, const int32_t* expert, int out, int in, const float* h, int64_t ldh,
+                       const float* weights, int kk, int T, float* x, int64_t ldx, cudaStream_t s);
 
 // Row-parallel GEMV over `slots`: slot s reads expert expert[s] of W (expert null: W itself), input row
 // x + (s / xdiv)·ldx and writes y + s·ldy. swiglu_I > 0: W holds gate rows [0, I) and up rows [I, 2I);

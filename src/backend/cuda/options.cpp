@@ -99,6 +99,9 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.exl3_fixup_min_in = parse_int_in("exl3_fixup_min_in", v, 0, 65536); }},
       {"exl3_pdl", "EXL3 decode GEMVs launched with programmatic dependent launch (with pdl; default on)",
        [](CudaOptions& o, const std::string& v) { o.kernels.exl3_pdl = parse_bool("exl3_pdl", v); }},
+      {"exl3_down_combine", "EXL3 MoE decode steps: the down GEMV's last block per column block adds the weighted expert "
+                            "outputs into the residual (no combine kernel; default on)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.exl3_down_combine = parse_bool("exl3_down_combine", v); }},
       {"gemv_rows", "dense products of up to this many rows as GEMVs (2..64)",
        [](CudaOptions& o, const std::string& v) { o.kernels.gemv_rows = parse_int_in("gemv_rows", v, 2, 64); }},
       {"moe_gemv_rows", "MoE steps of up to this many rows as per-slot GEMVs (1..64)",
