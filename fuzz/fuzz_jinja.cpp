@@ -29,11 +29,12 @@ nlohmann::ordered_json globals() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const nlohmann::ordered_json g = globals();
-  // The server's step bound scaled down: an input that loops without end stops after one or two
-  // seconds under ASan (4-8 us a loop step) instead of at the fuzzer's 10 s hang timeout; the
-  // seeds (the real chat templates over these globals) take a few hundred steps.
+  // The server's step bound scaled down: an input that loops without end stops after ~0.1 s under
+  // ASan (4-8 us a loop step) instead of at the fuzzer's hang timeout; the seeds (the real chat
+  // templates over these globals) take a few hundred steps. 20K rather than 250K: the evolved corpus
+  // runs in 12 s instead of 21 s with 0.4% fewer coverage features (5K: 9.7 s, 2% fewer).
   lily::text::jinja::RenderLimits limits;
-  limits.steps = 250'000;
+  limits.steps = 20'000;
   try {
     lily::text::jinja::Template t(std::string(lily::fuzz::as_text(data, size)), "fuzz.jinja");
     (void)t.render(g, limits);
