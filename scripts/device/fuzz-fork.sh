@@ -4,11 +4,13 @@
 # (> 30 s, the limit scripts/fuzz.sh uses for long runs) and out-of-memory (> 2 GB) all stop the run: fork
 # mode would skip the last two by default. The log and any failing input come back under $OUT/fuzz-TARGET/.
 # Usage: scripts/device/fuzz-fork.sh TARGET [RUNS (10000000)] [SECONDS (540)]
+#   FUZZ_FORK_JOBS=N  jobs (default: one per core but one). Runs here too (after fuzz-bundle.sh), e.g. with
+#                     FUZZ_FORK_JOBS=2 OUT=/tmp/fz on a 2-core host.
 set -uo pipefail
 t=$1 runs=${2:-10000000} secs=${3:-540}
 W=/tmp/lily-fuzz && rm -rf "$W" && mkdir -p "$W" && tar -C "$W" -xzf .devfuzz/bundle.tgz
 O=${OUT:-/tmp}/fuzz-$t && mkdir -p "$O/artifacts"
-jobs=$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))
+jobs=${FUZZ_FORK_JOBS:-$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))}
 extra=()
 [ -f "fuzz/dict/$t.dict" ] && extra=(-dict="fuzz/dict/$t.dict")
 echo "fuzz-fork: $t, $jobs jobs, $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
