@@ -31,8 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const nlohmann::ordered_json g = globals();
   // The server's step bound scaled down: an input that loops without end stops after ~0.1 s under
   // ASan (4-8 us a loop step) instead of at the fuzzer's hang timeout; the seeds (the real chat
-  // templates over these globals) take a few hundred steps. 20K rather than 250K: the evolved corpus
-  // runs in 12 s instead of 21 s with 0.4% fewer coverage features (5K: 9.7 s, 2% fewer).
+  // templates over these globals) take a few hundred steps. A looping corpus costs ~1.7x less per
+  // execution at 20K than at 250K for 0.4% of the coverage features (bench/RESULTS.md).
   lily::text::jinja::RenderLimits limits;
   limits.steps = 20'000;
   try {
