@@ -221,11 +221,14 @@ Value Interp::binop(const Node& n, const std::string& op, const Value& x0, const
   if (op == "*" && ((x.kind == Value::Str && y.kind == Value::Int) || (x.kind == Value::Int && y.kind == Value::Str))) {
     const std::string& s = x.kind == Value::Str ? x.s : y.s;
     int64_t k = x.kind == Value::Int ? x.i : y.i;
-    if (k > 0 && !s.empty())
-      check_len(n, uint64_t(k) > kMaxStringBytes / s.size() ? kMaxStringBytes + 1 : s.size() * uint64_t(k), "a repeated string");
+    // Python: a count <= 0 or an empty string gives ''; the loop below then runs at most
+    // kMaxStringBytes / |s| times (an empty string repeated 2^62 times must not loop).
+    if (k <= 0 || s.empty()) return Value(std::string());
+    check_len(n, uint64_t(k) > kMaxStringBytes / s.size() ? kMaxStringBytes + 1 : s.size() * uint64_t(k), "a repeated string");
     std::string r;
+    r.reserve(s.size() * size_t(k));
     for (int64_t j = 0; j < k; ++j) r += s;
-    return Value(r);
+    return Value(std::move(r));
   }
   if (x.is_num() && y.is_num()) {
     bool ints = x.kind == Value::Int && y.kind == Value::Int;

@@ -191,6 +191,8 @@ TEST(Jinja, RenderBounds) {
   EXPECT_EQ(render_str("{{ x | map(attribute='99999999999999999999') | list | length }}", ojson{{"x", {{1}}}}), "1");
   EXPECT_EQ(render_str("{{ 'a\nb' | indent(-1) }}"), "a\nb");
   EXPECT_EQ(render_str("{{ 'ab' * 3 }}{{ 'x' * -1 }}"), "ababab");
+  // An empty string repeated 2^63 - 1 times is '' at once, not a loop of 2^63 appends (found by fuzz_jinja).
+  EXPECT_EQ(render_str("{{ '' * 9223372036854775807 }}{{ 9223372036854775807 * '' }}|"), "|");
 }
 
 // The Qwen3 template costs a bounded number of steps per message (53 for these), so the default
