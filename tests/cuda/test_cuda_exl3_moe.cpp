@@ -138,7 +138,10 @@ TEST(CudaExl3Moe, DownCombineMatchesSlots) {
   };
   auto scratch = std::make_unique<Scratch>();
   // unsplit (the 35B-A3B shape's down product does not split at 1-3 tokens; the others might)
-  auto nosplit = std::make_unique<SwitchesScope>([](cuda::KernelSwitches& k) { k.exl3_gemv_split = 0; });
+  auto nosplit = std::make_unique<SwitchesScope>([](cuda::KernelSwitches& k) {
+    k.exl3_gemv_split = 0;
+    k.exl3_down_combine = true;  // off by default
+  });
   for (auto [K, cb, H, I, kk, map] : {std::tuple{4, 1, 2048, 512, 9, false}, std::tuple{3, 0, 200, 384, 3, false},
                                       std::tuple{2, 2, 384, 256, 4, true}, std::tuple{5, 1, 256, 1024, 11, false}}) {
     const int E = 7;
@@ -184,7 +187,8 @@ TEST(CudaExl3Moe, DownCombineMatchesSlots) {
     }
   }
   nosplit.reset();
-  // declined: nothing launched, x untouched
+  // declined: nothing launched, x untouched (the switch on, so that each case declines for its own reason)
+  SwitchesScope combine_on([](cuda::KernelSwitches& k) { k.exl3_down_combine = true; });
   HostExl3 a(4, Exl3Codebook::Mcg, 2048, 128, rng), b(4, Exl3Codebook::Mcg, 2048, 128, rng);
   DevExl3 one({&a}, 1), two({&a, &b}, 2);
   const auto x0 = randn(128, rng);

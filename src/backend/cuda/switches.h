@@ -47,7 +47,7 @@ struct KernelSwitches {
   int exl3_split_rows = 1;      // ... the independent blocks' split leaves each warp at least this many k-tile rows
   int exl3_fixup_min_in = 2048; // ... and takes inputs of at least this many (padded) columns; narrower ones cluster
   bool exl3_pdl = true;         // EXL3 decode GEMVs launched with PDL (with pdl): the first weights load early
-  bool exl3_down_combine = true;  // EXL3 MoE decode: the down GEMV adds the weighted slots into the residual itself
+  bool exl3_down_combine = false;  // EXL3 MoE decode: the down GEMV adds the weighted slots into the residual itself
   int gemv_rows = 16;           // dense products of up to this many rows run as one GEMV per row, more as GEMMs
   int moe_gemv_rows = 32;       // MoE steps of up to this many rows run one GEMV per (row, expert) slot
   // Multi-row products (gemv_rows.cu), ahead of the two above, for steps of rows_min..N rows (0: off).
