@@ -341,4 +341,24 @@ __device__ __forceinline__ int gu_slot(const OpDesc& op, int tile, int rtiles) {
   return op.shared_slot < 0 ? s : s == 0 ? op.shared_slot : s - 1;
 }
 
+// The step's group and a layer's slot row, as the block copied them to shared memory.
+__device__ __forceinline__ const DevGroup& group0(const Params&) { return s_group; }
+__device__ __forceinline__ const SlotLite& slot_entry(const Params&, int layer) { return s_slot[layer]; }
+
+// Keys of an attention split: [a0, a1) of the L = pos + 1 keys, the cached ones [a0, old_end).
+struct SplitKeys {
+  int64_t a0, a1, old_end;
+  int nst;  // stages of cached keys
+};
+__device__ __forceinline__ SplitKeys split_keys(const AttnArgs& a, int64_t pos, int s) {
+  SplitKeys k;
+  const int64_t L = pos + 1;
+  const int64_t per = ((L + a.nsplit - 1) / a.nsplit + a.kc - 1) / a.kc * a.kc;
+  k.a0 = min(L, int64_t(s) * per);
+  k.a1 = min(L, k.a0 + per);
+  k.old_end = min(k.a1, pos);
+  k.nst = k.old_end > k.a0 ? int((k.old_end - k.a0 + a.kc - 1) / a.kc) : 0;
+  return k;
+}
+
 }  // namespace lily::cuda::mk
