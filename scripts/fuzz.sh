@@ -8,6 +8,7 @@
 # entries/bytes, outcome) and exits 1 when any target failed.
 # Usage: scripts/fuzz.sh [SECONDS] [TARGET...]     (targets: the names after fuzz_, default all)
 #   FUZZ_JOBS=N   run N targets at a time (default 1)
+#   LILY_UNITY=1  unity build of the targets (CI's from-scratch build)
 #   FUZZ_NICE=N   niceness of the fuzzers (default 0)
 #   FUZZ_RUNS=N   also stop a target after N executions (the long run: FUZZ_RUNS=10000000)
 #   FUZZ_TIMEOUT=S  seconds one input may take before it counts as a hang (default 10; long runs on a
@@ -26,7 +27,7 @@ scripts/fetch-assets.sh  # the real Qwen3 tokenizer and template some targets lo
 GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
 CC=clang CXX=clang++ cmake -S . -B "$B" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLILY_FUZZ=ON -DLILY_TESTS=OFF \
-  -DLILY_CUDA=OFF >/dev/null
+  -DLILY_CUDA=OFF -DLILY_UNITY="$([ "${LILY_UNITY:-0}" = 1 ] && echo ON || echo OFF)" >/dev/null
 cmake --build "$B" --target fuzz_all -j "$(nproc)"
 
 if [ $# -gt 0 ]; then

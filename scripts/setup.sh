@@ -31,5 +31,7 @@ fi
 
 GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
-cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release ${LILY_CMAKE_ARGS:-}
+# LILY_UNITY=1 (CI's from-scratch builds): unity build of the C++ targets (CMakeLists.txt, LILY_UNITY).
+cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DLILY_UNITY="$([ "${LILY_UNITY:-0}" = 1 ] && echo ON || echo OFF)" \
+  ${LILY_CMAKE_ARGS:-}
 cmake --build "$BUILD" -j "$(nproc)"

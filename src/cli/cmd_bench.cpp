@@ -63,7 +63,7 @@ int run_gemm_bench(const std::string& backend, int64_t P, int repeats, bool json
 #endif
 }
 
-Register reg("bench", "Prefill and decode speed (tok/s, fraction of the memory roofline, peak memory)", [](CLI::App& app) {
+Register reg_bench("bench", "Prefill and decode speed (tok/s, fraction of the memory roofline, peak memory)", [](CLI::App& app) {
   auto model = std::make_shared<std::string>();
   auto synth = std::make_shared<std::string>();
   auto format = std::make_shared<std::string>("bf16");

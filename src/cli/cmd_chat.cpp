@@ -102,7 +102,7 @@ SamplingArgs chat_sampling() {
   return a;
 }
 
-Register reg("chat", "Talk with a model in the terminal (history, thinking shown dimmed, Ctrl-C stops an answer)",
+Register reg_chat("chat", "Talk with a model in the terminal (history, thinking shown dimmed, Ctrl-C stops an answer)",
              [](CLI::App& app) {
   struct Opts {
     std::string model, tokenizer, chat_template, system, backend = "cpu", kwargs;

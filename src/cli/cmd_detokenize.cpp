@@ -7,7 +7,7 @@
 namespace lily::cli {
 namespace {
 
-Register reg("detokenize", "Turn token ids back into text", [](CLI::App& app) {
+Register reg_detokenize("detokenize", "Turn token ids back into text", [](CLI::App& app) {
   struct Opts {
     std::string tokenizer, ids;
     bool skip_special = false;

@@ -9,7 +9,7 @@
 namespace lily::cli {
 namespace {
 
-Register reg("eval", "Teacher-forced fidelity of a model against a reference: perplexities, KL, top-1 agreement",
+Register reg_eval("eval", "Teacher-forced fidelity of a model against a reference: perplexities, KL, top-1 agreement",
              [](CLI::App& app) {
   auto model = std::make_shared<std::string>();
   auto ref = std::make_shared<std::string>();

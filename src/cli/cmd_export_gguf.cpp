@@ -11,7 +11,7 @@
 namespace lily::cli {
 namespace {
 
-Register reg("export-gguf", "Write a model as a llama.cpp GGUF (qwen3next / qwen35moe)", [](CLI::App& app) {
+Register reg_export_gguf("export-gguf", "Write a model as a llama.cpp GGUF (qwen3next / qwen35moe)", [](CLI::App& app) {
   auto model = std::make_shared<std::string>();
   auto synth = std::make_shared<std::string>();
   auto seed = std::make_shared<uint64_t>(1);

@@ -18,7 +18,7 @@
 namespace lily::cli {
 namespace {
 
-Register reg("generate", "Generate tokens after a prompt", [](CLI::App& app) {
+Register reg_generate("generate", "Generate tokens after a prompt", [](CLI::App& app) {
   struct Opts {
     std::string model, tokens, backend = "cpu", prompt, tokenizer, chat_template, system, template_kwargs;
     std::vector<std::string> cuda_opts;

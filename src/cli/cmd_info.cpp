@@ -62,7 +62,7 @@ nlohmann::json ranks_json(const ModelWeights& w, int n) {
   return {{"ranks", n}, {"kv_heads_copied", p.kv_copied}, {"deltanet_key_heads_copied", p.k_copied}, {"per_rank", a}};
 }
 
-Register reg("info", "Show a model's architecture, sizes, layer kinds and tensors", [](CLI::App& app) {
+Register reg_info("info", "Show a model's architecture, sizes, layer kinds and tensors", [](CLI::App& app) {
   auto model = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
   auto synth = std::make_shared<std::string>();

@@ -40,7 +40,7 @@ std::string short_name(const std::string& mangled) {
 }
 #endif
 
-Register reg("inspect", "Show the kernels of one decode step on a backend (launch shapes per layer)", [](CLI::App& app) {
+Register reg_inspect("inspect", "Show the kernels of one decode step on a backend (launch shapes per layer)", [](CLI::App& app) {
   auto model = std::make_shared<std::string>();
   auto backend = std::make_shared<std::string>("cuda");
   auto ctx = std::make_shared<int64_t>(4096);

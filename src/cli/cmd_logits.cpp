@@ -12,7 +12,7 @@
 namespace lily::cli {
 namespace {
 
-Register reg("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for a token list", [](CLI::App& app) {
+Register reg_logits("logits", "Write teacher-forced logits [T, vocab] (float32 LE) for a token list", [](CLI::App& app) {
   struct Opts {
     std::string model, tokens, out, backend = "cpu";
     std::vector<std::string> cuda_opts, cpu_opts;

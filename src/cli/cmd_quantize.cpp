@@ -6,7 +6,7 @@
 namespace lily::cli {
 namespace {
 
-Register reg("quantize", "Quantize a float checkpoint to MLX affine or EXL3", [](CLI::App& app) {
+Register reg_quantize("quantize", "Quantize a float checkpoint to MLX affine or EXL3", [](CLI::App& app) {
   auto o = std::make_shared<QuantizeOptions>();
   app.add_option("--model", o->model_dir, "Input model directory (config.json + float safetensors)")->required();
   app.add_option("--out", o->out_dir, "Output directory")->required();

@@ -23,7 +23,7 @@ nlohmann::ordered_json read_json_file(const std::string& path, const char* what)
   }
 }
 
-Register reg("render", "Print the prompt a chat template makes from messages (exactly, no trailing newline)",
+Register reg_render("render", "Print the prompt a chat template makes from messages (exactly, no trailing newline)",
              [](CLI::App& app) {
   struct Opts {
     std::string tokenizer, messages, tools, kwargs, chat_template;

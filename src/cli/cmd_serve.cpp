@@ -27,7 +27,7 @@ struct ServeArgs {
   server::ServerOptions so;  // limits and timeouts, at their defaults until flags set them
 };
 
-Register reg("serve", "Serve a model over an OpenAI-compatible HTTP API (no --model: the random-weight demo model)",
+Register reg_serve("serve", "Serve a model over an OpenAI-compatible HTTP API (no --model: the random-weight demo model)",
              [](CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   app.add_option("--model", a->model, "Model directory (config.json + safetensors [+ tokenizer.json]); none: demo model");

@@ -7,7 +7,7 @@
 namespace lily::cli {
 namespace {
 
-Register reg("synth", "Write a random model of a real architecture (bf16, MLX affine or EXL3), for benchmarks",
+Register reg_synth("synth", "Write a random model of a real architecture (bf16, MLX affine or EXL3), for benchmarks",
              [](CLI::App& app) {
   auto preset = std::make_shared<std::string>();
   auto format = std::make_shared<std::string>("bf16");

@@ -11,7 +11,7 @@
 namespace lily::cli {
 namespace {
 
-Register reg("tokenize", "Turn text into token ids with a model's tokenizer.json", [](CLI::App& app) {
+Register reg_tokenize("tokenize", "Turn text into token ids with a model's tokenizer.json", [](CLI::App& app) {
   struct Opts {
     std::string tokenizer, text, text_file;
     bool json = false, no_special = false, pieces = false;

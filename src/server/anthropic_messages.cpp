@@ -8,8 +8,6 @@ namespace lily::server {
 
 namespace {
 
-constexpr int kMaxForcedCalls = 8;  // tool_choice any / tool without disable_parallel_tool_use
-
 std::string at(const std::string& base, size_t i) { return fmt::format("{}.{}", base, i); }
 
 // `where` is the dotted path of `o` ("" for the body).
@@ -186,7 +184,7 @@ MessagesRequest parse_messages_request(const json& b, const RequestLimits& limit
       r.constraint.kind = OutputConstraint::ToolCall;
       r.constraint.where = "tools";
       r.constraint.tool_schema_where = "tools.{}.input_schema";
-      r.constraint.max_calls = single ? 1 : kMaxForcedCalls;
+      r.constraint.max_calls = single ? 1 : OutputConstraint::kMaxForcedCalls;
       if (t == "tool") {
         r.constraint.only = need_string(*tc, "name", "tool_choice");
         bool found = false;

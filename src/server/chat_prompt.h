@@ -28,6 +28,7 @@ struct OutputConstraint {
   std::string where;        // the request field holding the schema (FieldError names it)
   std::string only;         // ToolCall: the one function; empty: any of the tools
   int max_calls = 1;        // ToolCall
+  static constexpr int kMaxForcedCalls = 8;  // a forced tool choice that allows parallel calls
   std::string tool_schema_where = "tools[{}].function.parameters";  // ToolCall: a tool's schema in errors
   std::optional<int64_t> thinking_budget;
 };

@@ -93,13 +93,6 @@ void Core::send_error(const Route* r, HttpResponse& res, const ApiError& e) cons
 
 namespace {
 
-std::string lower(std::string_view s) {
-  std::string o(s);
-  for (char& c : o)
-    if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
-  return o;
-}
-
 bool is_ipv4(const std::string& s) {
   int parts = 0, digits = 0;
   for (char c : s) {
@@ -119,7 +112,7 @@ bool is_ipv4(const std::string& s) {
 }  // namespace
 
 bool Core::host_allowed(const std::string& host_header) const {
-  std::string h = lower(host_header);
+  std::string h = ascii_lower(host_header);
   if (h.empty()) return true;  // HTTP/1.0 without Host
   if (h.front() == '[') return h.find(']') != std::string::npos;  // an IPv6 literal
   if (size_t colon = h.rfind(':'); colon != std::string::npos) {
@@ -129,9 +122,9 @@ bool Core::host_allowed(const std::string& host_header) const {
   }
   if (!h.empty() && h.back() == '.') h.pop_back();
   if (is_ipv4(h) || h == "localhost" || (h.size() > 10 && h.substr(h.size() - 10) == ".localhost")) return true;
-  if (h == lower(opt.host)) return true;
+  if (h == ascii_lower(opt.host)) return true;
   for (auto& a : opt.allowed_hosts)
-    if (a == "*" || lower(a) == h) return true;
+    if (a == "*" || ascii_lower(a) == h) return true;
   return false;
 }
 
@@ -143,7 +136,7 @@ void Core::allow_origin(const HttpRequest& req, HttpResponse& res) const {
       res.headers.set("Access-Control-Allow-Origin", "*");
       return;
     }
-    if (lower(o) == lower(origin) && origin.find_first_of("\r\n") == std::string::npos) {
+    if (ascii_lower(o) == ascii_lower(origin) && origin.find_first_of("\r\n") == std::string::npos) {
       res.headers.set("Access-Control-Allow-Origin", origin);
       res.headers.set("Vary", "Origin");
       return;
@@ -191,7 +184,7 @@ bool Core::screen(const HttpRequest& head, HttpResponse& res) {
   }
   if (r->opt.json_body && (head.method == "POST" || head.method == "PUT" || head.method == "PATCH")) {
     std::string ct = head.header("Content-Type");
-    std::string media = lower(ct.substr(0, ct.find(';')));
+    std::string media = ascii_lower(ct.substr(0, ct.find(';')));
     while (!media.empty() && (media.back() == ' ' || media.back() == '\t')) media.pop_back();
     while (!media.empty() && (media.front() == ' ' || media.front() == '\t')) media.erase(0, 1);
     if (media != "application/json") {

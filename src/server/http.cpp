@@ -13,6 +13,13 @@ bool iequals(std::string_view a, std::string_view b) {
   return true;
 }
 
+std::string ascii_lower(std::string_view s) {
+  std::string o(s);
+  for (char& c : o)
+    if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
+  return o;
+}
+
 const std::string* HttpHeaders::find(std::string_view name) const {
   for (auto& [k, v] : items_)
     if (iequals(k, name)) return &v;

@@ -25,6 +25,7 @@ class HttpHeaders {
 };
 
 bool iequals(std::string_view a, std::string_view b);
+std::string ascii_lower(std::string_view s);  // A-Z only: header names, media types, host names
 
 struct HttpRequest {
   std::string method;

@@ -23,20 +23,13 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-std::string lower(std::string_view s) {
-  std::string o(s);
-  for (char& c : o)
-    if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
-  return o;
-}
-
 // Comma-separated tokens of a header value, lower-cased.
 std::vector<std::string> tokens(std::string_view v) {
   std::vector<std::string> out;
   while (!v.empty()) {
     size_t c = v.find(',');
     std::string_view t = trim(v.substr(0, c));
-    if (!t.empty()) out.push_back(lower(t));
+    if (!t.empty()) out.push_back(ascii_lower(t));
     if (c == std::string_view::npos) break;
     v.remove_prefix(c + 1);
   }
@@ -176,7 +169,7 @@ RequestHead parse_request_head(std::string_view head, const WireLimits& lim) {
         if (t == "close") h.keep_alive = false;
         if (t == "keep-alive") h.keep_alive = true;
       }
-  std::string expect = lower(trim(h.headers.get("expect")));
+  std::string expect = ascii_lower(trim(h.headers.get("expect")));
   if (!expect.empty()) {
     if (expect != "100-continue") throw HttpError(417, "Expect: only 100-continue is understood");
     h.expect_continue = h.minor == 1;

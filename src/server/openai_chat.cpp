@@ -9,8 +9,6 @@ namespace lily::server {
 
 namespace {
 
-constexpr int kMaxForcedCalls = 8;  // tool_choice required / named with parallel_tool_calls
-
 json normalize_messages(const json& b, const RequestLimits& limits) {
   auto* m = field(b, "messages");
   if (!m || !m->is_array() || m->empty()) bad("messages", "'messages' must be a non-empty array");
@@ -311,7 +309,7 @@ ChatRequest parse_chat_request(const json& b, const RequestLimits& limits) {
   if (force.kind != OutputConstraint::None) {
     if (cr.constraint.kind != OutputConstraint::None) bad("response_format", "a forced tool call cannot be combined with response_format");
     force.where = "tools";
-    force.max_calls = boolean(b, "parallel_tool_calls").value_or(true) ? kMaxForcedCalls : 1;
+    force.max_calls = boolean(b, "parallel_tool_calls").value_or(true) ? OutputConstraint::kMaxForcedCalls : 1;
     cr.constraint = force;
   }
   cr.kwargs = json::object();

@@ -10,8 +10,6 @@ namespace lily::server {
 
 namespace {
 
-constexpr int kMaxForcedCalls = 8;  // tool_choice required / named with parallel_tool_calls
-
 std::string at(const char* base, size_t i) { return fmt::format("{}[{}]", base, i); }
 
 std::string need_string(const json& o, const char* k, const std::string& where) {
@@ -196,7 +194,7 @@ ResponsesRequest parse_responses_request(const json& b, const RequestLimits& lim
       r.constraint.where = "tools";
       r.constraint.tool_schema_where = "tools[{}].parameters";
       r.constraint.only = only;
-      r.constraint.max_calls = r.parallel_tool_calls ? kMaxForcedCalls : 1;
+      r.constraint.max_calls = r.parallel_tool_calls ? OutputConstraint::kMaxForcedCalls : 1;
     }
   }
   if (auto* tx = field(b, "text")) {

@@ -104,7 +104,7 @@ struct Sink {
   }
 };
 
-enum class Role { Quantized, Float, Head };
+enum class Storage { Quantized, Float, Head };
 
 class Gen {
  public:
@@ -238,14 +238,14 @@ class Gen {
     return l;
   }
 
-  Linear linear(Sink& s, const std::string& base, int64_t out, int64_t in, Role role) {
+  Linear linear(Sink& s, const std::string& base, int64_t out, int64_t in, Storage role) {
     switch (o_.format) {
       case SynthFormat::BF16: return dense(s, base, out, in);
-      case SynthFormat::Affine4: return role == Role::Float ? dense(s, base, out, in) : affine(s, base, out, in, 4);
-      case SynthFormat::Affine8: return role == Role::Float ? dense(s, base, out, in) : affine(s, base, out, in, 8);
+      case SynthFormat::Affine4: return role == Storage::Float ? dense(s, base, out, in) : affine(s, base, out, in, 4);
+      case SynthFormat::Affine8: return role == Storage::Float ? dense(s, base, out, in) : affine(s, base, out, in, 8);
       case SynthFormat::Exl3:
-        if (role == Role::Float) return dense(s, base, out, in);
-        return exl3(s, base, out, in, role == Role::Head ? std::max(6, o_.exl3_bits) : o_.exl3_bits);
+        if (role == Storage::Float) return dense(s, base, out, in);
+        return exl3(s, base, out, in, role == Storage::Head ? std::max(6, o_.exl3_bits) : o_.exl3_bits);
     }
     return {};
   }
@@ -272,10 +272,10 @@ class Gen {
     const std::string P = c_.tensor_prefix;
     // Embedding: quantized like the matrices for affine (mlx-lm does), 16-bit for EXL3 (exllamav3 does).
     w.embed = o_.format == SynthFormat::Exl3 ? dense(s, P + "embed_tokens", c_.vocab, c_.hidden, 1.0f)
-                                              : linear(s, P + "embed_tokens", c_.vocab, c_.hidden, Role::Quantized);
+                                              : linear(s, P + "embed_tokens", c_.vocab, c_.hidden, Storage::Quantized);
     // Tied: the head is the embedding, except in EXL3, where exllamav3 keeps a quantized copy as lm_head.
     if (c_.tie_embeddings && o_.format != SynthFormat::Exl3) w.lm_head = w.embed;
-    else w.lm_head = linear(s, "lm_head", c_.vocab, c_.hidden, Role::Head);
+    else w.lm_head = linear(s, "lm_head", c_.vocab, c_.hidden, Storage::Head);
     w.final_norm = norm(s, P + "norm.weight", c_.hidden);
   }
 
@@ -289,7 +289,7 @@ class Gen {
     m.prefix = "mtp.";
     m.norm_embed = norm(s, "mtp.pre_fc_norm_embedding.weight", H);
     m.norm_hidden = norm(s, "mtp.pre_fc_norm_hidden.weight", H);
-    m.fc = linear(s, "mtp.fc", H, 2 * H, Role::Quantized);
+    m.fc = linear(s, "mtp.fc", H, 2 * H, Storage::Quantized);
     layer(s, "mtp.layers.0.", LayerKind::FullAttention, c_.n_experts > 0, m.layer);
     m.final_norm = norm(s, "mtp.norm.weight", H);
   }
@@ -306,8 +306,8 @@ class Gen {
       if (c_.arch == Arch::Qwen3Next && !o_.shapes_only) {
         // Random weights: the grouped qkvz / ba rows are as random as the flat ones; the loader's
         // regrouping is replayed here so memory and disk hold the same model.
-        Linear qkvz = linear(s, q + "in_proj_qkvz", 2 * Hk * dk + 2 * Hv * dv, H, Role::Quantized);
-        Linear ba = linear(s, q + "in_proj_ba", 2 * Hv, H, Role::Float);
+        Linear qkvz = linear(s, q + "in_proj_qkvz", 2 * Hk * dk + 2 * Hv * dv, H, Storage::Quantized);
+        Linear ba = linear(s, q + "in_proj_ba", 2 * Hv, H, Storage::Float);
         const int64_t r = Hv / Hk, B = 2 * dk + 2 * r * dv;
         std::vector<int64_t> qkv_rows, z_rows, b_rows, a_rows;
         for (int64_t k = 0; k < 2; ++k)
@@ -328,10 +328,10 @@ class Gen {
         g.in_b = select_rows(ba, b_rows, own);
         g.in_a = select_rows(ba, a_rows, own);
       } else {
-        g.in_qkv = linear(s, q + "in_proj_qkv", C, H, Role::Quantized);
-        g.in_z = linear(s, q + "in_proj_z", Hv * dv, H, Role::Quantized);
-        g.in_b = linear(s, q + "in_proj_b", Hv, H, Role::Float);
-        g.in_a = linear(s, q + "in_proj_a", Hv, H, Role::Float);
+        g.in_qkv = linear(s, q + "in_proj_qkv", C, H, Storage::Quantized);
+        g.in_z = linear(s, q + "in_proj_z", Hv * dv, H, Storage::Quantized);
+        g.in_b = linear(s, q + "in_proj_b", Hv, H, Storage::Float);
+        g.in_a = linear(s, q + "in_proj_a", Hv, H, Storage::Float);
       }
       {
         std::vector<uint64_t> w(static_cast<size_t>(C * K));
@@ -347,14 +347,14 @@ class Gen {
       g.A_neg.resize(a_log.size());
       for (size_t j = 0; j < a_log.size(); ++j) g.A_neg[j] = -std::exp(a_log[j]);
       g.norm = vec(s, q + "norm.weight", dv, 1.0f, 0.1f);
-      g.out = linear(s, q + "out_proj", H, Hv * dv, Role::Quantized);
+      g.out = linear(s, q + "out_proj", H, Hv * dv, Storage::Quantized);
     } else {
       const std::string q = p + "self_attn.";
       const int64_t hd = c_.head_dim;
-      L.attn.q = linear(s, q + "q_proj", c_.n_heads * 2 * hd, H, Role::Quantized);
-      L.attn.k = linear(s, q + "k_proj", c_.n_kv_heads * hd, H, Role::Quantized);
-      L.attn.v = linear(s, q + "v_proj", c_.n_kv_heads * hd, H, Role::Quantized);
-      L.attn.o = linear(s, q + "o_proj", H, c_.n_heads * hd, Role::Quantized);
+      L.attn.q = linear(s, q + "q_proj", c_.n_heads * 2 * hd, H, Storage::Quantized);
+      L.attn.k = linear(s, q + "k_proj", c_.n_kv_heads * hd, H, Storage::Quantized);
+      L.attn.v = linear(s, q + "v_proj", c_.n_kv_heads * hd, H, Storage::Quantized);
+      L.attn.o = linear(s, q + "o_proj", H, c_.n_heads * hd, Storage::Quantized);
       L.attn.q_norm = norm(s, q + "q_norm.weight", hd);
       L.attn.k_norm = norm(s, q + "k_norm.weight", hd);
     }
@@ -362,9 +362,9 @@ class Gen {
     auto& f = L.ffn;
     f.moe = moe;
     if (!f.moe) {
-      f.shared.gate = linear(s, m + "gate_proj", c_.dense_inter, H, Role::Quantized);
-      f.shared.up = linear(s, m + "up_proj", c_.dense_inter, H, Role::Quantized);
-      f.shared.down = linear(s, m + "down_proj", H, c_.dense_inter, Role::Quantized);
+      f.shared.gate = linear(s, m + "gate_proj", c_.dense_inter, H, Storage::Quantized);
+      f.shared.up = linear(s, m + "up_proj", c_.dense_inter, H, Storage::Quantized);
+      f.shared.down = linear(s, m + "down_proj", H, c_.dense_inter, Storage::Quantized);
       return;
     }
     const int64_t E = c_.n_experts, I = c_.moe_inter, Is = c_.shared_inter;
@@ -372,14 +372,14 @@ class Gen {
     f.experts.resize(size_t(E));
     for (int64_t e = 0; e < E; ++e) {
       const std::string b = m + "experts." + std::to_string(e) + ".";
-      f.experts[size_t(e)].gate = linear(s, b + "gate_proj", I, H, Role::Quantized);
-      f.experts[size_t(e)].up = linear(s, b + "up_proj", I, H, Role::Quantized);
-      f.experts[size_t(e)].down = linear(s, b + "down_proj", H, I, Role::Quantized);
+      f.experts[size_t(e)].gate = linear(s, b + "gate_proj", I, H, Storage::Quantized);
+      f.experts[size_t(e)].up = linear(s, b + "up_proj", I, H, Storage::Quantized);
+      f.experts[size_t(e)].down = linear(s, b + "down_proj", H, I, Storage::Quantized);
     }
     if (Is > 0) {
-      f.shared.gate = linear(s, m + "shared_expert.gate_proj", Is, H, Role::Quantized);
-      f.shared.up = linear(s, m + "shared_expert.up_proj", Is, H, Role::Quantized);
-      f.shared.down = linear(s, m + "shared_expert.down_proj", H, Is, Role::Quantized);
+      f.shared.gate = linear(s, m + "shared_expert.gate_proj", Is, H, Storage::Quantized);
+      f.shared.up = linear(s, m + "shared_expert.up_proj", Is, H, Storage::Quantized);
+      f.shared.down = linear(s, m + "shared_expert.down_proj", H, Is, Storage::Quantized);
       f.shared_gate = dense(s, m + "shared_expert_gate", 1, H);
     }
   }

@@ -12,16 +12,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../model/test_util.h"
 #include "../support/lily_cli.h"
 
 namespace {
 
+using lily::test::golden_dir;
+using lily::test_support::kPromptTokens;
 using lily::test_support::run_lily;
 namespace fs = std::filesystem;
 
-std::string golden(const std::string& name) { return std::string(LILY_TEST_DATA) + "/golden/" + name; }
 
-const char* kIds = "--tokens 5,17,101,33,250,7,9,81,5,17,101,33";
 
 std::vector<float> read_f32(const std::string& path) {
   std::ifstream f(path, std::ios::binary | std::ios::ate);
@@ -35,11 +36,11 @@ std::vector<float> read_f32(const std::string& path) {
 
 TEST(DevicesCli, SplitRunsGiveTheUnsplitTokensAndLogits) {
   LILY_REQUIRE_BIN_OR_SKIP();
-  const std::string m = golden("qwen3_5_moe_text-a-mtp");
+  const std::string m = golden_dir("qwen3_5_moe_text-a-mtp");
   std::string plain, split, spec;
-  ASSERT_EQ(run_lily("generate --json --max-tokens 16 --model " + m + " " + kIds, plain, false), 0) << plain;
-  ASSERT_EQ(run_lily("generate --json --max-tokens 16 --devices 2 --model " + m + " " + kIds, split, false), 0) << split;
-  ASSERT_EQ(run_lily("generate --json --max-tokens 16 --devices 4 --spec mtp --spec-depth 3 --model " + m + " " + kIds, spec,
+  ASSERT_EQ(run_lily("generate --json --max-tokens 16 --model " + m + " " + kPromptTokens, plain, false), 0) << plain;
+  ASSERT_EQ(run_lily("generate --json --max-tokens 16 --devices 2 --model " + m + " " + kPromptTokens, split, false), 0) << split;
+  ASSERT_EQ(run_lily("generate --json --max-tokens 16 --devices 4 --spec mtp --spec-depth 3 --model " + m + " " + kPromptTokens, spec,
                      false), 0) << spec;
   auto a = nlohmann::json::parse(plain), b = nlohmann::json::parse(split), c = nlohmann::json::parse(spec);
   EXPECT_EQ(a["tokens"], b["tokens"]);
@@ -49,8 +50,8 @@ TEST(DevicesCli, SplitRunsGiveTheUnsplitTokensAndLogits) {
   const fs::path dir = fs::temp_directory_path() / ("lily-devices-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::string out;
-  ASSERT_EQ(run_lily("logits --model " + m + " " + kIds + " --out " + (dir / "a.f32").string(), out), 0) << out;
-  ASSERT_EQ(run_lily("logits --devices 4 --model " + m + " " + kIds + " --out " + (dir / "b.f32").string(), out), 0) << out;
+  ASSERT_EQ(run_lily("logits --model " + m + " " + kPromptTokens + " --out " + (dir / "a.f32").string(), out), 0) << out;
+  ASSERT_EQ(run_lily("logits --devices 4 --model " + m + " " + kPromptTokens + " --out " + (dir / "b.f32").string(), out), 0) << out;
   const auto la = read_f32((dir / "a.f32").string()), lb = read_f32((dir / "b.f32").string());
   ASSERT_EQ(la.size(), lb.size());
   double ss = 0, mx = 0;
@@ -65,7 +66,7 @@ TEST(DevicesCli, SplitRunsGiveTheUnsplitTokensAndLogits) {
 TEST(DevicesCli, InfoPrintsEachRanksShare) {
   LILY_REQUIRE_BIN_OR_SKIP();
   std::string out;
-  ASSERT_EQ(run_lily("info --json --devices 4 --model " + golden("qwen3_5_moe_text-a"), out, false), 0) << out;
+  ASSERT_EQ(run_lily("info --json --devices 4 --model " + golden_dir("qwen3_5_moe_text-a"), out, false), 0) << out;
   const auto j = nlohmann::json::parse(out)["devices"];
   EXPECT_EQ(j["ranks"], 4);
   ASSERT_EQ(j["per_rank"].size(), 4u);
@@ -76,7 +77,7 @@ TEST(DevicesCli, InfoPrintsEachRanksShare) {
     EXPECT_GT(p["weight_bytes"].get<size_t>(), 0u);
   }
   out.clear();
-  ASSERT_EQ(run_lily("info --devices 2 --model " + golden("qwen3_5_moe_text-a"), out), 0) << out;
+  ASSERT_EQ(run_lily("info --devices 2 --model " + golden_dir("qwen3_5_moe_text-a"), out), 0) << out;
   EXPECT_NE(out.find("rank 1"), std::string::npos) << out;
   // the 397B-A17B shape in affine 4-bit, shapes only: about 223 GB, a quarter of it (and the replicated
   // embedding and routers) a rank on 4
@@ -95,14 +96,14 @@ TEST(DevicesCli, InfoPrintsEachRanksShare) {
 
 TEST(DevicesCli, BadValuesExit2NamingTheCause) {
   LILY_REQUIRE_BIN_OR_SKIP();
-  const std::string m = golden("qwen3_5_moe_text-a");
+  const std::string m = golden_dir("qwen3_5_moe_text-a");
   struct Case {
     std::string args, says;
   };
-  for (const Case& c : {Case{"generate --devices 3 --model " + m + " " + kIds, "num_attention_heads = 4 is not a multiple of 3"},
-                        Case{"generate --devices 0,1 --model " + m + " " + kIds, "needs --backend cuda"},
-                        Case{"generate --devices two --model " + m + " " + kIds, "--devices"},
-                        Case{"logits --devices 0 --model " + m + " " + kIds + " --out /dev/null", "--devices"},
+  for (const Case& c : {Case{"generate --devices 3 --model " + m + " " + kPromptTokens, "num_attention_heads = 4 is not a multiple of 3"},
+                        Case{"generate --devices 0,1 --model " + m + " " + kPromptTokens, "needs --backend cuda"},
+                        Case{"generate --devices two --model " + m + " " + kPromptTokens, "--devices"},
+                        Case{"logits --devices 0 --model " + m + " " + kPromptTokens + " --out /dev/null", "--devices"},
                         Case{"info --devices 8 --model " + m, "num_attention_heads"},
                         Case{"bench --synth tiny-tp8 --devices 16 --prefill 8 --decode-context 8", "num_attention_heads = 8"}}) {
     std::string out;

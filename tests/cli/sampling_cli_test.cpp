@@ -7,19 +7,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../model/test_util.h"
 #include "../support/lily_cli.h"
 
 namespace {
 
+using lily::test::golden_dir;
 using lily::test_support::run_lily;
 
-std::string golden(const std::string& name) { return std::string(LILY_TEST_DATA) + "/golden/" + name; }
 
-const char* kIds = "--tokens 5,17,101,33,250,7,9,81";
+const char* kShortPrompt = "--tokens 5,17,101,33,250,7,9,81";
 
 TEST(SamplingCli, OutOfRangeValuesExit2NamingTheFlag) {
   LILY_REQUIRE_BIN_OR_SKIP();
-  const std::string g = "generate --max-tokens 2 --model " + golden("qwen3_next-a") + " " + kIds + " ";
+  const std::string g = "generate --max-tokens 2 --model " + golden_dir("qwen3_next-a") + " " + kShortPrompt + " ";
   struct Case {
     std::string flag, says;
   };
@@ -36,7 +37,7 @@ TEST(SamplingCli, OutOfRangeValuesExit2NamingTheFlag) {
 
 TEST(SamplingCli, ASeedRepeatsTheDrawAndPenaltiesAreAccepted) {
   LILY_REQUIRE_BIN_OR_SKIP();
-  const std::string g = "generate --json --max-tokens 12 --model " + golden("qwen3_next-a") + " " + kIds +
+  const std::string g = "generate --json --max-tokens 12 --model " + golden_dir("qwen3_next-a") + " " + kShortPrompt +
                         " --temperature 1.2 --top-p 0.95 --presence-penalty 0.5 --frequency-penalty 0.25 --repeat-penalty 1.1 ";
   std::string a, b;
   ASSERT_EQ(run_lily(g + "--seed 7", a, false), 0) << a;

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../model/test_util.h"
 #include "../support/lily_cli.h"
 
 namespace {
@@ -18,19 +19,19 @@ namespace {
 using namespace lily;
 namespace fs = std::filesystem;
 
-std::string golden(const std::string& name) { return std::string(LILY_TEST_DATA) + "/golden/" + name; }
 
+using lily::test::golden_dir;
+using lily::test_support::kPromptTokens;
 using lily::test_support::run_lily;
 
-const char* kIds = "--tokens 5,17,101,33,250,7,9,81,5,17,101,33";
 
 TEST(SpecCli, GenerateWithSpeculationGivesThePlainTokens) {
   LILY_REQUIRE_BIN_OR_SKIP();
-  const std::string m = golden("qwen3_next-a-mtp");
+  const std::string m = golden_dir("qwen3_next-a-mtp");
   std::string plain, spec, ngram;
-  ASSERT_EQ(run_lily("generate --json --max-tokens 12 --model " + m + " " + kIds, plain, false), 0) << plain;
-  ASSERT_EQ(run_lily("generate --json --max-tokens 12 --spec mtp --spec-depth 3 --model " + m + " " + kIds, spec, false), 0) << spec;
-  ASSERT_EQ(run_lily("generate --json --max-tokens 12 --spec ngram --model " + m + " " + kIds, ngram, false), 0) << ngram;
+  ASSERT_EQ(run_lily("generate --json --max-tokens 12 --model " + m + " " + kPromptTokens, plain, false), 0) << plain;
+  ASSERT_EQ(run_lily("generate --json --max-tokens 12 --spec mtp --spec-depth 3 --model " + m + " " + kPromptTokens, spec, false), 0) << spec;
+  ASSERT_EQ(run_lily("generate --json --max-tokens 12 --spec ngram --model " + m + " " + kPromptTokens, ngram, false), 0) << ngram;
   auto a = nlohmann::json::parse(plain), b = nlohmann::json::parse(spec), c = nlohmann::json::parse(ngram);
   EXPECT_EQ(a["tokens"], b["tokens"]);
   EXPECT_EQ(a["tokens"], c["tokens"]);
@@ -42,14 +43,14 @@ TEST(SpecCli, GenerateWithSpeculationGivesThePlainTokens) {
 
 TEST(SpecCli, BadValuesExit2NamingTheCause) {
   LILY_REQUIRE_BIN_OR_SKIP();
-  const std::string m = golden("qwen3_5_moe_text-a-mtp"), plain = golden("qwen3_next-a");
+  const std::string m = golden_dir("qwen3_5_moe_text-a-mtp"), plain = golden_dir("qwen3_next-a");
   struct Case {
     std::string args, says;
   };
-  for (const Case& c : {Case{"generate --spec mtp --model " + plain + " " + kIds, "mtp.fc.weight"},
-                        Case{"generate --spec-depth 0 --spec ngram --model " + m + " " + kIds, "--spec-depth"},
-                        Case{"generate --spec-depth 17 --spec mtp --model " + m + " " + kIds, "1..16"},
-                        Case{"generate --spec eagle --model " + m + " " + kIds, "--spec"},
+  for (const Case& c : {Case{"generate --spec mtp --model " + plain + " " + kPromptTokens, "mtp.fc.weight"},
+                        Case{"generate --spec-depth 0 --spec ngram --model " + m + " " + kPromptTokens, "--spec-depth"},
+                        Case{"generate --spec-depth 17 --spec mtp --model " + m + " " + kPromptTokens, "1..16"},
+                        Case{"generate --spec eagle --model " + m + " " + kPromptTokens, "--spec"},
                         Case{"bench --synth tiny --spec mtp --spec-depth 0", "--spec-depth"},
                         Case{"bench --synth tiny --spec mtp --acceptance 2", "--acceptance"},
                         Case{"bench --synth tiny --acceptance 0.5", "--spec"},

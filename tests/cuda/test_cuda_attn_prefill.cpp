@@ -32,7 +32,7 @@ struct Shape {
 };
 
 // One prompt of T rows after p0 cached tokens: random norms, proj and cache prefix.
-struct Case {
+struct PrefillCase {
   Shape sh;
   int64_t p0 = 0;
   int T = 0;
@@ -42,7 +42,7 @@ struct Case {
   std::vector<uint16_t> kpre, vpre;  // [Hkv][p0][hd] bf16 bits
   int PW() const { return sh.Hq * 2 * sh.hd + 2 * sh.Hkv * sh.hd; }
 
-  Case(Shape s, int64_t pos0, int rows, std::mt19937& rng) : sh(s), p0(pos0), T(rows), cap(pos0 + rows + 7) {
+  PrefillCase(Shape s, int64_t pos0, int rows, std::mt19937& rng) : sh(s), p0(pos0), T(rows), cap(pos0 + rows + 7) {
     qn = randn(sh.hd, rng, 0.2f);
     kn = randn(sh.hd, rng, 0.2f);
     for (auto& v : qn) v += 1.f;
@@ -158,7 +158,7 @@ std::vector<int> pick_rows(int T, int edge, int stride) {
 }
 
 // Compares the device output on the picked rows: whole-set and worst (token, head) row relative errors.
-void expect_close(const Case& c, const std::vector<float>& got, const std::vector<int>& rows, const std::string& what) {
+void expect_close(const PrefillCase& c, const std::vector<float>& got, const std::vector<int>& rows, const std::string& what) {
   const auto ref = c.reference(rows);
   const int hd = c.sh.hd, Hq = c.sh.Hq;
   std::vector<float> g_all;
@@ -200,7 +200,7 @@ TEST(CudaAttnPrefill, MatchesReference) {
       // attn_splits' choice, one split, and a forced odd split (partials + combine, empty splits)
       const int ns = k % 3 == 0 ? 0 : k % 3 == 1 ? 1 : 5;
       ++k;
-      Case c(sh, p0, T, rng);
+      PrefillCase c(sh, p0, T, rng);
       expect_close(c, c.run(ns, false), pick_rows(T, 24, 5), "splits=" + std::to_string(ns));
     }
 }
@@ -215,7 +215,7 @@ TEST(CudaAttnPrefill, LongPromptMatchesReference) {
       {{8, 1, 64, 16}, 1, 2048, 0},   {{4, 2, 128, 32}, 3000, 2048, 0},
   };
   for (const L& l : cases) {
-    Case c(l.sh, l.p0, l.T, rng);
+    PrefillCase c(l.sh, l.p0, l.T, rng);
     const auto got = c.run(l.ns, false);
     expect_close(c, got, pick_rows(l.T, 12, 131), "splits=" + std::to_string(l.ns));
     // every row against the SIMT fp32 kernel (same bf16 cache, fp32 q and p)

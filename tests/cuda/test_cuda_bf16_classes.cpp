@@ -68,15 +68,15 @@ double median_abs(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // A golden model, its prompt and the float32 CPU logits of it.
-struct Golden {
+struct ClassGolden {
   std::shared_ptr<const ModelWeights> w;
   std::vector<int32_t> ids;
   int64_t V = 0;
   std::vector<float> ref;
 };
 // model_dir: the weights (the golden's own, or a quantization of it); dir: the golden (its prompt).
-Golden load_golden(const std::string& dir, const std::string& model_dir = "") {
-  Golden g;
+ClassGolden load_class_golden(const std::string& dir, const std::string& model_dir = "") {
+  ClassGolden g;
   g.w = ModelWeights::load(model_dir.empty() ? dir : model_dir);
   g.ids = prompt_ids(dir);
   g.V = g.w->cfg.vocab;
@@ -91,7 +91,7 @@ Golden load_golden(const std::string& dir, const std::string& model_dir = "") {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";                   \
   const std::string dir_ = test::golden_dir(GetParam());                     \
   if (dir_.empty()) GTEST_SKIP() << GetParam() << " not present";            \
-  const Golden g = load_golden(dir_);                                         \
+  const ClassGolden g = load_class_golden(dir_);                                         \
   const auto& ref = g.ref
 
 class CudaBf16Classes : public ::testing::TestWithParam<const char*> {};
@@ -102,7 +102,7 @@ struct SimtAttention {
   ~SimtAttention() { cuda::set_attn_prefill_simt(false); }
 };
 
-std::vector<float> cuda_logits(const Golden& g, cuda::GemmPrec prec, uint32_t mask, bool wgmma = false) {
+std::vector<float> cuda_logits(const ClassGolden& g, cuda::GemmPrec prec, uint32_t mask, bool wgmma = false) {
   CudaOptions co;
   co.kernels.gemm_prec = prec;
   co.kernels.reduced_classes = mask;
@@ -112,7 +112,7 @@ std::vector<float> cuda_logits(const Golden& g, cuda::GemmPrec prec, uint32_t ma
 }
 // The emulation of a class choice with the rest of the device's roundings: the split mode, the bf16 KV cache;
 // k_order: every product's sums in order, reversed or from the middle round (CpuOptions::emulate_k_order).
-std::vector<float> cpu_logits(const Golden& g, bool fp16, uint32_t mask, int k_order = 0) {
+std::vector<float> cpu_logits(const ClassGolden& g, bool fp16, uint32_t mask, int k_order = 0) {
   cpu::CpuOptions eo;
   (fp16 ? eo.emulate_fp16 : eo.emulate_bf16) = mask;
   eo.emulate_split = true;
@@ -125,7 +125,7 @@ std::vector<float> cpu_logits(const Golden& g, bool fp16, uint32_t mask, int k_o
 
 // The emulation's spread under a change of summation order: the larger median |Δ| between emu (in order) and the
 // same emulation reversed or from the middle round.
-double reorder_spread(const Golden& g, bool fp16, uint32_t mask, const std::vector<float>& emu) {
+double reorder_spread(const ClassGolden& g, bool fp16, uint32_t mask, const std::vector<float>& emu) {
   return std::max(median_abs(emu, cpu_logits(g, fp16, mask, 1)), median_abs(emu, cpu_logits(g, fp16, mask, 2)));
 }
 
@@ -197,7 +197,7 @@ TEST_P(CudaWgmmaModel, MatchesTheMmaSyncKernel) {
   qo.progress = false;
   quantize_model(qo);
   for (bool affine : {false, true}) {
-    const Golden g = load_golden(dir, affine ? q4.string() : "");
+    const ClassGolden g = load_class_golden(dir, affine ? q4.string() : "");
     const auto& ref = g.ref;
     for (cuda::GemmPrec prec : {cuda::GemmPrec::kBf16, cuda::GemmPrec::kFp16}) {
       const bool fp16 = prec == cuda::GemmPrec::kFp16;
@@ -228,8 +228,8 @@ std::string golden_name(const ::testing::TestParamInfo<const char*>& info) {
     if (ch == '-') ch = '_';
   return s;
 }
-INSTANTIATE_TEST_SUITE_P(Golden, CudaWgmmaModel, ::testing::ValuesIn(kGoldens), golden_name);
-INSTANTIATE_TEST_SUITE_P(Golden, CudaBf16Classes, ::testing::ValuesIn(kGoldens), golden_name);
+INSTANTIATE_TEST_SUITE_P(ClassGolden, CudaWgmmaModel, ::testing::ValuesIn(kGoldens), golden_name);
+INSTANTIATE_TEST_SUITE_P(ClassGolden, CudaBf16Classes, ::testing::ValuesIn(kGoldens), golden_name);
 
 }  // namespace
 #endif

@@ -20,7 +20,7 @@ using lily::cudatest::randn;
 using lily::cudatest::rel_err;
 
 // Token-by-token reference of gdn_core in double: conv + SiLU, L2 norms, gates, delta rule, gated norm.
-struct Ref {
+struct ChunkRef {
   int Hk = 0, Hv = 0, dk = 0, dv = 0, K = 4;
   std::vector<float> conv, dtb, Aneg, norm;
   std::vector<double> cs, S;  // [K-1, C], [Hv, dv, dk]
@@ -78,11 +78,11 @@ struct Ref {
   }
 };
 
-// Device twin of a Ref: weights and states.
+// Device twin of a ChunkRef: weights and states.
 struct DevGdn {
   lily::cuda::GdnDev g;
   Dev<float> conv, dtb, A, norm, cs, S;
-  explicit DevGdn(const Ref& R)
+  explicit DevGdn(const ChunkRef& R)
       : conv(R.conv), dtb(R.dtb), A(R.Aneg), norm(R.norm), cs(size_t(R.K - 1) * R.C()), S(size_t(R.Hv) * R.dv * R.dk) {
     g.Hk = R.Hk; g.Hv = R.Hv; g.dk = R.dk; g.dv = R.dv; g.K = R.K;
     g.conv = conv.p; g.dt_bias = dtb.p; g.A_neg = A.p; g.norm = norm.p;
@@ -91,8 +91,8 @@ struct DevGdn {
   }
 };
 
-Ref make_ref(int Hk, int Hv, int dk, int dv, std::mt19937& rng) {
-  Ref R;
+ChunkRef make_ref(int Hk, int Hv, int dk, int dv, std::mt19937& rng) {
+  ChunkRef R;
   R.Hk = Hk; R.Hv = Hv; R.dk = dk; R.dv = dv;
   R.conv = randn(size_t(R.C()) * R.K, rng, 0.5f);
   R.dtb = randn(Hv, rng, 0.5f);
@@ -111,10 +111,10 @@ void init_once() {
   (void)done;
 }
 
-void run_case(int Hk, int Hv, int dk, int dv, const std::vector<int>& steps, int chunk_min, std::mt19937& rng) {
+void run_chunk_case(int Hk, int Hv, int dk, int dv, const std::vector<int>& steps, int chunk_min, std::mt19937& rng) {
   init_once();
   ASSERT_TRUE(lily::cuda::gdn_chunk_fast_covers(dk, dv)) << "dk=" << dk << " dv=" << dv;
-  Ref R = make_ref(Hk, Hv, dk, dv, rng);
+  ChunkRef R = make_ref(Hk, Hv, dk, dv, rng);
   DevGdn D(R);
   for (int T : steps) {
     auto proj = randn(size_t(T) * R.PW(), rng);
@@ -146,13 +146,13 @@ TEST(CudaGdnChunk, MatchesReference) {
   // the first step leaves a non-zero state (and conv state) for the later ones
   for (int chunk_min : {64, 16}) {
     const std::vector<int> steps = chunk_min == 64 ? std::vector<int>{64, 65, 127, 128, 129} : std::vector<int>{17, 1, 64, 65, 33};
-    run_case(2, 2, 32, 32, steps, chunk_min, rng);    // one value head per key head
-    run_case(1, 2, 64, 48, steps, chunk_min, rng);    // two; dv not a multiple of the 32-column slice
-    run_case(1, 4, 128, 128, steps, chunk_min, rng);  // four
+    run_chunk_case(2, 2, 32, 32, steps, chunk_min, rng);    // one value head per key head
+    run_chunk_case(1, 2, 64, 48, steps, chunk_min, rng);    // two; dv not a multiple of the 32-column slice
+    run_chunk_case(1, 4, 128, 128, steps, chunk_min, rng);  // four
   }
-  run_case(1, 2, 128, 128, {65, 2048}, 64, rng);
-  run_case(1, 3, 32, 20, {130, 17, 64}, 16, rng);  // dv below one column slice of every pass
-  run_case(2, 4, 32, 32, {129, 2048}, 16, rng);
+  run_chunk_case(1, 2, 128, 128, {65, 2048}, 64, rng);
+  run_chunk_case(1, 3, 32, 20, {130, 17, 64}, 16, rng);  // dv below one column slice of every pass
+  run_chunk_case(2, 4, 32, 32, {129, 2048}, 16, rng);
 }
 
 // Same inputs through the two-pass path and the single-pass chunk kernel it replaces.
@@ -160,7 +160,7 @@ TEST(CudaGdnChunk, MatchesSinglePassKernel) {
   LILY_REQUIRE_GPU();
   init_once();
   std::mt19937 rng(62);
-  Ref R = make_ref(2, 4, 128, 128, rng);
+  ChunkRef R = make_ref(2, 4, 128, 128, rng);
   DevGdn A(R), B(R);
   for (int T : {200, 64, 1000}) {
     auto proj = randn(size_t(T) * R.PW(), rng);
@@ -183,7 +183,7 @@ TEST(CudaGdnChunk, Bench35B) {
   LILY_REQUIRE_GPU();
   init_once();
   std::mt19937 rng(63);
-  Ref R = make_ref(16, 32, 128, 128, rng);
+  ChunkRef R = make_ref(16, 32, 128, 128, rng);
   DevGdn D(R);
   cudaEvent_t e0, e1;
   LILY_CU(cudaEventCreate(&e0));

@@ -31,7 +31,7 @@ using lily::cudatest::rel_err;
 using lily::cudatest::SwitchesScope;
 
 // E stacked [out, in] matrices on the device and their exact float values (dequantised for affine).
-struct Weights {
+struct GemmWeights {
   int bits = 0, gs = 0, E = 0, out = 0, in = 0;
   std::vector<float> f;  // [E, out, in]
   std::unique_ptr<Dev<uint16_t>> w, s, b;
@@ -42,8 +42,8 @@ struct Weights {
   }
 };
 
-Weights make_weights(int bits, int gs, int E, int out, int in, std::mt19937& rng) {
-  Weights W;
+GemmWeights make_gemm_weights(int bits, int gs, int E, int out, int in, std::mt19937& rng) {
+  GemmWeights W;
   W.bits = bits; W.gs = gs; W.E = E; W.out = out; W.in = in;
   const size_t n = size_t(E) * out * in;
   if (bits == 0) {
@@ -70,13 +70,13 @@ Weights make_weights(int bits, int gs, int E, int out, int in, std::mt19937& rng
 }
 
 // Output row r uses expert ex[r] and input row src[r] of x (ldx apart).
-struct Ref {
+struct GemmRef {
   std::vector<double> y, scale;  // [rows, out]
 };
-Ref reference(const Weights& W, const std::vector<float>& x, int64_t ldx, const std::vector<int>& ex,
+GemmRef reference(const GemmWeights& W, const std::vector<float>& x, int64_t ldx, const std::vector<int>& ex,
               const std::vector<int>& src) {
   const size_t rows = ex.size();
-  Ref R;
+  GemmRef R;
   R.y.resize(rows * W.out);
   R.scale.resize(rows * W.out);
   for (size_t r = 0; r < rows; ++r) {
@@ -97,7 +97,7 @@ Ref reference(const Weights& W, const std::vector<float>& x, int64_t ldx, const 
 
 // |y - (y0 + ref)| <= c · scale per element (NaN fails), plus the norm-relative error of the whole output
 // (>= 256 outputs).
-void expect_close(const std::vector<float>& y, int64_t ldy, const Ref& R, const std::vector<float>* y0, int out,
+void expect_close(const std::vector<float>& y, int64_t ldy, const GemmRef& R, const std::vector<float>* y0, int out,
                   GemmPrec prec, const std::string& what) {
   // bf16: x (and affine w) rounded to 8 bits; fp16: to 11 bits (x after its power-of-two scale)
   const double c = prec == GemmPrec::kBf16   ? 1.01 * std::ldexp(1.0, -8)
@@ -142,7 +142,7 @@ TEST(CudaGemm, DenseMatchesReference) {
   for (auto [bits, gs] : kFormats)
     for (auto [out, in] : shapes) {
       if (bits && in % gs) continue;
-      Weights W = make_weights(bits, gs, 1, out, in, rng);
+      GemmWeights W = make_gemm_weights(bits, gs, 1, out, in, rng);
       std::vector<int> rows_list = {1, 2, 3, 16, 17, 33, 63, 64, 65, 129};
       if ((bits == 0 || (bits == 4 && gs == 64)) && out == 130) rows_list.push_back(2048);
       for (int T : rows_list) {
@@ -150,7 +150,7 @@ TEST(CudaGemm, DenseMatchesReference) {
         auto x = randn(size_t(T) * ldx, rng);
         std::vector<int> ex(T, 0), src(T);
         for (int t = 0; t < T; ++t) src[t] = t;
-        const Ref R = reference(W, x, ldx, ex, src);
+        const GemmRef R = reference(W, x, ldx, ex, src);
         Dev<float> dx(x), dy(size_t(T) * ldy);
         for (GemmPrec prec : kPrecs) {
           const std::string what = W.name() + " " + prec_name(prec) + " " + std::to_string(out) + "x" +
@@ -208,12 +208,12 @@ void for_each_tile_case(const TileMap& m, const std::vector<std::pair<int, int>>
   for (auto [bits, gs] : kFormats)
     for (auto [out, in] : shapes) {
       if (bits && in % gs) continue;
-      Weights W = make_weights(bits, gs, m.E, out, in, rng);
+      GemmWeights W = make_gemm_weights(bits, gs, m.E, out, in, rng);
       for (bool gathered : {true, false}) {
         auto x = randn(size_t(gathered ? m.tokens : m.n) * in, rng);
         std::vector<int> src(static_cast<size_t>(m.n));
         for (int r = 0; r < m.n; ++r) src[size_t(r)] = gathered ? m.gather[size_t(r)] : r;
-        const Ref R = reference(W, x, in, m.ex, src);
+        const GemmRef R = reference(W, x, in, m.ex, src);
         Dev<float> dx(x);
         run(W, dx, gathered, R, W.name() + " tiles " + std::to_string(out) + "x" + std::to_string(in) + (gathered ? " gathered" : ""));
       }
@@ -222,7 +222,7 @@ void for_each_tile_case(const TileMap& m, const std::vector<std::pair<int, int>>
 
 // product(accumulate) into dy: = (over poisoned outputs), then += onto random values; both against R.
 template <typename F>
-void check_both(F&& product, Dev<float>& dy, int out, const Ref& R, GemmPrec prec, const std::string& what,
+void check_both(F&& product, Dev<float>& dy, int out, const GemmRef& R, GemmPrec prec, const std::string& what,
                 std::mt19937& rng) {
   dy.poison();
   ASSERT_TRUE(product(false));
@@ -239,7 +239,7 @@ TEST(CudaGemm, ExpertTilesMatchReference) {
   // experts with no rows, one tile, several tiles; partial tiles ending in each m16 tile of both row warps
   const TileMap m = make_tile_map({0, 1, 64, 0, 65, 200, 3, 16, 17, 32, 33, 47, 48, 49, 63}, 97, rng);
   for_each_tile_case(m, {{130, 256}, {64, 128}}, rng,
-                     [&](const Weights& W, const Dev<float>& dx, bool gathered, const Ref& R, const std::string& what) {
+                     [&](const GemmWeights& W, const Dev<float>& dx, bool gathered, const GemmRef& R, const std::string& what) {
     const int out = W.out, in = W.in;
     Dev<float> dy(size_t(m.n) * out);
     for (GemmPrec prec : kPrecs)
@@ -258,7 +258,7 @@ TEST(CudaGemm, AwkwardExpertTilesEveryPrecision) {
   std::mt19937 rng(14);
   const TileMap m = make_tile_map({0, 1, 15, 16, 17, 127, 128, 129, 0}, 113, rng);
   for_each_tile_case(m, {{130, 96}, {72, 544}, {200, 160}}, rng,
-                     [&](const Weights& W, const Dev<float>& dx, bool gathered, const Ref& R, const std::string& what) {
+                     [&](const GemmWeights& W, const Dev<float>& dx, bool gathered, const GemmRef& R, const std::string& what) {
     const int out = W.out, in = W.in;
     Dev<float> dy(size_t(m.n) * out);
     for (GemmPrec prec : kPrecs)
@@ -281,7 +281,7 @@ void fp16_rows_of_every_magnitude(bool wgmma) {
   std::mt19937 rng(15);
   const int T = 70, in = 256;
   for (auto [bits, gs] : {Format{0, 0}, Format{4, 64}, Format{8, 32}}) {
-    Weights W = make_weights(bits, gs, 1, 136, in, rng);
+    GemmWeights W = make_gemm_weights(bits, gs, 1, 136, in, rng);
     const int out = W.out;
     auto x = randn(size_t(T) * in, rng);
     for (int r = 0; r < T; ++r) {
@@ -295,7 +295,7 @@ void fp16_rows_of_every_magnitude(bool wgmma) {
     x[size_t(64) * in + 99] = INFINITY;
     std::vector<int> ex(T, 0), src(T);
     for (int t = 0; t < T; ++t) src[t] = t;
-    Ref R = reference(W, x, in, ex, src);
+    GemmRef R = reference(W, x, in, ex, src);
     Dev<float> dx(x), dy(size_t(T) * out);
     dy.poison();
     if (wgmma)
@@ -328,13 +328,13 @@ TEST(CudaGemm, Fp16RowsOfEveryMagnitude) {
 TEST(CudaGemm, DeclinesUnsupportedShapes) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(13);
-  Weights W = make_weights(0, 0, 1, 8, 136, rng);
+  GemmWeights W = make_gemm_weights(0, 0, 1, 8, 136, rng);
   Dev<float> dx(size_t(4) * 136), dy(size_t(4) * 8);
   EXPECT_FALSE(lily::cuda::gemm_tc(W.m, 8, 136, dx.p, 136, nullptr, dy.p, 8, false, nullptr, nullptr, 1, 4,
                                    GemmPrec::kSplit, nullptr));                   // in % 32 != 0
   EXPECT_FALSE(lily::cuda::gemm_tc(W.m, 8, 128, dx.p + 1, 136, nullptr, dy.p, 8, false, nullptr, nullptr, 1, 4,
                                    GemmPrec::kSplit, nullptr));                   // unaligned x
-  Weights A = make_weights(4, 64, 1, 8, 128, rng);
+  GemmWeights A = make_gemm_weights(4, 64, 1, 8, 128, rng);
   Mat m = A.m;
   m.bits = 3;
   EXPECT_FALSE(lily::cuda::gemm_tc(m, 8, 128, dx.p, 136, nullptr, dy.p, 8, false, nullptr, nullptr, 1, 4,
@@ -394,7 +394,7 @@ TEST(CudaGemmWgmma, ExpertTilesMatchReference) {
     SwitchesScope scope([=](lily::cuda::KernelSwitches& k) { k.wgmma_rs = rs; });
     const TileMap m = make_tile_map({0, 1, 15, 16, 17, 127, 128, 129, 0, 64, 65, 200, 300}, 211, rng, tile_rows);
     for_each_tile_case(m, {{300, 256}, {130, 96}, {72, 544}, {40, 200}}, rng,
-                       [&](const Weights& W, const Dev<float>& dx, bool gathered, const Ref& R, const std::string& what) {
+                       [&](const GemmWeights& W, const Dev<float>& dx, bool gathered, const GemmRef& R, const std::string& what) {
       const int out = W.out, in = W.in;
       Dev<float> dy(size_t(m.n) * out);
       for (GemmPrec prec : {GemmPrec::kBf16, GemmPrec::kFp16})
@@ -425,13 +425,13 @@ TEST(CudaGemmWgmma, DenseMatchesReference) {
   for (auto [bits, gs] : kFormats)
     for (auto [out, in] : shapes) {
       if (bits && in % gs) continue;
-      Weights W = make_weights(bits, gs, 1, out, in, rng);
+      GemmWeights W = make_gemm_weights(bits, gs, 1, out, in, rng);
       for (int T : {1, 2, 17, 63, 64, 65, 129, 300}) {
         const int64_t ldx = in + 8, ldy = out + 3;
         auto x = randn(size_t(T) * ldx, rng);
         std::vector<int> ex(T, 0), src(T);
         for (int t = 0; t < T; ++t) src[t] = t;
-        const Ref R = reference(W, x, ldx, ex, src);
+        const GemmRef R = reference(W, x, ldx, ex, src);
         Dev<float> dx(x), dy(size_t(T) * ldy);
         for (GemmPrec prec : {GemmPrec::kBf16, GemmPrec::kFp16}) {
           SwitchesScope scope([=](lily::cuda::KernelSwitches& k) { k.wgmma_rs = rs; });

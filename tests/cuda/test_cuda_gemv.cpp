@@ -19,7 +19,7 @@ using lily::cudatest::randn;
 using lily::cudatest::rel_err;
 using lily::cuda::Mat;
 
-struct Weights {
+struct GemvWeights {
   std::vector<float> deq;  // [E, out, in] as the kernel sees them
   std::unique_ptr<Dev<uint16_t>> w, s, b;
   std::unique_ptr<Dev<uint32_t>> q;
@@ -27,8 +27,8 @@ struct Weights {
 };
 
 // bits 0: bf16; else MLX affine with group gs.
-Weights make(int bits, int gs, int E, int out, int in, std::mt19937& rng) {
-  Weights W;
+GemvWeights make(int bits, int gs, int E, int out, int in, std::mt19937& rng) {
+  GemvWeights W;
   auto f = randn(size_t(E) * out * in, rng, 1.f / std::sqrt(float(in)));
   if (bits == 0) {
     std::vector<uint16_t> h(f.size());
@@ -71,10 +71,10 @@ double dot(const float* w, const float* x, int in) {
   return s;
 }
 
-void run_case(int bits, int gs, int out, int in, int slots, bool swiglu, bool norm, bool acc, std::mt19937& rng) {
+void run_gemv_case(int bits, int gs, int out, int in, int slots, bool swiglu, bool norm, bool acc, std::mt19937& rng) {
   const int E = 3;
   const int rows = swiglu ? 2 * out : out;  // swiglu: out = I, W holds 2I rows
-  Weights W = make(bits, gs, E, rows, in, rng);
+  GemvWeights W = make(bits, gs, E, rows, in, rng);
   std::vector<int32_t> ex(static_cast<size_t>(slots));
   for (int s = 0; s < slots; ++s) ex[size_t(s)] = (s * 2 + 1) % E;
   auto x = randn(size_t(slots) * in, rng);
@@ -120,16 +120,16 @@ TEST(CudaGemv, EveryLaunchShapeMatchesReference) {
   for (int bits : {0, 4, 8})
     for (auto [out, in] : shapes) {
       const int gs = in % 128 == 0 && out % 2 ? 128 : in % 64 == 0 ? 64 : 32;
-      run_case(bits, gs, out, in, 1, false, false, false, rng);
-      run_case(bits, gs, out, in, 2, false, true, true, rng);
-      if (out <= 1031) run_case(bits, 32, out, in, 9, true, out % 2 == 1, false, rng);
+      run_gemv_case(bits, gs, out, in, 1, false, false, false, rng);
+      run_gemv_case(bits, gs, out, in, 2, false, true, true, rng);
+      if (out <= 1031) run_gemv_case(bits, 32, out, in, 9, true, out % 2 == 1, false, rng);
     }
-  for (int bits : {0, 4}) run_case(bits, 64, 8448, 512, 1, true, true, false, rng);  // SwiGLU, 2 row pairs per warp
+  for (int bits : {0, 4}) run_gemv_case(bits, 64, 8448, 512, 1, true, true, false, rng);  // SwiGLU, 2 row pairs per warp
   // many slots (the experts of a 16- or 32-row step): several blocks per slot
   for (int bits : {0, 4})
     for (int slots : {72, 144, 288}) {
-      run_case(bits, 64, 512, 2048, slots, true, false, false, rng);
-      run_case(bits, 64, 2048, 512, slots, false, false, true, rng);
+      run_gemv_case(bits, 64, 512, 2048, slots, true, false, false, rng);
+      run_gemv_case(bits, 64, 2048, 512, slots, false, false, true, rng);
     }
 }
 
@@ -145,7 +145,7 @@ bool sm90() {
 // Each returns whether the ring took the product (it declines shapes whose tiles do not fit its stages or
 // whose scale rows are not whole 16-byte units); numbers are checked whenever it did.
 bool ring_plain(int bits, int gs, int out, int in, bool norm, bool acc, std::mt19937& rng) {
-  Weights W = make(bits, gs, 1, out, in, rng);
+  GemvWeights W = make(bits, gs, 1, out, in, rng);
   auto x = randn(size_t(in), rng), nw = randn(size_t(in), rng, 0.5f), y0 = randn(size_t(out), rng);
   for (auto& v : nw) v += 1.f;
   const std::vector<float> xs = rms_normed(x, nw, norm);
@@ -163,7 +163,7 @@ bool ring_plain(int bits, int gs, int out, int in, bool norm, bool acc, std::mt1
 
 bool ring_swiglu(int bits, int gs, int I, int in, int slots, bool norm, std::mt19937& rng) {
   const int E = 5;
-  Weights W = make(bits, gs, E, 2 * I, in, rng);
+  GemvWeights W = make(bits, gs, E, 2 * I, in, rng);
   std::vector<int32_t> ex(static_cast<size_t>(slots));
   for (int s = 0; s < slots; ++s) ex[size_t(s)] = (s * 3 + 2) % E;
   auto x = randn(size_t(in), rng), nw = randn(size_t(in), rng, 0.5f);
@@ -189,7 +189,7 @@ bool ring_swiglu(int bits, int gs, int I, int in, int slots, bool norm, std::mt1
 
 bool ring_concat(int bits, int gs, int out, int in, int slots, bool acc, std::mt19937& rng) {
   const int E = 11;
-  Weights W = make(bits, gs, E, out, in, rng);
+  GemvWeights W = make(bits, gs, E, out, in, rng);
   std::vector<int32_t> ex(static_cast<size_t>(slots));
   for (int s = 0; s < slots; ++s) ex[size_t(s)] = (s * 4 + 1) % E;
   auto h = randn(size_t(slots) * in, rng, 3.f), wt = randn(size_t(slots), rng), y0 = randn(size_t(out), rng);

@@ -47,7 +47,7 @@ GoldenRun open_golden(const std::string& dir, int64_t ctx) {
 
 constexpr int32_t kProbe = 7;  // a token decoded after the run: its logits show what the state holds
 
-struct Outcome {
+struct GenerateOutcome {
   GenerateResult r;
   std::vector<int32_t> seen;  // ids the callback received
   std::vector<int32_t> session_tokens;
@@ -56,11 +56,11 @@ struct Outcome {
   int64_t capacity = 0;
 };
 
-Outcome run(Engine& e, const std::vector<int32_t>& prompt, GenerateOptions go, bool device, int stop_after = -1,
+GenerateOutcome run(Engine& e, const std::vector<int32_t>& prompt, GenerateOptions go, bool device, int stop_after = -1,
             int64_t ctx = 0) {
   Session s(e, ctx);
   go.allow_device = device;
-  Outcome o;
+  GenerateOutcome o;
   o.r = generate(s, prompt, go, [&](int32_t t, std::span<const float>) {
     o.seen.push_back(t);
     return stop_after < 0 || int(o.seen.size()) < stop_after;
@@ -96,7 +96,7 @@ double max_diff_over_rms(const std::vector<float>& got, const std::vector<float>
 // The session after a run holds prompt + the first `absorbed` emitted tokens, in its token list and in its
 // device state: the logits after one more token equal those of a fresh session fed the same tokens. Its
 // last_logits are those after the absorbed tokens, or empty (Session: the absorbing step read none back).
-void expect_state(Engine& e, const std::vector<int32_t>& prompt, const Outcome& o, size_t absorbed) {
+void expect_state(Engine& e, const std::vector<int32_t>& prompt, const GenerateOutcome& o, size_t absorbed) {
   std::vector<int32_t> want = prompt;
   want.insert(want.end(), o.r.tokens.begin(), o.r.tokens.begin() + std::ptrdiff_t(absorbed));
   EXPECT_EQ(o.session_tokens, want) << "session tokens = prompt + the absorbed emitted tokens";
@@ -128,7 +128,7 @@ TEST(CudaSampleGenerate, DevicePathMatchesHostPath) {
   // greedy: both paths give the reference ids; the device session absorbed all of them
   GenerateOptions go;
   go.max_tokens = n;
-  Outcome dev = run(e, prompt, go, true), host = run(e, prompt, go, false);
+  GenerateOutcome dev = run(e, prompt, go, true), host = run(e, prompt, go, false);
   EXPECT_EQ(dev.r.tokens, g.greedy);
   EXPECT_EQ(host.r.tokens, g.greedy);
   EXPECT_EQ(dev.seen, dev.r.tokens);
@@ -203,11 +203,11 @@ TEST(CudaSampleGenerate, SampledTokensReproduceAndStayInTheHostSet) {
   go.sampling.top_p = 0.9f;
   go.sampling.presence_penalty = 0.5f;
   go.sampling.seed = 1234;
-  const Outcome a = run(e, g.prompt, go, true), b = run(e, g.prompt, go, true);
+  const GenerateOutcome a = run(e, g.prompt, go, true), b = run(e, g.prompt, go, true);
   EXPECT_EQ(a.r.tokens, b.r.tokens) << "same seed, same tokens";
   EXPECT_EQ(int64_t(a.r.tokens.size()), go.max_tokens);
   go.sampling.seed = 4321;
-  const Outcome c = run(e, g.prompt, go, true);
+  const GenerateOutcome c = run(e, g.prompt, go, true);
   EXPECT_NE(a.r.tokens, c.r.tokens);
   expect_state(e, g.prompt, a, a.r.tokens.size());
   // every id lies in the host sampler's kept set at its step (logits through the host path's steps)

@@ -29,14 +29,14 @@ using namespace lily;
 
 namespace {
 
-struct Golden {
+struct ModelGolden {
   std::vector<int32_t> prompt, greedy;
   int64_t greedy_prompt_len = 0;
   std::vector<float> logits;
 };
 
-Golden read_golden(const std::string& dir) {
-  Golden g;
+ModelGolden read_golden(const std::string& dir) {
+  ModelGolden g;
   std::ifstream jf(dir + "/golden.json");
   std::stringstream ss;
   ss << jf.rdbuf();
@@ -160,7 +160,7 @@ TEST_P(CudaGolden, MatchesCpuBackend) {
   cudatest::compare_backends(w, read_golden(dir).prompt, GetParam().c_str(), {}, 64);
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, CudaGolden,
+INSTANTIATE_TEST_SUITE_P(ModelGolden, CudaGolden,
                          ::testing::Values("qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r",
                                            "qwen3_5_text-a-mtp"),
                          [](const auto& info) {
@@ -250,7 +250,7 @@ TEST_P(CudaGoldenBf16, Bf16PrecisionNoWorseThanHfBf16) {
   EXPECT_LE(d.max_abs, 1e-5 * std::max(1.0, d.rms)) << hf.name << ": decode rows differ between the precisions";
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, CudaGoldenBf16,
+INSTANTIATE_TEST_SUITE_P(ModelGolden, CudaGoldenBf16,
                          ::testing::Values(HfBf16{"qwen3_5_moe_text-a", 6.0e-3, 7}, HfBf16{"qwen3_next-a", 3.1e-2, 20},
                                            HfBf16{"qwen3_5_moe_text-a-mtp", 1.16e-2, 14},
                                            HfBf16{"qwen3_next-a-mtp", 2.15e-2, 19}),

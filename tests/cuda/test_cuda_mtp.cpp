@@ -45,12 +45,12 @@ std::shared_ptr<ModelWeights> first_mtp_golden() {
 }
 
 // A golden model, its golden.json and prompt.
-struct Golden {
+struct MtpGolden {
   std::shared_ptr<ModelWeights> w;
   nlohmann::json j;
   std::vector<int32_t> prompt;
 };
-Golden load_golden(const std::string& name) {
+MtpGolden load_mtp_golden(const std::string& name) {
   const std::string dir = test::golden_dir(name);
   auto j = nlohmann::json::parse(read_text_file(dir + "/golden.json"));
   auto prompt = j["prompt_ids"].get<std::vector<int32_t>>();
@@ -86,7 +86,7 @@ TEST(CudaMtp, TeacherForcedLogitsMatchCpuAndGolden) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (const std::string& name : mtp_goldens()) {
     SCOPED_TRACE(name);
-    const auto [w, j, prompt] = load_golden(name);
+    const auto [w, j, prompt] = load_mtp_golden(name);
     const int64_t V = w->cfg.vocab;
     const auto golden = test::read_f32(test::golden_dir(name) + "/mtp_logits.f32");
     cpu::CpuBackend cpu(w);
@@ -109,7 +109,7 @@ TEST(CudaMtp, DraftChainsMatchCpuAndGolden) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (const std::string& name : mtp_goldens()) {
     SCOPED_TRACE(name);
-    const auto [w, j, prompt] = load_golden(name);
+    const auto [w, j, prompt] = load_mtp_golden(name);
     const int64_t V = w->cfg.vocab;
     const auto chain = j["mtp"]["chain"].get<std::vector<int32_t>>();
     std::vector<int32_t> ids(prompt.begin(), prompt.begin() + j["mtp"]["chain_prefix_len"].get<int64_t>());

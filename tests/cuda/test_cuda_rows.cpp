@@ -22,7 +22,7 @@ namespace cu = lily::cuda;
 const int kTs[] = {1, 2, 3, 5, 8, 16, 17, 32};
 
 // E stacked [rows, in] matrices on the device and their values as the kernels read them.
-struct Weights {
+struct RowsWeights {
   std::string name;
   cu::Mat m;
   std::vector<float> f;  // [E][rows][in]
@@ -33,8 +33,8 @@ struct Weights {
 };
 
 // mode 0: bf16; 4 / 8: affine bits with group gs.
-Weights make_weights(int mode, int gs, int E, int rows, int in, std::mt19937& rng) {
-  Weights W;
+RowsWeights make_rows_weights(int mode, int gs, int E, int rows, int in, std::mt19937& rng) {
+  RowsWeights W;
   W.rows = rows;
   W.in = in;
   if (mode == 0) {
@@ -62,17 +62,17 @@ Weights make_weights(int mode, int gs, int E, int rows, int in, std::mt19937& rn
 }
 
 // Every format the products take, for a stack of E [rows, in] matrices.
-std::vector<Weights> all_formats(int E, int rows, int in, std::mt19937& rng) {
-  std::vector<Weights> v;
-  v.push_back(make_weights(0, 0, E, rows, in, rng));
+std::vector<RowsWeights> all_formats(int E, int rows, int in, std::mt19937& rng) {
+  std::vector<RowsWeights> v;
+  v.push_back(make_rows_weights(0, 0, E, rows, in, rng));
   for (int bits : {4, 8})
     for (int gs : {64, 128})
-      if (in % gs == 0) v.push_back(make_weights(bits, gs, E, rows, in, rng));
+      if (in % gs == 0) v.push_back(make_rows_weights(bits, gs, E, rows, in, rng));
   return v;
 }
 
 // Row r of the product: x row xr against expert e; swiglu_I > 0: silu(gate)·up for outputs [0, I).
-std::vector<double> ref_row(const Weights& W, int e, const float* x, int out, int swiglu_I) {
+std::vector<double> ref_row(const RowsWeights& W, int e, const float* x, int out, int swiglu_I) {
   auto dot = [&](int o) {
     double s = 0;
     for (int i = 0; i < W.in; ++i) s += double(W.at(e, o, i)) * x[i];
@@ -110,7 +110,7 @@ TEST(CudaRows, DenseProductsMatchReference) {
   // k split over 8 warps (16 x 8192) down to none (16 x 64)
   const std::pair<int, int> shapes[] = {{65, 256}, {130, 2048}, {16, 64}, {300, 192}, {16, 8192}};
   for (auto [out, in] : shapes)
-    for (const Weights& W : all_formats(1, out, in, rng))
+    for (const RowsWeights& W : all_formats(1, out, in, rng))
       for (int T : kTs)
         for (int variant = 0; variant < 3; ++variant) {  // plain, accumulate, SwiGLU
           const int I = variant == 2 ? out / 2 : 0;
@@ -140,7 +140,7 @@ TEST(CudaRows, LinearTakesRowsBetweenTwoAndTheSwitch) {
   std::mt19937 rng(12);
   RowsSwitches on(32, 32, 3);
   const int out = 96, in = 320;
-  for (const Weights& W : all_formats(1, out, in, rng))
+  for (const RowsWeights& W : all_formats(1, out, in, rng))
     for (int T : kTs) {
       auto x = randn(size_t(T) * in, rng);
       Dev<float> dx(x), dy(size_t(T) * out);
@@ -160,7 +160,7 @@ TEST(CudaRows, RowBitsIndependentOfTheOtherRows) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(13);
   const int out = 200, in = 1024;
-  for (const Weights& W : all_formats(1, out, in, rng)) {
+  for (const RowsWeights& W : all_formats(1, out, in, rng)) {
     auto x32 = randn(size_t(32) * in, rng);
     auto first = [&](int T, bool other) {
       auto x = x32;
@@ -198,7 +198,7 @@ TEST(CudaRows, ExpertTilesMatchReference) {
   const int n = int(gather.size()), live = int(tiles.size()) / 3, max_tiles = live + 3;
   tiles.resize(size_t(3) * max_tiles, 0);
   Dev<int32_t> dg(gather), dt(tiles), dn(std::vector<int32_t>{live});
-  for (const Weights& W : all_formats(E, out, in, rng))
+  for (const RowsWeights& W : all_formats(E, out, in, rng))
     for (int I : {0, out / 2}) {
       const int ny = I > 0 ? I : out;
       auto x = randn(size_t(NX) * in, rng);
@@ -217,16 +217,16 @@ TEST(CudaRows, ExpertTilesMatchReference) {
 TEST(CudaRows, DeclinesWhatItDoesNotCover) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(15);
-  Weights W = make_weights(0, 0, 1, 32, 96, rng);  // in not a multiple of 64
+  RowsWeights W = make_rows_weights(0, 0, 1, 32, 96, rng);  // in not a multiple of 64
   Dev<float> dx(size_t(4) * 96), dy(size_t(4) * 32);
   EXPECT_FALSE(cu::rows_covers(W.m, 96));
   EXPECT_FALSE(cu::rows_product(W.m, 32, 96, dx.p, 96, nullptr, dy.p, 32, false, 0, nullptr, nullptr, 0, 4, nullptr));
-  Weights A = make_weights(4, 32, 1, 32, 128, rng);  // group size 32
+  RowsWeights A = make_rows_weights(4, 32, 1, 32, 128, rng);  // group size 32
   EXPECT_FALSE(cu::rows_covers(A.m, 128));
   cu::Mat ex;
   ex.exl3 = true;
   EXPECT_FALSE(cu::rows_covers(ex, 128));
-  Weights B = make_weights(4, 64, 1, 32, 128, rng);
+  RowsWeights B = make_rows_weights(4, 64, 1, 32, 128, rng);
   EXPECT_FALSE(cu::rows_product(B.m, 32, 128, dx.p, 128, nullptr, dy.p, 32, false, 0, nullptr, nullptr, 0, cu::kRowsMax + 1,
                                 nullptr));
 }

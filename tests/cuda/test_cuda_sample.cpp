@@ -131,15 +131,15 @@ bool borderline(const SamplingParams& p, const std::vector<float>& logits, const
   return false;
 }
 
-struct Case {
+struct SampleCase {
   std::string name;
   SamplingParams p;
   std::vector<float> logits;
   std::vector<int32_t> history;
 };
 
-std::vector<Case> cases(int V) {
-  std::vector<Case> cs;
+std::vector<SampleCase> cases(int V) {
+  std::vector<SampleCase> cs;
   auto P = [](float T, int k, float tp, float mp) {
     SamplingParams p;
     p.temperature = T;
@@ -205,7 +205,7 @@ TEST_P(CudaSampleV, KeptSetAndProbabilitiesMatchHost) {
   const int V = GetParam();
   DevSampler ds(V);
   int checked = 0;
-  for (const Case& c : cases(V)) {
+  for (const SampleCase& c : cases(V)) {
     SCOPED_TRACE(c.name + ", V " + std::to_string(V));
     if (borderline(c.p, c.logits, c.history)) {
       std::printf("[V %d] %s: host cut within 1e-9 of flipping, skipped\n", V, c.name.c_str());
@@ -278,7 +278,7 @@ TEST_P(CudaSampleV, BatchedRowsMatchHostPerRow) {
   LILY_REQUIRE_GPU();
   const int V = GetParam();
   const auto cs = cases(V);
-  std::vector<const Case*> pick;
+  std::vector<const SampleCase*> pick;
   for (size_t i = 0; i < cs.size(); i += 2)
     if (!borderline(cs[i].p, cs[i].logits, cs[i].history)) pick.push_back(&cs[i]);
   const int R = int(pick.size());

@@ -25,7 +25,7 @@ using namespace lily;
 
 namespace {
 
-struct Model {
+struct SpecModel {
   std::unique_ptr<Engine> e;
   std::vector<int32_t> prompt;
   bool mtp = false;
@@ -33,8 +33,8 @@ struct Model {
 
 // A golden model on the CUDA backend and a prompt of 40 of its ids plus a repeated stretch (prompt lookup
 // finds matches); null engine when absent.
-Model open(const std::string& name) {
-  Model m;
+SpecModel open(const std::string& name) {
+  SpecModel m;
   const std::string dir = test::golden_dir(name);
   if (dir.empty()) return m;
   EngineOptions eo;
@@ -48,7 +48,7 @@ Model open(const std::string& name) {
   return m;
 }
 
-struct Outcome {
+struct SpecOutcome {
   std::vector<int32_t> tokens;
   std::string finish;
   SpecStats spec;
@@ -56,8 +56,8 @@ struct Outcome {
 };
 
 // The requests in one loop, each on its own session; their outcomes in order.
-std::vector<Outcome> run_all(Engine& e, const std::vector<GenParams>& ps) {
-  std::vector<Outcome> out;
+std::vector<SpecOutcome> run_all(Engine& e, const std::vector<GenParams>& ps) {
+  std::vector<SpecOutcome> out;
   for (auto& j : test_support::run_together(e, ps).jobs) {
     const GenResult r = j->wait();
     EXPECT_NE(r.finish_reason, "error") << r.error;
@@ -66,11 +66,11 @@ std::vector<Outcome> run_all(Engine& e, const std::vector<GenParams>& ps) {
   return out;
 }
 
-Outcome run(Engine& e, const GenParams& p) { return run_all(e, {p}).front(); }
+SpecOutcome run(Engine& e, const GenParams& p) { return run_all(e, {p}).front(); }
 
 // `got` equals the plain greedy tokens `ref`, or first differs where the plain logits (host path, one row
 // per step) have a near-tie between the two tokens. Returns whether they differ.
-bool expect_greedy_equal(Engine& e, const std::vector<int32_t>& prompt, const Outcome& got, const Outcome& ref,
+bool expect_greedy_equal(Engine& e, const std::vector<int32_t>& prompt, const SpecOutcome& got, const SpecOutcome& ref,
                          const std::string& what) {
   size_t j = 0;
   while (j < got.tokens.size() && j < ref.tokens.size() && got.tokens[j] == ref.tokens[j]) ++j;
@@ -102,7 +102,7 @@ TEST(CudaSpec, GreedyEqualsPlainForEveryDepthAndDrafter) {
   int runs = 0, flips = 0;
   for (const char* name : {"qwen3_5_moe_text-a-mtp", "qwen3_next-a-mtp", "qwen3_5_moe_text-a"}) {
     SCOPED_TRACE(name);
-    Model m = open(name);
+    SpecModel m = open(name);
     if (!m.e) continue;
     for (bool device : {true, false}) {
       GenParams plain;
@@ -110,7 +110,7 @@ TEST(CudaSpec, GreedyEqualsPlainForEveryDepthAndDrafter) {
       plain.max_tokens = 28;
       plain.use_cache = false;
       plain.allow_device = device;
-      const Outcome ref = run(*m.e, plain);
+      const SpecOutcome ref = run(*m.e, plain);
       ASSERT_EQ(ref.tokens.size(), 28u);
       EXPECT_EQ(ref.device, device);
       for (int depth = 0; depth <= 6; ++depth) {
@@ -121,7 +121,7 @@ TEST(CudaSpec, GreedyEqualsPlainForEveryDepthAndDrafter) {
           p.spec.mode = mode;
           p.spec.depth = depth;
           p.spec.lookup_min = depth % 2 ? 1 : 2;  // single-token matches too: random models repeat little
-          const Outcome got = run(*m.e, p);
+          const SpecOutcome got = run(*m.e, p);
           const std::string what = std::string(name) + (device ? " device " : " host ") + spec_mode_name(mode) + " depth " +
                                    (depth ? std::to_string(depth) : "auto");
           flips += expect_greedy_equal(*m.e, m.prompt, got, ref, what) ? 1 : 0;
@@ -150,7 +150,7 @@ TEST(CudaSpec, GreedyEqualsPlainForEveryDepthAndDrafter) {
 // each gets its tokens alone.
 TEST(CudaSpec, StreamsTogetherMatchEachAlone) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  Model m = open("qwen3_5_moe_text-a-mtp");
+  SpecModel m = open("qwen3_5_moe_text-a-mtp");
   if (!m.e) GTEST_SKIP() << "golden model not present";
   std::vector<GenParams> ps(4);
   for (size_t i = 0; i < ps.size(); ++i) {
@@ -168,7 +168,7 @@ TEST(CudaSpec, StreamsTogetherMatchEachAlone) {
   for (size_t i = 0; i < ps.size(); ++i) {
     GenParams plain = ps[i];
     plain.spec = SpecParams{};
-    const Outcome alone = run(*m.e, plain);
+    const SpecOutcome alone = run(*m.e, plain);
     expect_greedy_equal(*m.e, ps[i].prompt, together[i], alone, "stream " + std::to_string(i));
     EXPECT_TRUE(together[i].device) << "stream " << i;
   }
@@ -180,7 +180,7 @@ TEST(CudaSpec, StreamsTogetherMatchEachAlone) {
 // drafts; the same seed gives the same tokens.
 TEST(CudaSpec, SampledSpeculationReproducesWithItsSeed) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  Model m = open("qwen3_next-a-mtp");
+  SpecModel m = open("qwen3_next-a-mtp");
   if (!m.e) GTEST_SKIP() << "golden model not present";
   GenParams p;
   p.prompt = m.prompt;
@@ -191,7 +191,7 @@ TEST(CudaSpec, SampledSpeculationReproducesWithItsSeed) {
   p.sampling.seed = 7;
   p.spec.mode = SpecMode::Mtp;
   p.spec.depth = 3;
-  const Outcome a = run(*m.e, p), b = run(*m.e, p);
+  const SpecOutcome a = run(*m.e, p), b = run(*m.e, p);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.tokens.size(), 32u);
   EXPECT_TRUE(a.device);

@@ -24,7 +24,7 @@ using namespace lily::cudatest;
 
 namespace {
 
-struct Model {
+struct StepModel {
   std::string name;
   std::shared_ptr<const ModelWeights> w;
   cpu::CpuOptions copt;
@@ -32,8 +32,8 @@ struct Model {
 
 // The golden checkpoints present here (MoE and dense), and tiny synth models in affine 4-bit (quantized
 // products; MoE and dense).
-std::vector<Model> models() {
-  std::vector<Model> m;
+std::vector<StepModel> models() {
+  std::vector<StepModel> m;
   for (const char* n : {"qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r", "qwen3_5_text-a-mtp"}) {
     const std::string dir = test::golden_dir(n);
     if (!dir.empty()) m.push_back({n, ModelWeights::load(dir), {}});
@@ -43,7 +43,7 @@ std::vector<Model> models() {
     so.preset = preset;
     so.format = SynthFormat::Affine4;
     so.seed = 3;
-    Model t{std::string(preset) + " synth affine4", synth_model(so), {}};
+    StepModel t{std::string(preset) + " synth affine4", synth_model(so), {}};
     t.copt.affine = cpu::AffinePath::Exact;  // the CUDA affine kernels take float activations
     m.push_back(std::move(t));
   }
@@ -51,7 +51,7 @@ std::vector<Model> models() {
 }
 
 // CUDA against the CPU at fp32-class bounds: the prompt GEMMs in the high-precision mode.
-void together_vs_alone(const Model& m, int S, int stagger, const CudaOptions& opt = cudatest::high_precision_options()) {
+void together_vs_alone(const StepModel& m, int S, int stagger, const CudaOptions& opt = cudatest::high_precision_options()) {
   const int64_t V = m.w->cfg.vocab;
   auto gpu = make_cuda_backend(m.w, opt);
   cpu::CpuBackend cpu(m.w, m.copt);
@@ -69,7 +69,7 @@ void together_vs_alone(const Model& m, int S, int stagger, const CudaOptions& op
 
 TEST(CudaStep, SequencesTogetherMatchEachAlone) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  for (const Model& m : models())
+  for (const StepModel& m : models())
     for (int S : {1, 2, 3, 7, 16}) together_vs_alone(m, S, 0);
 }
 
@@ -82,14 +82,14 @@ TEST(CudaStep, SequencesTogetherOnManyRowGemvs) {
   opt.kernels.moe_gemv_rows = 32;
   opt.kernels.rows_dense = 0;
   opt.kernels.rows_moe = 0;
-  for (const Model& m : models())
+  for (const StepModel& m : models())
     for (int S : {3, 16}) together_vs_alone(m, S, 0, opt);
 }
 
 // Prompts join while the others decode: steps that mix a prompt chunk with single decode rows.
 TEST(CudaStep, PromptChunksMixedWithDecodeRows) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  for (const Model& m : models()) {
+  for (const StepModel& m : models()) {
     together_vs_alone(m, 7, 1);
     together_vs_alone(m, 3, 2);
   }
@@ -97,7 +97,7 @@ TEST(CudaStep, PromptChunksMixedWithDecodeRows) {
 
 TEST(CudaStep, TentativeRowsThenCommitEqualPlainRows) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  for (const Model& m : models()) {
+  for (const StepModel& m : models()) {
     auto gpu = make_cuda_backend(m.w);
     const auto prompt = ids(21, m.w->cfg.vocab, 31u);
     for (int k = 1; k <= 7; ++k) check_tentative(*gpu, prompt, k, m.name);
@@ -107,7 +107,7 @@ TEST(CudaStep, TentativeRowsThenCommitEqualPlainRows) {
 // Tentative groups batched with plain ones: each sequence's commit leaves the state of its plain rows.
 TEST(CudaStep, TentativeGroupsBatchedWithPlainOnes) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const Model m = models().front();
+  const StepModel m = models().front();
   auto gpu = make_cuda_backend(m.w);
   const int64_t V = m.w->cfg.vocab;
   const auto prompt = ids(19, V, 5u);
@@ -195,7 +195,7 @@ void expect_internal(F&& f, const std::string& what) {
 
 TEST(CudaStep, MalformedStepsRefused) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const Model m = models().front();
+  const StepModel m = models().front();
   auto gpu = make_cuda_backend(m.w);
   auto other = make_cuda_backend(m.w);
   const int64_t V = m.w->cfg.vocab;

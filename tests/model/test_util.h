@@ -21,16 +21,21 @@ inline std::vector<float> read_f32(const std::string& path) {
   return v;
 }
 
-// n ids uniform in [0, V), seeded.
-// n normal draws of standard deviation `scale`, from `seed`.
-inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
+// n normal draws of standard deviation `sd`, from `rng` (advanced).
+inline std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.0f) {
+  std::normal_distribution<float> d(0.0f, sd);
   std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
+  for (auto& x : v) x = d(rng);
   return v;
 }
 
+// n normal draws of standard deviation `scale`, from `seed`.
+inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  return randn(n, g, scale);
+}
+
+// n ids uniform in [0, V), seeded.
 inline std::vector<int32_t> random_ids(size_t n, int64_t V, uint32_t seed) {
   std::mt19937 g(seed);
   std::uniform_int_distribution<int32_t> d(0, int32_t(V - 1));

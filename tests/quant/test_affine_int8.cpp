@@ -29,6 +29,7 @@
 #include "quant/affine/affine.h"
 #include "tools/eval.h"
 #include "tools/quantize.h"
+#include "../model/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace lily;
@@ -36,12 +37,7 @@ using namespace lily::quant;
 
 namespace {
 
-std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.0f) {
-  std::normal_distribution<float> nd(0.0f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
+using lily::test::randn;
 
 std::vector<cpu::Int8Isa> isas() {
   std::vector<cpu::Int8Isa> v;

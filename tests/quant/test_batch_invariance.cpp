@@ -11,17 +11,13 @@
 #include "model/linear.h"
 #include "quant/affine/affine.h"
 #include "quant/exl3/exl3.h"
+#include "../model/test_util.h"
 
 using namespace lily;
 
 namespace {
 
-std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.0f) {
-  std::normal_distribution<float> nd(0.0f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
+using lily::test::randn;
 
 const int64_t kRows[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33};
 

@@ -9,11 +9,14 @@
 #include "model/linear.h"
 #include "quant/affine/affine.h"
 #include "quant/exl3/exl3.h"
+#include "../model/test_util.h"
 
 using namespace lily;
 using namespace lily::quant;
 
 namespace {
+
+using lily::test::randn;
 
 double rel_rms(const std::vector<float>& a, const std::vector<float>& b) {
   double n = 0, d = 0;
@@ -22,13 +25,6 @@ double rel_rms(const std::vector<float>& a, const std::vector<float>& b) {
     d += double(b[i]) * b[i];
   }
   return d > 0 ? std::sqrt(n / d) : std::sqrt(n);
-}
-
-std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.0f) {
-  std::normal_distribution<float> nd(0.0f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
 }
 
 struct Exl3Fixture {

@@ -13,12 +13,15 @@
 #include "quant/affine/affine.h"
 #include "quant/exl3/exl3.h"
 #include "quant/exl3/exl3_quant.h"
+#include "../model/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace lily;
 using namespace lily::quant;
 
 namespace {
+
+using lily::test::randn;
 
 struct Dir {
   std::string path;
@@ -51,14 +54,6 @@ ModelConfig config_with(const nlohmann::json& q) {
   c.moe_inter = 64;
   c.hidden = 128;
   return c;
-}
-
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 0.1f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
 }
 
 void add_affine(Tensors& T, const std::string& base, const AffineQuantized& q) {
@@ -108,7 +103,7 @@ std::string error_of(const std::function<void()>& f) {
 TEST(QuantLoad, AffineWithOverridesAndSelectRows) {
   Dir d("affine");
   Tensors T;
-  auto w = randn(40 * 128, 1);
+  auto w = randn(40 * 128, 1, 0.1f);
   auto q4 = affine_quantize(w.data(), 40, 128, 4, 64);
   auto q8 = affine_quantize(w.data(), 40, 128, 8, 32);
   add_affine(T, "a", q4);
@@ -133,7 +128,7 @@ TEST(QuantLoad, AffineWithOverridesAndSelectRows) {
   // selected rows: same products as the full matrix's rows
   std::vector<int64_t> rows = {39, 0, 7, 7, 20};
   Linear s = select_rows(a, rows, owned);
-  auto x = randn(3 * 128, 2);
+  auto x = randn(3 * 128, 2, 0.1f);
   std::vector<float> yf(3 * 40), ys(3 * rows.size());
   cpu::matmul(a, x.data(), 3, yf.data());
   cpu::matmul(s, x.data(), 3, ys.data());
@@ -152,7 +147,7 @@ TEST(QuantLoad, AffineStackedExperts) {
   for (int p = 0; p < 3; ++p) {
     const int64_t out = p == 2 ? H : I, in = p == 2 ? I : H;
     for (int64_t e = 0; e < E; ++e) {
-      auto w = randn(size_t(out * in), uint32_t(10 * p + e));
+      auto w = randn(size_t(out * in), uint32_t(10 * p + e), 0.1f);
       auto q = affine_quantize(w.data(), out, in, 4, 32);
       pk[p].insert(pk[p].end(), q.packed.begin(), q.packed.end());
       sc[p].insert(sc[p].end(), q.scales.begin(), q.scales.end());
@@ -217,7 +212,7 @@ TEST(QuantLoad, Exl3MarkersPaddingAndRefusals) {
   EXPECT_NE(error_of([&] { load_linear(ck, cfg, "legacy", 100, 72, owned); }).find("legacy"), std::string::npos);
   EXPECT_NE(error_of([&] { load_linear(ck, cfg, "ok", 300, 72, owned); }).find("'ok.trellis'"), std::string::npos);
   // the loaded weight computes what the quantizer's own view computes
-  auto x = randn(2 * 72, 6);
+  auto x = randn(2 * 72, 6, 0.1f);
   std::vector<float> y(2 * 100), yr(2 * 100);
   cpu::matmul(a, x.data(), 2, y.data());
   auto v = q.view();

@@ -27,15 +27,15 @@ namespace {
 const char* const kAll[] = {"qwen3_5_moe_text-a", "qwen3_next-a", "qwen3_5_moe_text-r", "qwen3_5_moe_text-a-mtp",
                             "qwen3_next-a-mtp", "qwen3_5_text-a-mtp"};
 
-struct Model {
+struct SpecModel {
   std::shared_ptr<const ModelWeights> w;
   std::unique_ptr<Engine> host, dev;
   std::vector<int32_t> prompt;
 };
 
 // Empty weights when the model is not present (qwen3_5_moe_text-r lives beside the repository).
-Model open(const std::string& name, size_t prompt_len = 40) {
-  Model m;
+SpecModel open_model(const std::string& name, size_t prompt_len = 40) {
+  SpecModel m;
   const std::string dir = test::golden_dir(name);
   if (dir.empty()) return m;
   EngineOptions eo;
@@ -50,13 +50,13 @@ Model open(const std::string& name, size_t prompt_len = 40) {
   return m;
 }
 
-struct Outcome {
+struct SpecOutcome {
   GenerateResult r;
   std::vector<int32_t> session;
   SpecStats spec;
 };
 
-Outcome run(Engine& e, const std::vector<int32_t>& prompt, const GenParams& p, int stop_after = -1, int64_t ctx = 0) {
+SpecOutcome run_spec(Engine& e, const std::vector<int32_t>& prompt, const GenParams& p, int stop_after = -1, int64_t ctx = 0) {
   Session s(e, ctx);
   auto job = std::make_shared<test_support::RecordingJob>(p);
   job->params.prompt = prompt;
@@ -67,7 +67,7 @@ Outcome run(Engine& e, const std::vector<int32_t>& prompt, const GenParams& p, i
   while (!loop.empty()) loop.step();
   const GenResult res = job->wait();
   EXPECT_NE(res.finish_reason, "error") << res.error;
-  Outcome o;
+  SpecOutcome o;
   o.r.tokens = job->ids;
   if (res.stop_token >= 0) o.r.tokens.push_back(res.stop_token);
   o.r.finish_reason = res.finish_reason;
@@ -76,7 +76,7 @@ Outcome run(Engine& e, const std::vector<int32_t>& prompt, const GenParams& p, i
   return o;
 }
 
-void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {
+void expect_same(const SpecOutcome& a, const SpecOutcome& b, const std::string& what) {
   EXPECT_EQ(a.r.tokens, b.r.tokens) << what;
   EXPECT_EQ(a.r.finish_reason, b.r.finish_reason) << what;
   EXPECT_EQ(a.session, b.session) << what << ": end state";
@@ -86,14 +86,14 @@ TEST(Spec, GreedyEqualsPlainOnEveryGoldenModel) {
   int64_t ngram_rounds = 0;
   for (const char* name : kAll) {
     SCOPED_TRACE(name);
-    Model m = open(name);
+    SpecModel m = open_model(name);
     if (!m.w) continue;
     const bool has_mtp = m.w->mtp.has_value();
     GenParams plain;
     plain.max_tokens = 28;
     for (Engine* e : {m.host.get(), m.dev.get()}) {
       SCOPED_TRACE(e->backend().name());
-      const Outcome ref = run(*e, m.prompt, plain);
+      const SpecOutcome ref = run_spec(*e, m.prompt, plain);
       ASSERT_EQ(ref.r.tokens.size(), 28u);
       for (int depth = 0; depth <= 6; ++depth) {
         std::vector<SpecMode> modes = {SpecMode::Ngram};
@@ -103,7 +103,7 @@ TEST(Spec, GreedyEqualsPlainOnEveryGoldenModel) {
           p.spec.mode = mode;
           p.spec.depth = depth;
           p.spec.lookup_min = depth % 2 ? 1 : 2;  // single-token matches too: random models repeat little
-          const Outcome got = run(*e, m.prompt, p);
+          const SpecOutcome got = run_spec(*e, m.prompt, p);
           expect_same(got, ref, std::string(spec_mode_name(mode)) + " depth " + std::to_string(depth));
           EXPECT_EQ(got.spec.mode, spec_mode_name(mode));
           if (mode == SpecMode::Mtp) EXPECT_GT(got.spec.rounds, 0);
@@ -143,7 +143,7 @@ class RecordingDrafter final : public DrafterWrapper {
 TEST(Spec, MtpDraftsInTheLoopEqualTheReference) {
   for (const char* name : {"qwen3_5_moe_text-a-mtp", "qwen3_next-a-mtp", "qwen3_5_text-a-mtp"}) {
     SCOPED_TRACE(name);
-    Model m = open(name);
+    SpecModel m = open_model(name);
     cpu::CpuBackend ref_be(m.w);
     for (Engine* e : {m.host.get(), m.dev.get()})
       for (int depth : {1, 3, 5}) {
@@ -180,12 +180,12 @@ TEST(Spec, MtpDraftsInTheLoopEqualTheReference) {
 TEST(Spec, ReplayExercisesEveryAcceptCount) {
   for (const char* name : kAll) {
     SCOPED_TRACE(name);
-    Model m = open(name);
+    SpecModel m = open_model(name);
     if (!m.w) continue;
     GenParams plain;
     plain.max_tokens = 40;
     for (Engine* e : {m.host.get(), m.dev.get()}) {
-      const Outcome ref = run(*e, m.prompt, plain);
+      const SpecOutcome ref = run_spec(*e, m.prompt, plain);
       for (int k = 1; k <= 6; ++k) {
         std::vector<int> schedule;
         for (int a = k; a >= 0; --a) schedule.push_back(a);
@@ -193,7 +193,7 @@ TEST(Spec, ReplayExercisesEveryAcceptCount) {
         GenParams p = plain;
         p.spec.drafter = d;
         p.spec.depth = k;
-        const Outcome got = run(*e, m.prompt, p);
+        const SpecOutcome got = run_spec(*e, m.prompt, p);
         expect_same(got, ref, "replay k " + std::to_string(k));
         std::set<int> seen;
         for (size_t r = 0; r < d->outcomes.size(); ++r) {
@@ -212,11 +212,11 @@ TEST(Spec, ReplayExercisesEveryAcceptCount) {
 // End conditions that fall inside a round (a stop id among the accepted drafts, max_tokens, the callback,
 // a full context) end it where plain decoding does, with the same end state.
 TEST(Spec, EndConditionsInsideARound) {
-  Model m = open("qwen3_5_moe_text-a-mtp");
+  SpecModel m = open_model("qwen3_5_moe_text-a-mtp");
   GenParams plain;
   plain.max_tokens = 30;
   for (Engine* e : {m.host.get(), m.dev.get()}) {
-    const Outcome ref = run(*e, m.prompt, plain);
+    const SpecOutcome ref = run_spec(*e, m.prompt, plain);
     struct Case {
       std::string name;
       GenParams p;
@@ -238,17 +238,17 @@ TEST(Spec, EndConditionsInsideARound) {
     for (int64_t extra : {1, 2, 5, 11}) cs.push_back({"context +" + std::to_string(extra), plain, -1, int64_t(m.prompt.size()) + extra});
     for (Case& c : cs) {
       SCOPED_TRACE(c.name);
-      const Outcome want = run(*e, m.prompt, c.p, c.stop_after, c.ctx);
+      const SpecOutcome want = run_spec(*e, m.prompt, c.p, c.stop_after, c.ctx);
       for (int depth : {1, 3, 6}) {
         auto d = std::make_shared<test_support::ReplayDrafter>(m.prompt.size(), ref.r.tokens, std::vector<int>{}, m.w->cfg.vocab);
         GenParams p = c.p;
         p.spec.drafter = d;  // always right: rounds run through the end condition
         p.spec.depth = depth;
-        expect_same(run(*e, m.prompt, p, c.stop_after, c.ctx), want, "depth " + std::to_string(depth));
+        expect_same(run_spec(*e, m.prompt, p, c.stop_after, c.ctx), want, "depth " + std::to_string(depth));
         GenParams q = c.p;
         q.spec.mode = SpecMode::Mtp;
         q.spec.depth = depth;
-        expect_same(run(*e, m.prompt, q, c.stop_after, c.ctx), want, "mtp depth " + std::to_string(depth));
+        expect_same(run_spec(*e, m.prompt, q, c.stop_after, c.ctx), want, "mtp depth " + std::to_string(depth));
       }
     }
   }
@@ -257,7 +257,7 @@ TEST(Spec, EndConditionsInsideARound) {
 // Several speculative streams (and a plain one) in one loop, prompts chunked into the decode steps: each
 // gets its solo tokens; the verification groups shared steps.
 TEST(Spec, StreamsSteppedTogetherGetTheirSoloTokens) {
-  Model m = open("qwen3_next-a-mtp");
+  SpecModel m = open_model("qwen3_next-a-mtp");
   for (Engine* e : {m.host.get(), m.dev.get()}) {
     const int S = 5;
     std::vector<GenParams> ps;
@@ -274,7 +274,7 @@ TEST(Spec, StreamsSteppedTogetherGetTheirSoloTokens) {
       ps.push_back(p);
     }
     std::vector<std::vector<int32_t>> solo;
-    for (auto& p : ps) solo.push_back(run(*e, p.prompt, p).r.tokens);
+    for (auto& p : ps) solo.push_back(run_spec(*e, p.prompt, p).r.tokens);
     LoopOptions lo;
     lo.step_tokens = 10;
     const auto jobs = test_support::run_together(*e, ps, lo).jobs;
@@ -288,7 +288,7 @@ TEST(Spec, StreamsSteppedTogetherGetTheirSoloTokens) {
 }
 
 TEST(Spec, BadInputIsRefusedWithItsCause) {
-  Model m = open("qwen3_next-a");  // no MTP block
+  SpecModel m = open_model("qwen3_next-a");  // no MTP block
   Session s(*m.host);
   GenParams p;
   p.max_tokens = 4;

@@ -9,6 +9,9 @@
 
 namespace lily::test_support {
 
+// Twelve prompt token ids as `lily` flags; every golden model's vocabulary holds them.
+inline constexpr const char* kPromptTokens = "--tokens 5,17,101,33,250,7,9,81,5,17,101,33";
+
 // `lily ARGS`: exit status; `out` gets stdout (and stderr when `err`).
 inline int run_lily(const std::string& args, std::string& out, bool err = true) {
   const std::string cmd = std::string(std::getenv("LILY_BIN")) + " " + args + (err ? " 2>&1" : " 2>/dev/null");

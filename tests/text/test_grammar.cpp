@@ -22,7 +22,7 @@
 namespace lily::text {
 namespace {
 
-using json = nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;
 
 bool matches(const Grammar& g, std::string_view s) {
   ByteAutomaton a(g);
@@ -35,7 +35,7 @@ bool prefix_ok(const Grammar& g, std::string_view s) {
   return a.walk(a.start(), s) != ByteAutomaton::kDead;
 }
 
-Grammar schema(const char* s) { return json_schema_grammar(json::parse(s), "schema"); }
+Grammar schema(const char* s) { return json_schema_grammar(ojson::parse(s), "schema"); }
 
 TEST(Grammar, LiteralsAlternativesAndDistance) {
   Grammar g;
@@ -235,13 +235,13 @@ TEST(JsonGrammar, HostileSchemasAreInputErrors) {
   chain += R"(}, "$ref": "#/$defs/d40"})";
   // Many properties through allOf (each optional one deepens the automaton's expansion), and long
   // property names beside additionalProperties (a trie of the names, one rule per byte).
-  json wide = {{"allOf", json::array()}}, long_names = {{"additionalProperties", true}, {"properties", json::object()}};
+  ojson wide = {{"allOf", ojson::array()}}, long_names = {{"additionalProperties", true}, {"properties", ojson::object()}};
   for (int part = 0; part < 2; ++part) {
-    json props = json::object();
-    for (int i = 0; i < 3000; ++i) props[fmt::format("p{}_{}", part, i)] = json::object();
+    ojson props = ojson::object();
+    for (int i = 0; i < 3000; ++i) props[fmt::format("p{}_{}", part, i)] = ojson::object();
     wide["allOf"].push_back({{"properties", props}});
   }
-  for (int i = 0; i < 4000; ++i) long_names["properties"][fmt::format("{}{}", i, std::string(200, 'x'))] = json::object();
+  for (int i = 0; i < 4000; ++i) long_names["properties"][fmt::format("{}{}", i, std::string(200, 'x'))] = ojson::object();
   const std::vector<std::pair<std::string, const char*>> cases = {
       {R"({"$ref": "#"})", "no finite"},
       {R"({"allOf": [{"$ref": 5}]})", "must be a string"},
@@ -276,7 +276,7 @@ TEST(JsonGrammar, HostileSchemasAreInputErrors) {
   }
   // The same in a tool's parameters.
   ToolCallGrammarOptions o;
-  o.tools = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}])");
+  o.tools = ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}])");
   EXPECT_THROW(tool_call_grammar(o), InputError);
 }
 
@@ -312,7 +312,7 @@ TEST(Grammar, MinLengthsMatchFixpoint) {
 }
 
 TEST(OutputGrammar, ToolCallsAfterReasoning) {
-  json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+  ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
       "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}},
       {"type": "function", "function": {"name": "noop"}}])");
   ToolCallGrammarOptions o;
@@ -351,7 +351,7 @@ TEST(OutputGrammar, ToolCallsAfterReasoning) {
   auto d = p.feed(xcall);
   d.append(p.finish());
   ASSERT_EQ(d.tool_calls.size(), 1u);
-  EXPECT_EQ(d.tool_calls[0].arguments, json::parse(R"({"city": "New\nYork", "days": 3})"));
+  EXPECT_EQ(d.tool_calls[0].arguments, ojson::parse(R"({"city": "New\nYork", "days": 3})"));
 }
 
 // ---- token masks ----
@@ -523,7 +523,7 @@ TEST(TokenGrammar, RealQwen3VocabularyMatchesReference) {
   check_walks(g, v, 2, 12, -1, 3, true, tok->im_end_id());
   check_walks(g, v, 8, 40, 40, 4, false, tok->im_end_id());
   ToolCallGrammarOptions o;
-  o.tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+  o.tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
       "properties": {"city": {"type": "string", "maxLength": 16}, "days": {"type": "integer"}}, "required": ["city", "days"],
       "additionalProperties": false}}}])");
   o.reasoning = ReasoningMode::Optional;
