@@ -323,10 +323,19 @@ void Core::stream(HttpResponse& res, std::shared_ptr<GenJob> job, std::vector<st
     };
     for (auto& h : head)
       if (!write(h)) return;
-    auto quiet_since = GenJob::Clock::now();
+    // Events that write nothing (tokens still held back, or no text at all) keep a stream busy without
+    // touching the socket, so the client is also polled every 100 ms.
+    auto quiet_since = GenJob::Clock::now(), next_check = quiet_since;
     for (;;) {
       auto ev = j.channel.pop(std::min(keepalive, 250));
       j.check_deadline();
+      if (GenJob::Clock::now() >= next_check) {
+        next_check = GenJob::Clock::now() + std::chrono::milliseconds(100);
+        if (sink.gone()) {
+          j.cancel();
+          return;
+        }
+      }
       if (!ev) {
         if (GenJob::Clock::now() - quiet_since >= std::chrono::milliseconds(keepalive)) {
           if (!write(": keep-alive\n\n")) return;

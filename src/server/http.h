@@ -45,6 +45,9 @@ class StreamSink {
  public:
   virtual ~StreamSink() = default;
   virtual bool write(std::string_view data) = 0;
+  // True once the client has closed its connection (polled while a stream has nothing to write); false
+  // when the transport cannot tell.
+  virtual bool gone() { return false; }
 };
 
 struct HttpResponse {

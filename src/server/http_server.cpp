@@ -90,6 +90,7 @@ class SocketSink : public StreamSink {
     failed_ = !ok;
     return ok;
   }
+  bool gone() override { return failed_ || peer_gone(fd_); }
   bool finish() {
     if (!failed_ && chunked_) failed_ = !write_all(fd_, "0\r\n\r\n", timeout_);
     return !failed_;

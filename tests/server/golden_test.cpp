@@ -2,6 +2,7 @@
 // reference greedy continuation. Also API keys (401) and a full queue (503).
 #include <fstream>
 
+#include "raw_http.h"
 #include "server_fixture.h"
 
 namespace lily::server::test {
@@ -140,6 +141,32 @@ TEST(ServerQueue, FullQueueGives503WithRetryAfter) {
   // Once they are gone the server takes requests again.
   for (int i = 0; i < 200 && metric(port, "lily_requests_active") > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   r = c.Post("/v1/completions", json{{"prompt", {5, 6}}, {"max_tokens", 2}}.dump(), "application/json");
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
+TEST(ServerQueue, ClientLeavingAStreamThatWritesNothingFreesItsSlot) {
+  // Without a tokenizer the tokens have no text: after its head the stream writes nothing while events
+  // flow, so only polling the socket can tell that the client left.
+  ServerOptions so;
+  so.sched.parallel = 1;
+  so.keepalive_ms = 60000;
+  auto srv = start_server(ModelWeights::load(golden_dir("qwen3_next-a")), nullptr, "", so, 1 << 17, 64);
+  const int port = srv->port();
+  int fd = connect_port(port);
+  ASSERT_GE(fd, 0);
+  json b = {{"prompt", {1, 2, 3}}, {"max_tokens", 120000}, {"stream", true}};
+  ASSERT_TRUE(send_all(fd, post_bytes("/v1/completions", b.dump())));
+  for (int i = 0; i < 400 && metric(port, "lily_requests_active") < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(metric(port, "lily_requests_active"), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // tokens flowing, nothing written
+  const double cancelled0 = metric(port, "lily_requests_cancelled_total");
+  ::close(fd);
+  for (int i = 0; i < 200 && metric(port, "lily_requests_active") > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(metric(port, "lily_requests_active"), 0) << "the stream kept its slot after its client left";
+  EXPECT_GT(metric(port, "lily_requests_cancelled_total"), cancelled0);
+  auto c = client(port);
+  auto r = c.Post("/v1/completions", json{{"prompt", {5, 6}}, {"max_tokens", 2}}.dump(), "application/json");
+  ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
 }
 
