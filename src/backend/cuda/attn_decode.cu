@@ -235,14 +235,18 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_kernel(const fl
 
 int g_smem_optin = 1 << 30;  // opt-in shared memory per block of the device, set by init_attn_decode_kernels
 
-bool decode_fits(int hd) {
+}  // namespace
+
+bool attn_decode_fits(int hd) {
   const size_t need = hd == 64 ? DecTile<64>::smem : hd == 128 ? DecTile<128>::smem : DecTile<256>::smem;
   return need <= size_t(g_smem_optin);
 }
 
+namespace {
+
 template <int HD>
 void init_decode() {
-  if (decode_fits(HD))
+  if (attn_decode_fits(HD))
     LILY_CU(cudaFuncSetAttribute(attn_decode_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(DecTile<HD>::smem)));
 }
 
@@ -261,8 +265,6 @@ void init_attn_decode_kernels(int smem_optin) {
   init_decode<128>();
   init_decode<256>();
 }
-
-bool attn_decode_fits(int hd) { return decode_fits(hd); }
 
 void attn_decode_launch(const AttnDev& a, const float* q, const float* proj, int T, const StepSeqs& seqs, const int32_t* list,
                         int groups, int nsplit, float* out, float* po, float* pm, float* pl, cudaStream_t s) {
