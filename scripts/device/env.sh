@@ -4,6 +4,12 @@
 # records the GPU in $OUT/gpu.txt. `device_need lily test_cuda` exits 2 naming a binary the bundle lacks.
 D=${DEVBIN:-.devbin}
 [ -f "$D/bundle.tgz" ] && tar -C "$D" -xzf "$D/bundle.tgz" && rm -f "$D/bundle.tgz"
+# xz bundles: Python's lzma where the image has no xz binary
+if [ -f "$D/bundle.tar.xz" ]; then
+  if command -v xz > /dev/null; then tar -C "$D" -xJf "$D/bundle.tar.xz"
+  else python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$D/bundle.tar.xz" "$D"; fi &&
+    rm -f "$D/bundle.tar.xz"
+fi
 export LD_LIBRARY_PATH="$PWD/$D/lib:${LD_LIBRARY_PATH:-}"
 export LILY_GOLDEN_EXTRA="$PWD/tests/data/golden:$PWD/$D/golden${LILY_GOLDEN_EXTRA:+:$LILY_GOLDEN_EXTRA}"
 mkdir -p "$OUT"
