@@ -8,6 +8,7 @@ TEST(CudaGemv, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #else
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backend/cuda/switches.h"
 #include "cuda_test_util.h"
@@ -140,37 +141,57 @@ bool sm90() {
   return major >= 9;
 }
 
-// The ring GEMV (gemv_ring.cu), called directly: plain rows (fused RMSNorm, accumulate), SwiGLU expert
-// slots, and the MoE down projection with the weighted sum over slots (CONCAT).
+// The ring GEMV (gemv_ring.cu), called directly: plain rows (1-4 input rows, fused RMSNorm, accumulate),
+// SwiGLU expert slots over 1-4 input rows, and the MoE down projection with the weighted sum over slots (CONCAT).
 // Each returns whether the ring took the product (it declines shapes whose tiles do not fit its stages or
-// whose scale rows are not whole 16-byte units); numbers are checked whenever it did.
-bool ring_plain(int bits, int gs, int out, int in, bool norm, bool acc, std::mt19937& rng) {
+// whose scale rows are not whole 16-byte units); numbers are checked whenever it did. Several input rows give
+// each row exactly what that row alone gives (same sums in the same order).
+bool ring_plain(int bits, int gs, int out, int in, bool norm, bool acc, std::mt19937& rng, int rows = 1) {
   GemvWeights W = make(bits, gs, 1, out, in, rng);
-  auto x = randn(size_t(in), rng), nw = randn(size_t(in), rng, 0.5f), y0 = randn(size_t(out), rng);
+  auto x = randn(size_t(rows) * in, rng), nw = randn(size_t(in), rng, 0.5f), y0 = randn(size_t(rows) * out, rng);
   for (auto& v : nw) v += 1.f;
-  const std::vector<float> xs = rms_normed(x, nw, norm);
-  std::vector<double> ref(static_cast<size_t>(out));
-  for (int o = 0; o < out; ++o) ref[size_t(o)] = dot(W.deq.data() + size_t(o) * in, xs.data(), in) + (acc ? y0[size_t(o)] : 0.0);
+  std::vector<double> ref(size_t(rows) * out);
+  for (int r = 0; r < rows; ++r) {
+    const std::vector<float> xr(x.begin() + ptrdiff_t(r) * in, x.begin() + ptrdiff_t(r + 1) * in);
+    const std::vector<float> xs = rms_normed(xr, nw, norm);
+    for (int o = 0; o < out; ++o)
+      ref[size_t(r) * out + o] = dot(W.deq.data() + size_t(o) * in, xs.data(), in) + (acc ? y0[size_t(r) * out + o] : 0.0);
+  }
   Dev<float> dx(x), dnw(nw), dy(y0);
   if (!acc) dy.poison();
   // covered whenever a row's scales are whole 16-byte units (every bulk copy is); others may decline
-  const bool took = lily::cuda::gemv_ring(W.m, nullptr, out, in, dx.p, 1, dy.p, out, acc, 0, nullptr, norm ? dnw.p : nullptr, 1e-6f);
+  const bool took = lily::cuda::gemv_ring(W.m, nullptr, out, in, dx.p, in, 1, rows, dy.p, out, acc, 0, nullptr,
+                                          norm ? dnw.p : nullptr, 1e-6f);
   if (!took) return false;
-  EXPECT_LT(rel_err(dy.down(), ref), 2e-5) << "ring bits " << bits << " gs " << gs << " " << out << "x" << in
-                                           << (norm ? " norm" : "") << (acc ? " acc" : "");
+  const std::vector<float> got = dy.down();
+  EXPECT_LT(rel_err(got, ref), 2e-5) << "ring bits " << bits << " gs " << gs << " " << out << "x" << in << " rows "
+                                     << rows << (norm ? " norm" : "") << (acc ? " acc" : "");
+  for (int r = 0; r < rows && rows > 1; ++r) {  // each row alone: the same bits
+    Dev<float> y1(std::vector<float>(y0.begin() + ptrdiff_t(r) * out, y0.begin() + ptrdiff_t(r + 1) * out));
+    EXPECT_TRUE(lily::cuda::gemv_ring(W.m, nullptr, out, in, dx.p + size_t(r) * in, in, 1, 1, y1.p, out, acc, 0,
+                                      nullptr, norm ? dnw.p : nullptr, 1e-6f));
+    const std::vector<float> one = y1.down();
+    EXPECT_EQ(0, std::memcmp(one.data(), got.data() + size_t(r) * out, sizeof(float) * size_t(out)))
+        << "row " << r << " of " << rows << " differs from the row alone, " << out << "x" << in;
+  }
   return true;
 }
 
-bool ring_swiglu(int bits, int gs, int I, int in, int slots, bool norm, std::mt19937& rng) {
+// xdiv: slots per input row (slot s reads row s / xdiv)
+bool ring_swiglu(int bits, int gs, int I, int in, int slots, bool norm, std::mt19937& rng, int xdiv = 0) {
   const int E = 5;
+  if (xdiv <= 0) xdiv = slots;
+  const int rows = (slots + xdiv - 1) / xdiv;
   GemvWeights W = make(bits, gs, E, 2 * I, in, rng);
   std::vector<int32_t> ex(static_cast<size_t>(slots));
   for (int s = 0; s < slots; ++s) ex[size_t(s)] = (s * 3 + 2) % E;
-  auto x = randn(size_t(in), rng), nw = randn(size_t(in), rng, 0.5f);
+  auto x = randn(size_t(rows) * in, rng), nw = randn(size_t(in), rng, 0.5f);
   for (auto& v : nw) v += 1.f;
-  const std::vector<float> xs = rms_normed(x, nw, norm);
   std::vector<double> ref(size_t(slots) * I);
   for (int s = 0; s < slots; ++s) {
+    const int r = s / xdiv;
+    const std::vector<float> xr(x.begin() + ptrdiff_t(r) * in, x.begin() + ptrdiff_t(r + 1) * in);
+    const std::vector<float> xs = rms_normed(xr, nw, norm);
     const float* we = W.deq.data() + size_t(ex[size_t(s)]) * 2 * I * in;
     for (int o = 0; o < I; ++o) {
       const double g = dot(we + size_t(o) * in, xs.data(), in), u = dot(we + size_t(o + I) * in, xs.data(), in);
@@ -180,10 +201,11 @@ bool ring_swiglu(int bits, int gs, int I, int in, int slots, bool norm, std::mt1
   Dev<float> dx(x), dnw(nw), dy(size_t(slots) * I);
   Dev<int32_t> dex(ex);
   dy.poison();
-  const bool took = lily::cuda::gemv_ring(W.m, dex.p, 0, in, dx.p, slots, dy.p, I, false, I, nullptr, norm ? dnw.p : nullptr, 1e-6f);
+  const bool took = lily::cuda::gemv_ring(W.m, dex.p, 0, in, dx.p, in, xdiv, slots, dy.p, I, false, I, nullptr,
+                                          norm ? dnw.p : nullptr, 1e-6f);
   if (!took) return false;
   EXPECT_LT(rel_err(dy.down(), ref), 2e-5) << "ring swiglu bits " << bits << " gs " << gs << " I " << I << " in " << in
-                                           << " slots " << slots;
+                                           << " slots " << slots << " per row " << xdiv;
   return true;
 }
 
@@ -222,10 +244,17 @@ TEST(CudaGemv, RingMatchesReference) {
       const int gs = in % 128 == 0 && out % 2 ? 128 : in % 64 == 0 ? 64 : 32;
       ring_plain(bits, gs, out, in, false, false, rng);
       ring_plain(bits, gs, out, in, true, true, rng);
+      if (out <= 4099)
+        for (int rows : {2, 3, 4}) ring_plain(bits, gs, out, in, rows == 2, rows != 3, rng, rows);
     }
   for (int bits : {4, 8}) {
     for (int I : {1, 16, 17, 64, 65}) ring_swiglu(bits, 64, I, 2048, 9, I % 2 == 1, rng);
     ring_swiglu(bits, 32, 33, 128, 1, true, rng);
+    // steps of 2-4 rows: the slots of each row's experts
+    for (int rows : {2, 3, 4}) {
+      ring_swiglu(bits, 64, 17, 2048, 8 * rows, rows <= 2, rng, 8);
+      ring_swiglu(bits, 64, 64, 1024, 3 * rows - 1, false, rng, 3);
+    }
     for (int out : {1, 2, 17, 63, 64, 65, 129})
       for (int slots : {1, 9}) ring_concat(bits, 64, out, 512, slots, out % 2 == 0, rng);
     ring_concat(bits, 32, 100, 32, 3, true, rng);
@@ -233,6 +262,14 @@ TEST(CudaGemv, RingMatchesReference) {
     for (int gs : {64, 128}) {
       EXPECT_TRUE(ring_plain(bits, gs, 12288, 2048, true, false, rng)) << "GDN input projection, bits " << bits;
       EXPECT_TRUE(ring_plain(bits, gs, 2048, 4096, false, true, rng)) << "output projection, bits " << bits;
+      for (int rows : {2, 4}) {
+        EXPECT_TRUE(ring_plain(bits, gs, 12288, 2048, rows == 2, false, rng, rows)) << "GDN input, rows " << rows;
+        if (bits == 4 || rows == 2) {  // 8-bit rows of 4096: 4 staged rows leave room for one stage only
+          EXPECT_TRUE(ring_plain(bits, gs, 2048, 4096, false, true, rng, rows)) << "output projection, rows " << rows;
+        }
+      }
+      for (int rows : {2, 3})  // at most 32 slots: 3 rows of 8 + 1 or 10 + 1
+        EXPECT_TRUE(ring_swiglu(bits, gs, 512, 2048, 11 * rows, rows == 2, rng, 11)) << "expert gate/up, rows " << rows;
       EXPECT_TRUE(ring_swiglu(bits, gs, 512, 2048, 9, true, rng)) << "expert gate/up, bits " << bits;
       EXPECT_TRUE(ring_concat(bits, gs, 2048, 512, 9, true, rng)) << "expert down, 8 + 1 slots, bits " << bits;
       EXPECT_TRUE(ring_concat(bits, gs, 2048, 512, 11, true, rng)) << "expert down, 10 + 1 slots, bits " << bits;

@@ -14,9 +14,10 @@
 // mantissa bits 19-22 (m = 4); 8-bit: each byte at bits 15-22 (m = 8). c·2^-m is not small next to 1,
 // so the subtraction cancels only a few bits. Per code: a shift, a mask-or, an FMA.
 //
-// Kinds: PLAIN y[r] (+)= W[r]·x; SWIGLU, per expert slot s: y[s, r] = silu(W_e[r]·x)·(W_e[I + r]·x);
-// CONCAT (MoE down projection and combine in one): y[r] (+)= Σ_s w[s]·(W_{e_s}[r]·h_s), one virtual row
-// per output spanning every slot's expert row.
+// Kinds: PLAIN y[x, r] (+)= W[r]·x_x for nx <= 4 input rows: each weight tile is read and dequantised once
+// for all rows (decode steps of 2-4 rows: verification, a few streams); SWIGLU, per expert slot s:
+// y[s, r] = silu(W_e[r]·x)·(W_e[I + r]·x) with x the row s / xdiv; CONCAT (MoE down projection and combine
+// in one): y[r] (+)= Σ_s w[s]·(W_{e_s}[r]·h_s), one virtual row per output spanning every slot's expert row.
 #include <atomic>
 
 #include "backend/cuda/device_info.h"
@@ -35,6 +36,7 @@ constexpr int kBlocksPerSm = 2;
 constexpr size_t kMaxSmem = 108 * 1024;
 constexpr int kMaxSlots = 32;
 constexpr int kMaxV = 8;  // float4 of input per thread: at most 8192 staged elements
+constexpr int kMaxX = kGemvRingMaxRows;  // staged input rows (PLAIN rows, SWIGLU slot rows)
 enum Kind { PLAIN = 0, SWIGLU = 1, CONCAT = 2 };
 
 struct RingArgs {
@@ -46,10 +48,12 @@ struct RingArgs {
   int64_t sstride;      // elements between experts' scales
   int ng, gs, in, nrows, I, slots;
   const int32_t* expert;
-  const float* x;       // input row (CONCAT: slot rows h_s at x + s·ldx)
+  const float* x;       // input row(s) at x + r·ldx (CONCAT: slot rows h_s at x + s·ldx)
   int64_t ldx;
+  int nx;               // staged input rows: PLAIN output rows y + r·ldy; SWIGLU slot s reads row s / xdiv
+  int xdiv;
   const float* xw;      // CONCAT: per-slot weights
-  const float* norm_w;  // PLAIN / SWIGLU: RMSNorm of x first (weight), or null
+  const float* norm_w;  // PLAIN / SWIGLU: RMSNorm of each input row first (weight), or null
   float eps;
   float* y;
   int64_t ldy;
@@ -69,8 +73,10 @@ struct RingArgs {
 // older devices (ring_supported); their device code compiles these instructions to __trap().
 
 
-template <int BITS, int KIND, int RPW>
+// NX: PLAIN input rows computed together (1, 2 or 4; a.nx <= NX of them are real); 1 for the other kinds.
+template <int BITS, int KIND, int RPW, int NX>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const RingArgs a) {
+  static_assert(NX == 1 || KIND == PLAIN, "several rows per tile only for plain products");
   constexpr int C = 128 / BITS;
   constexpr int NACC = KIND == SWIGLU ? 2 * RPW : RPW;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -79,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
   __shared__ float red[32];
   const int S = a.stages;
   float* xs = reinterpret_cast<float*>(smem + S * size_t(a.stage_bytes));
-  float* colX = xs + a.xs_floats;  // per 16-byte column: Σ x
+  float* colX = xs + a.nx * a.xs_floats;  // per input row and 16-byte column: Σ x, [nx][n]
   // SwiGLU slots let the next kernel start only once their own wait has returned: the expert ids (written
   // before this kernel's prerequisite finished) are then complete, and the MoE down product that follows
   // requests its experts' weights before its own wait.
@@ -143,48 +149,51 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
   // (warp, lane) holds float4 m at elements 1024·m + 128·warp + 4·lane; the lanes sharing a column sum
   // by shuffles (8 lanes per 4-bit column, 4 per 8-bit one). ----
   const int nel = KIND == CONCAT ? a.slots * a.in : a.in;
-  float4 v[kMaxV];
-#pragma unroll
-  for (int m = 0; m < kMaxV; ++m) {
-    const int e = 1024 * m + 128 * warp + 4 * lane;
-    v[m] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (e < nel) {
-      if constexpr (KIND == CONCAT) {
-        const int sl = e / a.in;
-        const float4 h = *reinterpret_cast<const float4*>(a.x + sl * a.ldx + (e - sl * a.in));
-        const float w = a.xw[sl];
-        v[m] = make_float4(w * h.x, w * h.y, w * h.z, w * h.w);
-      } else {
-        v[m] = *reinterpret_cast<const float4*>(a.x + e);
-      }
-    }
-  }
-  if (KIND != CONCAT && a.norm_w) {
-    float ss = 0.f;
-#pragma unroll
-    for (int m = 0; m < kMaxV; ++m) ss += v[m].x * v[m].x + v[m].y * v[m].y + v[m].z * v[m].z + v[m].w * v[m].w;
-    const float inv = rsqrtf(block_sum(ss, red) / float(nel) + a.eps);
+  auto stage_row = [&](const float* xrow, float* xsr, float* cxr) {
+    float4 v[kMaxV];
 #pragma unroll
     for (int m = 0; m < kMaxV; ++m) {
       const int e = 1024 * m + 128 * warp + 4 * lane;
+      v[m] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (e < nel) {
-        const float4 w = *reinterpret_cast<const float4*>(a.norm_w + e);
-        v[m] = make_float4(v[m].x * inv * w.x, v[m].y * inv * w.y, v[m].z * inv * w.z, v[m].w * inv * w.w);
+        if constexpr (KIND == CONCAT) {
+          const int sl = e / a.in;
+          const float4 h = *reinterpret_cast<const float4*>(a.x + sl * a.ldx + (e - sl * a.in));
+          const float w = a.xw[sl];
+          v[m] = make_float4(w * h.x, w * h.y, w * h.z, w * h.w);
+        } else {
+          v[m] = *reinterpret_cast<const float4*>(xrow + e);
+        }
       }
     }
-  }
+    if (KIND != CONCAT && a.norm_w) {
+      float ss = 0.f;
 #pragma unroll
-  for (int m = 0; m < kMaxV; ++m) {
-    const int e0 = 1024 * m + 128 * warp;
-    if (e0 < nel) {  // nel % 128 == 0: a warp's 128 elements are all in or all out
-      const int e = e0 + 4 * lane;
-      *reinterpret_cast<float4*>(xs + xs_at<BITS>(e)) = v[m];
-      float t = v[m].x + v[m].y + v[m].z + v[m].w;
+      for (int m = 0; m < kMaxV; ++m) ss += v[m].x * v[m].x + v[m].y * v[m].y + v[m].z * v[m].z + v[m].w * v[m].w;
+      const float inv = rsqrtf(block_sum(ss, red) / float(nel) + a.eps);
 #pragma unroll
-      for (int o = C / 8; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-      if (lane % (C / 4) == 0) colX[e / C] = t;
+      for (int m = 0; m < kMaxV; ++m) {
+        const int e = 1024 * m + 128 * warp + 4 * lane;
+        if (e < nel) {
+          const float4 w = *reinterpret_cast<const float4*>(a.norm_w + e);
+          v[m] = make_float4(v[m].x * inv * w.x, v[m].y * inv * w.y, v[m].z * inv * w.z, v[m].w * inv * w.w);
+        }
+      }
     }
-  }
+#pragma unroll
+    for (int m = 0; m < kMaxV; ++m) {
+      const int e0 = 1024 * m + 128 * warp;
+      if (e0 < nel) {  // nel % 128 == 0: a warp's 128 elements are all in or all out
+        const int e = e0 + 4 * lane;
+        *reinterpret_cast<float4*>(xsr + xs_at<BITS>(e)) = v[m];
+        float t = v[m].x + v[m].y + v[m].z + v[m].w;
+#pragma unroll
+        for (int o = C / 8; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        if (lane % (C / 4) == 0) cxr[e / C] = t;
+      }
+    }
+  };
+  for (int xr = 0; xr < a.nx; ++xr) stage_row(a.x + xr * a.ldx, xs + xr * a.xs_floats, colX + xr * a.n);
   __syncthreads();
 
   // ---- tiles ----
@@ -196,46 +205,101 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
     const uint16_t* ss = reinterpret_cast<const uint16_t*>(st + a.codes_bytes);
     const uint16_t* bs = reinterpret_cast<const uint16_t*>(st + a.codes_bytes + a.sc_bytes);
     mbar_wait(&bars[li % S], uint32_t(li / S) & 1u);
-    float acc[NACC];
+    if constexpr (NX > 1) {
+      float acc[NX][RPW];
 #pragma unroll
-    for (int j = 0; j < NACC; ++j) acc[j] = 0.f;
-    for (int i = sl; i < a.n; i += lpr) {
-      float xv[C];
-      const float4* x4 = reinterpret_cast<const float4*>(xs) + (i >> 5) * 8 * C + (i & 31);
+      for (int r = 0; r < NX; ++r)
 #pragma unroll
-      for (int k = 0; k < C / 4; ++k) {
-        const float4 v = x4[k * 32];
-        xv[4 * k] = v.x; xv[4 * k + 1] = v.y; xv[4 * k + 2] = v.z; xv[4 * k + 3] = v.w;
+        for (int j = 0; j < RPW; ++j) acc[r][j] = 0.f;
+      for (int i = sl; i < a.n; i += lpr) {
+        const int g = (i * C) / a.gs;
+        uint4 w[RPW];
+        float sc[RPW], bi[RPW];
+#pragma unroll
+        for (int j = 0; j < RPW; ++j) {
+          const int srow = rfirst + j;
+          w[j] = *reinterpret_cast<const uint4*>(st + srow * a.row_b + i * 16);
+          sc[j] = bf(ss[srow * a.ng + g]);
+          bi[j] = bf(bs[srow * a.ng + g]);
+        }
+#pragma unroll
+        for (int r = 0; r < NX; ++r) {
+          if (r >= a.nx) break;
+          float xv[C];
+          const float4* x4 = reinterpret_cast<const float4*>(xs + r * a.xs_floats) + (i >> 5) * 8 * C + (i & 31);
+#pragma unroll
+          for (int k = 0; k < C / 4; ++k) {
+            const float4 v = x4[k * 32];
+            xv[4 * k] = v.x; xv[4 * k + 1] = v.y; xv[4 * k + 2] = v.z; xv[4 * k + 3] = v.w;
+          }
+          const float cx = colX[r * a.n + i], ck = kColScale<BITS> * cx;
+#pragma unroll
+          for (int j = 0; j < RPW; ++j) acc[r][j] = fmaf(sc[j], col_dot<BITS>(w[j], xv) - ck, fmaf(bi[j], cx, acc[r][j]));
+        }
       }
-      const float cx = colX[i], ck = kColScale<BITS> * cx;
-      // stage row of (row j, column i): CONCAT rows of slot s sit at s·tr, SWIGLU up rows at tr
-      int srow0 = rfirst, col = i;
-      if constexpr (KIND == CONCAT) {
-        const int s = i / a.nin;
-        srow0 += s * a.tr;
-        col = i - s * a.nin;
+#pragma unroll
+      for (int r = 0; r < NX; ++r)
+#pragma unroll
+        for (int j = 0; j < RPW; ++j)
+          for (int o = lpr >> 1; o > 0; o >>= 1) acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
+      if (sl == 0) {
+#pragma unroll
+        for (int r = 0; r < NX; ++r) {
+          if (r >= a.nx) break;
+          float* yr = a.y + r * a.ldy;
+#pragma unroll
+          for (int j = 0; j < RPW; ++j) {
+            const int row = t * a.tr + rfirst + j;
+            if (row < a.nrows) yr[row] = a.accumulate ? yr[row] + acc[r][j] : acc[r][j];
+          }
+        }
       }
-      const int g = (col * C) / a.gs;
+    } else {
+      // SWIGLU: the slot's input row
+      const int xr0 = KIND == SWIGLU ? (t / a.rtiles) / a.xdiv : 0;
+      const float* xs0 = xs + xr0 * a.xs_floats;
+      const float* cx0 = colX + xr0 * a.n;
+      float acc[NACC];
 #pragma unroll
-      for (int j = 0; j < NACC; ++j) {
-        const int srow = srow0 + (KIND == SWIGLU && j >= RPW ? a.tr + j - RPW : j);
-        const uint4 w = *reinterpret_cast<const uint4*>(st + srow * a.row_b + col * 16);
-        const float sc = bf(ss[srow * a.ng + g]), bi = bf(bs[srow * a.ng + g]);
-        acc[j] = fmaf(sc, col_dot<BITS>(w, xv) - ck, fmaf(bi, cx, acc[j]));
+      for (int j = 0; j < NACC; ++j) acc[j] = 0.f;
+      for (int i = sl; i < a.n; i += lpr) {
+        float xv[C];
+        const float4* x4 = reinterpret_cast<const float4*>(xs0) + (i >> 5) * 8 * C + (i & 31);
+#pragma unroll
+        for (int k = 0; k < C / 4; ++k) {
+          const float4 v = x4[k * 32];
+          xv[4 * k] = v.x; xv[4 * k + 1] = v.y; xv[4 * k + 2] = v.z; xv[4 * k + 3] = v.w;
+        }
+        const float cx = cx0[i], ck = kColScale<BITS> * cx;
+        // stage row of (row j, column i): CONCAT rows of slot s sit at s·tr, SWIGLU up rows at tr
+        int srow0 = rfirst, col = i;
+        if constexpr (KIND == CONCAT) {
+          const int s = i / a.nin;
+          srow0 += s * a.tr;
+          col = i - s * a.nin;
+        }
+        const int g = (col * C) / a.gs;
+#pragma unroll
+        for (int j = 0; j < NACC; ++j) {
+          const int srow = srow0 + (KIND == SWIGLU && j >= RPW ? a.tr + j - RPW : j);
+          const uint4 w = *reinterpret_cast<const uint4*>(st + srow * a.row_b + col * 16);
+          const float sc = bf(ss[srow * a.ng + g]), bi = bf(bs[srow * a.ng + g]);
+          acc[j] = fmaf(sc, col_dot<BITS>(w, xv) - ck, fmaf(bi, cx, acc[j]));
+        }
       }
-    }
 #pragma unroll
-    for (int j = 0; j < NACC; ++j)
-      for (int o = lpr >> 1; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
-    if (sl == 0) {
+      for (int j = 0; j < NACC; ++j)
+        for (int o = lpr >> 1; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+      if (sl == 0) {
 #pragma unroll
-      for (int j = 0; j < RPW; ++j) {
-        if constexpr (KIND == SWIGLU) {
-          const int slot = t / a.rtiles, r = (t % a.rtiles) * a.tr + rfirst + j;
-          if (r < a.I) a.y[slot * a.ldy + r] = silu(acc[j]) * acc[RPW + j];
-        } else {
-          const int r = t * a.tr + rfirst + j;
-          if (r < a.nrows) a.y[r] = a.accumulate ? a.y[r] + acc[j] : acc[j];
+        for (int j = 0; j < RPW; ++j) {
+          if constexpr (KIND == SWIGLU) {
+            const int slot = t / a.rtiles, r = (t % a.rtiles) * a.tr + rfirst + j;
+            if (r < a.I) a.y[slot * a.ldy + r] = silu(acc[j]) * acc[RPW + j];
+          } else {
+            const int r = t * a.tr + rfirst + j;
+            if (r < a.nrows) a.y[r] = a.accumulate ? a.y[r] + acc[j] : acc[j];
+          }
         }
       }
     }
@@ -251,28 +315,28 @@ bool ring_supported() {
   return device_cc_major() >= 9 && kernel_switches().gemv_ring;  // cp.async.bulk and mbarrier transaction counts
 }
 
-template <int BITS, int KIND, int RPW>
+template <int BITS, int KIND, int RPW, int NX>
 void launch_ring(const RingArgs& a, int grid, size_t smem, cudaStream_t s) {
   static const bool attr = [smem] {
-    LILY_CU(cudaFuncSetAttribute(gemv_ring_kernel<BITS, KIND, RPW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    LILY_CU(cudaFuncSetAttribute(gemv_ring_kernel<BITS, KIND, RPW, NX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(kMaxSmem)));
     (void)smem;
     return true;
   }();
   (void)attr;
   PdlLaunch L(dim3(unsigned(grid)), dim3(kThreads), smem, s);
-  LILY_CU(cudaLaunchKernelEx(&L.cfg, gemv_ring_kernel<BITS, KIND, RPW>, a));
+  LILY_CU(cudaLaunchKernelEx(&L.cfg, gemv_ring_kernel<BITS, KIND, RPW, NX>, a));
   LILY_CU_LAUNCH();
 }
 
-template <int KIND, int RPW>
+template <int KIND, int RPW, int NX>
 void launch_bits(int bits, const RingArgs& a, int grid, size_t smem, cudaStream_t s) {
-  if (bits == 4) launch_ring<4, KIND, RPW>(a, grid, smem, s);
-  else launch_ring<8, KIND, RPW>(a, grid, smem, s);
+  if (bits == 4) launch_ring<4, KIND, RPW, NX>(a, grid, smem, s);
+  else launch_ring<8, KIND, RPW, NX>(a, grid, smem, s);
 }
 
 // Tiles, stages and shared memory of one product (host only). rows: output rows (PLAIN, CONCAT) or I
-// (SWIGLU). ok == false: not covered (a bulk copy would not be whole 16-byte units, the input does not fit
+// (SWIGLU); nx: staged input rows (PLAIN rows, SWIGLU slot rows). ok == false: not covered (a bulk copy would not be whole 16-byte units, the input does not fit
 // the staging registers, or one stage does not fit the shared memory).
 struct Shape {
   bool ok = false;
@@ -281,10 +345,10 @@ struct Shape {
   size_t smem = 0;
 };
 
-Shape ring_shape(int kind, int bits, int gs, int in, int rows, int slots, int sms) {
+Shape ring_shape(int kind, int bits, int gs, int in, int rows, int slots, int sms, int nx) {
   Shape h;
   if ((bits != 4 && bits != 8) || gs <= 0 || gs % 32 != 0 || in <= 0 || in % 128 != 0 || in % gs != 0 || rows <= 0 ||
-      slots <= 0 || slots > kMaxSlots)
+      slots <= 0 || slots > kMaxSlots || nx < 1 || nx > kMaxX || (kind == CONCAT && nx != 1))
     return h;
   const int C = 128 / bits;
   const int64_t row_b = int64_t(in) * bits / 8, gb = int64_t(in / gs) * 2;
@@ -295,8 +359,12 @@ Shape ring_shape(int kind, int bits, int gs, int in, int rows, int slots, int sm
   const int parts = kind == SWIGLU ? 2 : kind == CONCAT ? slots : 1;  // row blocks per tile
   const int64_t per_row = (row_b + 2 * gb) * parts;
   const int64_t units = kind == SWIGLU ? int64_t(slots) * rows : rows;
+  h.xs_floats = int(cdiv(h.n, 32)) * 32 * C;
+  const size_t fixed = sizeof(float) * size_t(nx) * (size_t(h.xs_floats) + size_t(h.n));  // staged rows, Σ x
+  // a stage of at most 24 KB, and two of them beside the staged rows when there are several
+  const int64_t stage_cap = nx > 1 ? std::min<int64_t>(24 * 1024, (int64_t(kMaxSmem) - int64_t(fixed)) / 2 - 128) : 24 * 1024;
   h.rpw = 4;
-  while (h.rpw > 1 && (int64_t(kWarps) * nsub * h.rpw * per_row > 24 * 1024 || units / (kWarps * nsub * h.rpw) < 2 * sms))
+  while (h.rpw > 1 && (int64_t(kWarps) * nsub * h.rpw * per_row > stage_cap || units / (kWarps * nsub * h.rpw) < 2 * sms))
     h.rpw /= 2;
   h.tr = kWarps * nsub * h.rpw;
   auto a16 = [](int64_t v) { return v % 16 == 0; };
@@ -310,10 +378,9 @@ Shape ring_shape(int kind, int bits, int gs, int in, int rows, int slots, int sm
   h.stage_bytes = uint32_t((h.codes_bytes + 2 * h.sc_bytes + 127) / 128 * 128);
   h.rtiles = kind == SWIGLU ? int(cdiv(rows, h.tr)) : 0;
   h.ntiles = kind == SWIGLU ? slots * h.rtiles : int(cdiv(rows, h.tr));
-  h.xs_floats = int(cdiv(h.n, 32)) * 32 * C;
-  const size_t fixed = sizeof(float) * (size_t(h.xs_floats) + size_t(h.n));
   h.stages = kMaxStages;
   while (h.stages > 1 && size_t(h.stages) * h.stage_bytes + fixed > kMaxSmem) --h.stages;
+  if (nx > 1 && h.stages < 2) return h;  // one stage cannot overlap the copies with the rows' products
   h.smem = size_t(h.stages) * h.stage_bytes + fixed;
   if (h.smem > kMaxSmem) return h;
   h.grid = int(std::min<int64_t>(h.ntiles, kBlocksPerSm * int64_t(sms)));
@@ -323,7 +390,8 @@ Shape ring_shape(int kind, int bits, int gs, int in, int rows, int slots, int sm
 
 // Fills the shape fields of a and launches; false when the product is not covered (nothing launched).
 bool plan_and_launch(const Mat& W, RingArgs& a, int kind, cudaStream_t s) {
-  const Shape h = ring_shape(kind, W.bits, W.gs, a.in, kind == SWIGLU ? a.I : a.nrows, a.slots, device_sm_count());
+  const Shape h =
+      ring_shape(kind, W.bits, W.gs, a.in, kind == SWIGLU ? a.I : a.nrows, a.slots, device_sm_count(), a.nx);
   if (!h.ok) return false;
   // every bulk copy starts at a 16-byte aligned address; the input is read as float4
   if (a.qstride_b % 16 != 0 || (a.sstride * 2) % 16 != 0 || !aligned16(a.q) || !aligned16(a.s) || !aligned16(a.b) ||
@@ -332,15 +400,18 @@ bool plan_and_launch(const Mat& W, RingArgs& a, int kind, cudaStream_t s) {
   a.nin = h.nin; a.n = h.n; a.lpr = h.lpr; a.tr = h.tr;
   a.codes_bytes = h.codes_bytes; a.sc_bytes = h.sc_bytes; a.stage_bytes = h.stage_bytes;
   a.rtiles = h.rtiles; a.ntiles = h.ntiles; a.xs_floats = h.xs_floats; a.stages = h.stages;
-  auto go = [&](auto kind_c) {
-    constexpr int K = decltype(kind_c)::value;
-    if (h.rpw == 4) launch_bits<K, 4>(W.bits, a, h.grid, h.smem, s);
-    else if (h.rpw == 2) launch_bits<K, 2>(W.bits, a, h.grid, h.smem, s);
-    else launch_bits<K, 1>(W.bits, a, h.grid, h.smem, s);
+  auto go = [&](auto kind_c, auto nx_c) {
+    constexpr int K = decltype(kind_c)::value, NX = decltype(nx_c)::value;
+    if (h.rpw == 4) launch_bits<K, 4, NX>(W.bits, a, h.grid, h.smem, s);
+    else if (h.rpw == 2) launch_bits<K, 2, NX>(W.bits, a, h.grid, h.smem, s);
+    else launch_bits<K, 1, NX>(W.bits, a, h.grid, h.smem, s);
   };
-  if (kind == PLAIN) go(std::integral_constant<int, PLAIN>{});
-  else if (kind == SWIGLU) go(std::integral_constant<int, SWIGLU>{});
-  else go(std::integral_constant<int, CONCAT>{});
+  using One = std::integral_constant<int, 1>;
+  if (kind == PLAIN && a.nx > 2) go(std::integral_constant<int, PLAIN>{}, std::integral_constant<int, 4>{});
+  else if (kind == PLAIN && a.nx == 2) go(std::integral_constant<int, PLAIN>{}, std::integral_constant<int, 2>{});
+  else if (kind == PLAIN) go(std::integral_constant<int, PLAIN>{}, One{});
+  else if (kind == SWIGLU) go(std::integral_constant<int, SWIGLU>{}, One{});
+  else go(std::integral_constant<int, CONCAT>{}, One{});
   return true;
 }
 
@@ -355,6 +426,8 @@ RingArgs base_args(const Mat& W, int in) {
   a.gs = W.gs;
   a.ng = in / W.gs;
   a.in = in;
+  a.nx = 1;
+  a.xdiv = 1;
   return a;
 }
 
@@ -367,22 +440,28 @@ bool covered(const Mat& W, int in) {
 }  // namespace
 
 
-GemvRingPlan gemv_ring_plan(int kind, int bits, int gs, int in, int rows, int slots, int sm_count) {
-  const Shape h = ring_shape(kind, bits, gs, in, rows, slots, sm_count);
+GemvRingPlan gemv_ring_plan(int kind, int bits, int gs, int in, int rows, int slots, int sm_count, int nx) {
+  const Shape h = ring_shape(kind, bits, gs, in, rows, slots, sm_count, nx);
   return GemvRingPlan{h.ok, h.tr, h.stages, h.ntiles, h.grid, h.smem};
 }
 
-bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float* x, int slots, float* y, int64_t ldy,
-               bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps) {
-  if (!covered(W, in) || slots <= 0) return false;
+bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
+               float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps) {
+  if (!covered(W, in) || slots <= 0 || xdiv <= 0) return false;
   const bool swi = swiglu_I > 0;
-  if (swi != (expert != nullptr) || (!swi && slots != 1) || slots > kMaxSlots) return false;
+  if (swi != (expert != nullptr) || slots > kMaxSlots) return false;
   if (accumulate && swi) return false;
+  // input rows: PLAIN one per output row (xdiv 1), SWIGLU one per xdiv slots
+  const int nx = swi ? int(cdiv(slots, xdiv)) : slots;
+  if (nx > kMaxX || (!swi && xdiv != 1 && slots > 1)) return false;
   if ((swi ? swiglu_I : out) <= 0) return true;  // nothing to compute
   RingArgs a = base_args(W, in);
   a.nrows = swi ? swiglu_I : out;
   a.I = swiglu_I;
-  a.slots = slots;
+  a.slots = swi ? slots : 1;
+  a.nx = nx;
+  a.xdiv = swi ? xdiv : 1;
+  a.ldx = ldx;
   a.expert = expert;
   a.x = x;
   a.norm_w = norm_w;

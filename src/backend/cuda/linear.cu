@@ -120,8 +120,8 @@ void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const floa
     if ((W.bits != 4 && W.bits != 8) || in % 32 != 0 || W.gs % 32 != 0 || W.row_words % 4 != 0 || W.qstride % 4 != 0 ||
         !aligned16(W.q))
       fail_internal("affine GEMV: needs bits 4 or 8, in and group size multiples of 32, 16-byte aligned rows");
-    const bool one_row = expert ? xdiv >= slots : slots == 1;
-    if (one_row && gemv_ring(W, expert, out, in, x, slots, y, ldy, accumulate, swiglu_I, s, norm_w, eps)) return;
+    // the ring takes plain products of up to kGemvRingMaxRows rows and SwiGLU slots over as many input rows
+    if (gemv_ring(W, expert, out, in, x, ldx, xdiv, slots, y, ldy, accumulate, swiglu_I, s, norm_w, eps)) return;
     gemv_fast(W, expert, out, in, x, ldx, xdiv, slots, y, ldy, accumulate, swiglu_I, s, norm_w, eps);
     return;
   }

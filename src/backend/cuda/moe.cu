@@ -233,7 +233,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   const bool grouped = !fused && rows_moe_on(T);
   const bool rows = grouped && rows_covers(m.gate_up, H) && rows_covers(m.down, m.I);
   if (T <= moe_gemv_rows() && !grouped) {
-    const bool ring_gu = T == 1 && gemv_ring(m.gate_up, sc.idx, 0, H, u, n, sc.h, m.I, false, m.I, s, nw, eps);
+    const bool ring_gu = gemv_ring(m.gate_up, sc.idx, 0, H, u, H, kk, n, sc.h, m.I, false, m.I, s, nw, eps);
     if (!ring_gu) gemv_slots(m.gate_up, sc.idx, 0, H, u, H, kk, n, sc.h, m.I, false, m.I, s, nw, eps);
     // one token, no side-stream shared expert: the down products of every slot and the weighted sum into
     // the residual are one product over the slots' concatenated rows

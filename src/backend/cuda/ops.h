@@ -107,12 +107,14 @@ void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const floa
                 float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w = nullptr,
                 float eps = 1e-6f);
 
-// Decode GEMV with a TMA-fed shared-memory weight ring (gemv_ring.cu): MLX-affine 4/8-bit, one input row,
-// sm_90. Plain products (expert == nullptr, slots == 1) or SwiGLU expert slots (expert ids, swiglu_I > 0,
-// outputs y[s·ldy + r]); same meaning as gemv_slots otherwise. Returns false, launching nothing, when the
-// shape, alignment or device is not covered (gemv_slots then takes the streaming GEMV).
-bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float* x, int slots, float* y, int64_t ldy,
-               bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps);
+// Decode GEMV with a TMA-fed shared-memory weight ring (gemv_ring.cu): MLX-affine 4/8-bit, sm_90, at most
+// kGemvRingMaxRows input rows. Plain products (expert == nullptr, xdiv 1: `slots` input rows, each weight tile
+// read once for all of them) or SwiGLU expert slots (expert ids, swiglu_I > 0, outputs y[s·ldy + r]); same
+// meaning as gemv_slots otherwise. Returns false, launching nothing, when the shape, alignment or device is
+// not covered (gemv_slots then takes the streaming GEMV).
+constexpr int kGemvRingMaxRows = 4;
+bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
+               float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps);
 // MoE down projection and combine in one product: y[r] (+)= Σ_s weights[s] · (W_{expert[s]}[r, :] · h[s·ldh, :]).
 // ids_ready: the previous kernel on s is the ring's SwiGLU product over the same expert ids (it lets its
 // dependents start only after its own wait), so the ids may be read, and the weights requested, before this
@@ -127,7 +129,7 @@ struct GemvRingPlan {
   int rows_per_tile = 0, stages = 0, tiles = 0, blocks = 0;
   size_t smem = 0;
 };
-GemvRingPlan gemv_ring_plan(int kind, int bits, int gs, int in, int rows, int slots, int sm_count);
+GemvRingPlan gemv_ring_plan(int kind, int bits, int gs, int in, int rows, int slots, int sm_count, int nx = 1);
 // The ring is on for gemv_slots unless KernelSwitches::gemv_ring is off (switches.h).
 
 // Launch shape of the decode GEMV for `mode` (0 bf16, else affine bits), reported for tests and tools:
