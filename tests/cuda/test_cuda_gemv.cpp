@@ -209,26 +209,38 @@ bool ring_swiglu(int bits, int gs, int I, int in, int slots, bool norm, std::mt1
   return true;
 }
 
-bool ring_concat(int bits, int gs, int out, int in, int slots, bool acc, std::mt19937& rng) {
-  const int E = 11;
+// groups: tokens of the step, slots / groups consecutive slots each, output rows y + g·out
+bool ring_concat(int bits, int gs, int out, int in, int slots, bool acc, std::mt19937& rng, int groups = 1) {
+  const int E = 11, kk = slots / groups;
   GemvWeights W = make(bits, gs, E, out, in, rng);
   std::vector<int32_t> ex(static_cast<size_t>(slots));
   for (int s = 0; s < slots; ++s) ex[size_t(s)] = (s * 4 + 1) % E;
-  auto h = randn(size_t(slots) * in, rng, 3.f), wt = randn(size_t(slots), rng), y0 = randn(size_t(out), rng);
-  std::vector<double> ref(static_cast<size_t>(out));
-  for (int o = 0; o < out; ++o) {
-    double v = acc ? y0[size_t(o)] : 0.0;
-    for (int s = 0; s < slots; ++s)
-      v += wt[size_t(s)] * dot(W.deq.data() + (size_t(ex[size_t(s)]) * out + o) * in, h.data() + size_t(s) * in, in);
-    ref[size_t(o)] = v;
-  }
+  auto h = randn(size_t(slots) * in, rng, 3.f), wt = randn(size_t(slots), rng), y0 = randn(size_t(groups) * out, rng);
+  std::vector<double> ref(size_t(groups) * out);
+  for (int g = 0; g < groups; ++g)
+    for (int o = 0; o < out; ++o) {
+      double v = acc ? y0[size_t(g) * out + o] : 0.0;
+      for (int s = g * kk; s < (g + 1) * kk; ++s)
+        v += wt[size_t(s)] * dot(W.deq.data() + (size_t(ex[size_t(s)]) * out + o) * in, h.data() + size_t(s) * in, in);
+      ref[size_t(g) * out + o] = v;
+    }
   Dev<float> dh(h), dw(wt), dy(y0);
   Dev<int32_t> dex(ex);
   if (!acc) dy.poison();
-  const bool took = lily::cuda::gemv_ring_concat(W.m, dex.p, out, in, dh.p, in, dw.p, slots, dy.p, acc, nullptr);
+  const bool took =
+      lily::cuda::gemv_ring_concat(W.m, dex.p, out, in, dh.p, in, dw.p, slots, groups, dy.p, out, acc, nullptr);
   if (!took) return false;
-  EXPECT_LT(rel_err(dy.down(), ref), 2e-5) << "ring concat bits " << bits << " gs " << gs << " " << out << "x" << in
-                                           << " slots " << slots << (acc ? " acc" : "");
+  const std::vector<float> got = dy.down();
+  EXPECT_LT(rel_err(got, ref), 2e-5) << "ring concat bits " << bits << " gs " << gs << " " << out << "x" << in
+                                     << " slots " << slots << " groups " << groups << (acc ? " acc" : "");
+  for (int g = 0; g < groups && groups > 1; ++g) {  // each token alone: the same bits
+    Dev<float> y1(std::vector<float>(y0.begin() + ptrdiff_t(g) * out, y0.begin() + ptrdiff_t(g + 1) * out));
+    EXPECT_TRUE(lily::cuda::gemv_ring_concat(W.m, dex.p + g * kk, out, in, dh.p + size_t(g) * kk * in, in,
+                                             dw.p + g * kk, kk, 1, y1.p, out, acc, nullptr));
+    const std::vector<float> one = y1.down();
+    EXPECT_EQ(0, std::memcmp(one.data(), got.data() + size_t(g) * out, sizeof(float) * size_t(out)))
+        << "token " << g << " of " << groups << " differs from the token alone, " << out << "x" << in;
+  }
   return true;
 }
 
@@ -258,6 +270,11 @@ TEST(CudaGemv, RingMatchesReference) {
     for (int out : {1, 2, 17, 63, 64, 65, 129})
       for (int slots : {1, 9}) ring_concat(bits, 64, out, 512, slots, out % 2 == 0, rng);
     ring_concat(bits, 32, 100, 32, 3, true, rng);
+    // steps of 2-4 tokens, several staging passes (more than 8192 staged elements)
+    for (int groups : {2, 3, 4}) {
+      ring_concat(bits, 64, 65, 512, 8 * groups, groups != 3, rng, groups);
+      ring_concat(bits, 64, 129, 1024, 3 * groups, true, rng, groups);
+    }
     // the decode products of Qwen3.5-35B-A3B and Qwen3-Next-80B-A3B must take the ring
     for (int gs : {64, 128}) {
       EXPECT_TRUE(ring_plain(bits, gs, 12288, 2048, true, false, rng)) << "GDN input projection, bits " << bits;
@@ -273,6 +290,9 @@ TEST(CudaGemv, RingMatchesReference) {
       EXPECT_TRUE(ring_swiglu(bits, gs, 512, 2048, 9, true, rng)) << "expert gate/up, bits " << bits;
       EXPECT_TRUE(ring_concat(bits, gs, 2048, 512, 9, true, rng)) << "expert down, 8 + 1 slots, bits " << bits;
       EXPECT_TRUE(ring_concat(bits, gs, 2048, 512, 11, true, rng)) << "expert down, 10 + 1 slots, bits " << bits;
+      for (int groups : {2, 3})
+        EXPECT_TRUE(ring_concat(bits, gs, 2048, 512, 9 * groups, true, rng, groups)) << "expert down, tokens " << groups;
+      EXPECT_TRUE(ring_concat(bits, gs, 2048, 512, 22, true, rng, 2)) << "expert down, 10 + 1 slots, 2 tokens";
     }
   }
 }

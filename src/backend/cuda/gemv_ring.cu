@@ -17,7 +17,8 @@
 // Kinds: PLAIN y[x, r] (+)= W[r]·x_x for nx <= 4 input rows: each weight tile is read and dequantised once
 // for all rows (decode steps of 2-4 rows: verification, a few streams); SWIGLU, per expert slot s:
 // y[s, r] = silu(W_e[r]·x)·(W_e[I + r]·x) with x the row s / xdiv; CONCAT (MoE down projection and combine
-// in one): y[r] (+)= Σ_s w[s]·(W_{e_s}[r]·h_s), one virtual row per output spanning every slot's expert row.
+// in one): y[g, r] (+)= Σ_{s of group g} w[s]·(W_{e_s}[r]·h_s), one virtual row per output spanning the expert
+// rows of the group's slots (a group: the slots of one token of the step).
 #include <atomic>
 
 #include "backend/cuda/device_info.h"
@@ -47,6 +48,7 @@ struct RingArgs {
   int64_t row_b;        // bytes per row of codes
   int64_t sstride;      // elements between experts' scales
   int ng, gs, in, nrows, I, slots;
+  int groups;           // CONCAT: output rows y + g·ldy, each summing slots/groups consecutive slots
   const int32_t* expert;
   const float* x;       // input row(s) at x + r·ldx (CONCAT: slot rows h_s at x + s·ldx)
   int64_t ldx;
@@ -59,8 +61,8 @@ struct RingArgs {
   int64_t ldy;
   int accumulate;
   int tr;               // output rows per tile
-  int ntiles, rtiles;   // tiles in all; tiles per slot (SWIGLU)
-  int n;                // 16-byte columns per (virtual) row
+  int ntiles, rtiles;   // tiles in all; tiles per slot (SWIGLU) or per group (CONCAT)
+  int n;                // 16-byte columns per (virtual) row; CONCAT: of one group
   int nin;              // 16-byte columns per expert row
   int lpr;              // lanes per row: 32, 16 or 8
   uint32_t stage_bytes, codes_bytes, sc_bytes;  // stage size; its codes region; its scale region
@@ -106,7 +108,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
     if constexpr (KIND == SWIGLU) {
       r0 = (t % a.rtiles) * a.tr; nv = min(a.tr, a.I - r0); parts = 2;
     } else {
-      r0 = t * a.tr; nv = min(a.tr, a.nrows - r0); parts = KIND == CONCAT ? a.slots : 1;
+      r0 = (KIND == CONCAT ? t % a.rtiles : t) * a.tr; nv = min(a.tr, a.nrows - r0);
+      parts = KIND == CONCAT ? a.slots / a.groups : 1;
     }
     const uint32_t cb = uint32_t(nv * a.row_b), gbb = uint32_t(nv * gb);
     if (lane == 0) mbar_expect_tx(bar, uint32_t(parts) * (cb + 2 * gbb));
@@ -115,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
       const int part = c / 3, what = c % 3;
       int64_t e = 0, r = r0;
       if constexpr (KIND == SWIGLU) { e = ex[t / a.rtiles]; r += int64_t(part) * a.I; }  // gate rows, then up rows
-      if constexpr (KIND == CONCAT) e = ex[part];
+      if constexpr (KIND == CONCAT) e = ex[(t / a.rtiles) * parts + part];
       if (what == 0) bulk_copy(dst + part * a.tr * a.row_b, a.q + e * a.qstride_b + r * a.row_b, cb, bar);
       else bulk_copy(dst + a.codes_bytes + (what - 1) * a.sc_bytes + part * a.tr * gb,
                      (what == 1 ? sb : bb) + e * a.sstride * 2 + r * gb, gbb, bar);
@@ -144,16 +147,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
     if (early) grid_dependency_wait();
   }
 
-  // ---- stage the input (PLAIN / SWIGLU: RMS-normalised when asked; CONCAT: w[s]·h_s) and Σ x per
-  // column. Every load is issued before the first is used (one L2 round trip, not one per pass): thread
-  // (warp, lane) holds float4 m at elements 1024·m + 128·warp + 4·lane; the lanes sharing a column sum
-  // by shuffles (8 lanes per 4-bit column, 4 per 8-bit one). ----
+  // ---- stage the input (PLAIN / SWIGLU: RMS-normalised when asked; CONCAT: w[s]·h_s of every slot) and Σ x
+  // per column. Every load of a pass is issued before the first is used (one L2 round trip per pass of 8192
+  // elements; rows of PLAIN and SWIGLU are one pass): thread (warp, lane) holds float4 m at elements
+  // base + 1024·m + 128·warp + 4·lane; the lanes sharing a column sum by shuffles (8 lanes per 4-bit column,
+  // 4 per 8-bit one). ----
   const int nel = KIND == CONCAT ? a.slots * a.in : a.in;
-  auto stage_row = [&](const float* xrow, float* xsr, float* cxr) {
+  auto stage_row = [&](const float* xrow, float* xsr, float* cxr, int base) {
     float4 v[kMaxV];
 #pragma unroll
     for (int m = 0; m < kMaxV; ++m) {
-      const int e = 1024 * m + 128 * warp + 4 * lane;
+      const int e = base + 1024 * m + 128 * warp + 4 * lane;
       v[m] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (e < nel) {
         if constexpr (KIND == CONCAT) {
@@ -173,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
       const float inv = rsqrtf(block_sum(ss, red) / float(nel) + a.eps);
 #pragma unroll
       for (int m = 0; m < kMaxV; ++m) {
-        const int e = 1024 * m + 128 * warp + 4 * lane;
+        const int e = base + 1024 * m + 128 * warp + 4 * lane;
         if (e < nel) {
           const float4 w = *reinterpret_cast<const float4*>(a.norm_w + e);
           v[m] = make_float4(v[m].x * inv * w.x, v[m].y * inv * w.y, v[m].z * inv * w.z, v[m].w * inv * w.w);
@@ -182,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
     }
 #pragma unroll
     for (int m = 0; m < kMaxV; ++m) {
-      const int e0 = 1024 * m + 128 * warp;
+      const int e0 = base + 1024 * m + 128 * warp;
       if (e0 < nel) {  // nel % 128 == 0: a warp's 128 elements are all in or all out
         const int e = e0 + 4 * lane;
         *reinterpret_cast<float4*>(xsr + xs_at<BITS>(e)) = v[m];
@@ -193,7 +197,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
       }
     }
   };
-  for (int xr = 0; xr < a.nx; ++xr) stage_row(a.x + xr * a.ldx, xs + xr * a.xs_floats, colX + xr * a.n);
+  if constexpr (KIND == CONCAT) {
+    for (int base = 0; base < nel; base += kMaxV * 4 * kThreads) stage_row(a.x, xs, colX, base);
+  } else {
+    for (int xr = 0; xr < a.nx; ++xr) stage_row(a.x + xr * a.ldx, xs + xr * a.xs_floats, colX + xr * a.n, 0);
+  }
   __syncthreads();
 
   // ---- tiles ----
@@ -255,16 +263,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
         }
       }
     } else {
-      // SWIGLU: the slot's input row
+      // SWIGLU: the slot's input row; CONCAT: the group's columns of the staged slots
       const int xr0 = KIND == SWIGLU ? (t / a.rtiles) / a.xdiv : 0;
-      const float* xs0 = xs + xr0 * a.xs_floats;
-      const float* cx0 = colX + xr0 * a.n;
+      const int g = KIND == CONCAT ? t / a.rtiles : 0;
+      const float* cx0 = colX + xr0 * a.n + g * a.n;
       float acc[NACC];
 #pragma unroll
       for (int j = 0; j < NACC; ++j) acc[j] = 0.f;
       for (int i = sl; i < a.n; i += lpr) {
         float xv[C];
-        const float4* x4 = reinterpret_cast<const float4*>(xs0) + (i >> 5) * 8 * C + (i & 31);
+        const int ix = g * a.n + i;  // staged column
+        const float4* x4 = reinterpret_cast<const float4*>(xs + xr0 * a.xs_floats) + (ix >> 5) * 8 * C + (ix & 31);
 #pragma unroll
         for (int k = 0; k < C / 4; ++k) {
           const float4 v = x4[k * 32];
@@ -278,12 +287,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
           srow0 += s * a.tr;
           col = i - s * a.nin;
         }
-        const int g = (col * C) / a.gs;
+        const int grp = (col * C) / a.gs;
 #pragma unroll
         for (int j = 0; j < NACC; ++j) {
           const int srow = srow0 + (KIND == SWIGLU && j >= RPW ? a.tr + j - RPW : j);
           const uint4 w = *reinterpret_cast<const uint4*>(st + srow * a.row_b + col * 16);
-          const float sc = bf(ss[srow * a.ng + g]), bi = bf(bs[srow * a.ng + g]);
+          const float sc = bf(ss[srow * a.ng + grp]), bi = bf(bs[srow * a.ng + grp]);
           acc[j] = fmaf(sc, col_dot<BITS>(w, xv) - ck, fmaf(bi, cx, acc[j]));
         }
       }
@@ -296,6 +305,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
           if constexpr (KIND == SWIGLU) {
             const int slot = t / a.rtiles, r = (t % a.rtiles) * a.tr + rfirst + j;
             if (r < a.I) a.y[slot * a.ldy + r] = silu(acc[j]) * acc[RPW + j];
+          } else if constexpr (KIND == CONCAT) {
+            const int r = (t % a.rtiles) * a.tr + rfirst + j;
+            float* yg = a.y + g * a.ldy;
+            if (r < a.nrows) yg[r] = a.accumulate ? yg[r] + acc[j] : acc[j];
           } else {
             const int r = t * a.tr + rfirst + j;
             if (r < a.nrows) a.y[r] = a.accumulate ? a.y[r] + acc[j] : acc[j];
@@ -336,7 +349,8 @@ void launch_bits(int bits, const RingArgs& a, int grid, size_t smem, cudaStream_
 }
 
 // Tiles, stages and shared memory of one product (host only). rows: output rows (PLAIN, CONCAT) or I
-// (SWIGLU); nx: staged input rows (PLAIN rows, SWIGLU slot rows). ok == false: not covered (a bulk copy would not be whole 16-byte units, the input does not fit
+// (SWIGLU); nx: staged input rows (PLAIN rows, SWIGLU slot rows); groups: CONCAT output rows (slots / groups
+// slots each). ok == false: not covered (a bulk copy would not be whole 16-byte units, the input does not fit
 // the staging registers, or one stage does not fit the shared memory).
 struct Shape {
   bool ok = false;
@@ -345,22 +359,25 @@ struct Shape {
   size_t smem = 0;
 };
 
-Shape ring_shape(int kind, int bits, int gs, int in, int rows, int slots, int sms, int nx) {
+Shape ring_shape(int kind, int bits, int gs, int in, int rows, int slots, int sms, int nx, int groups) {
   Shape h;
   if ((bits != 4 && bits != 8) || gs <= 0 || gs % 32 != 0 || in <= 0 || in % 128 != 0 || in % gs != 0 || rows <= 0 ||
-      slots <= 0 || slots > kMaxSlots || nx < 1 || nx > kMaxX || (kind == CONCAT && nx != 1))
+      slots <= 0 || slots > kMaxSlots || nx < 1 || nx > kMaxX || (kind == CONCAT && nx != 1) || groups < 1 ||
+      (kind != CONCAT && groups != 1) || slots % groups != 0)
     return h;
   const int C = 128 / bits;
   const int64_t row_b = int64_t(in) * bits / 8, gb = int64_t(in / gs) * 2;
+  const int kk = slots / groups;  // CONCAT: slots per group
   h.nin = in / C;
-  h.n = kind == CONCAT ? slots * h.nin : h.nin;
+  h.n = kind == CONCAT ? kk * h.nin : h.nin;
   h.lpr = h.nin >= 32 || kind == CONCAT ? 32 : h.nin >= 16 ? 16 : 8;
   const int nsub = 32 / h.lpr;
-  const int parts = kind == SWIGLU ? 2 : kind == CONCAT ? slots : 1;  // row blocks per tile
+  const int parts = kind == SWIGLU ? 2 : kind == CONCAT ? kk : 1;  // row blocks per tile
   const int64_t per_row = (row_b + 2 * gb) * parts;
-  const int64_t units = kind == SWIGLU ? int64_t(slots) * rows : rows;
-  h.xs_floats = int(cdiv(h.n, 32)) * 32 * C;
-  const size_t fixed = sizeof(float) * size_t(nx) * (size_t(h.xs_floats) + size_t(h.n));  // staged rows, Σ x
+  const int64_t units = kind == SWIGLU ? int64_t(slots) * rows : int64_t(groups) * rows;
+  const int staged = kind == CONCAT ? groups * h.n : h.n;  // staged 16-byte columns per input row
+  h.xs_floats = int(cdiv(staged, 32)) * 32 * C;
+  const size_t fixed = sizeof(float) * size_t(nx) * (size_t(h.xs_floats) + size_t(staged));  // staged rows, Σ x
   // a stage of at most 24 KB, and two of them beside the staged rows when there are several
   const int64_t stage_cap = nx > 1 ? std::min<int64_t>(24 * 1024, (int64_t(kMaxSmem) - int64_t(fixed)) / 2 - 128) : 24 * 1024;
   h.rpw = 4;
@@ -371,13 +388,12 @@ Shape ring_shape(int kind, int bits, int gs, int in, int rows, int slots, int sm
   const int64_t nv_last = rows % h.tr == 0 ? h.tr : rows % h.tr;
   if (!a16(row_b) || !a16(h.tr * gb) || !a16(nv_last * gb)) return h;
   if (kind == SWIGLU && !a16(int64_t(rows) * gb)) return h;  // up rows start I rows in
-  const int64_t nel = kind == CONCAT ? int64_t(slots) * in : in;
-  if (nel > int64_t(kMaxV) * 4 * kThreads) return h;
+  if (kind != CONCAT && in > kMaxV * 4 * kThreads) return h;  // one staging pass (CONCAT stages in passes)
   h.codes_bytes = uint32_t(int64_t(h.tr) * parts * row_b);
   h.sc_bytes = uint32_t(int64_t(h.tr) * parts * gb);
   h.stage_bytes = uint32_t((h.codes_bytes + 2 * h.sc_bytes + 127) / 128 * 128);
-  h.rtiles = kind == SWIGLU ? int(cdiv(rows, h.tr)) : 0;
-  h.ntiles = kind == SWIGLU ? slots * h.rtiles : int(cdiv(rows, h.tr));
+  h.rtiles = kind == PLAIN ? 0 : int(cdiv(rows, h.tr));
+  h.ntiles = kind == SWIGLU ? slots * h.rtiles : kind == CONCAT ? groups * h.rtiles : int(cdiv(rows, h.tr));
   h.stages = kMaxStages;
   while (h.stages > 1 && size_t(h.stages) * h.stage_bytes + fixed > kMaxSmem) --h.stages;
   if (nx > 1 && h.stages < 2) return h;  // one stage cannot overlap the copies with the rows' products
@@ -391,7 +407,7 @@ Shape ring_shape(int kind, int bits, int gs, int in, int rows, int slots, int sm
 // Fills the shape fields of a and launches; false when the product is not covered (nothing launched).
 bool plan_and_launch(const Mat& W, RingArgs& a, int kind, cudaStream_t s) {
   const Shape h =
-      ring_shape(kind, W.bits, W.gs, a.in, kind == SWIGLU ? a.I : a.nrows, a.slots, device_sm_count(), a.nx);
+      ring_shape(kind, W.bits, W.gs, a.in, kind == SWIGLU ? a.I : a.nrows, a.slots, device_sm_count(), a.nx, a.groups);
   if (!h.ok) return false;
   // every bulk copy starts at a 16-byte aligned address; the input is read as float4
   if (a.qstride_b % 16 != 0 || (a.sstride * 2) % 16 != 0 || !aligned16(a.q) || !aligned16(a.s) || !aligned16(a.b) ||
@@ -428,6 +444,7 @@ RingArgs base_args(const Mat& W, int in) {
   a.in = in;
   a.nx = 1;
   a.xdiv = 1;
+  a.groups = 1;
   return a;
 }
 
@@ -440,8 +457,8 @@ bool covered(const Mat& W, int in) {
 }  // namespace
 
 
-GemvRingPlan gemv_ring_plan(int kind, int bits, int gs, int in, int rows, int slots, int sm_count, int nx) {
-  const Shape h = ring_shape(kind, bits, gs, in, rows, slots, sm_count, nx);
+GemvRingPlan gemv_ring_plan(int kind, int bits, int gs, int in, int rows, int slots, int sm_count, int nx, int groups) {
+  const Shape h = ring_shape(kind, bits, gs, in, rows, slots, sm_count, nx, groups);
   return GemvRingPlan{h.ok, h.tr, h.stages, h.ntiles, h.grid, h.smem};
 }
 
@@ -473,18 +490,20 @@ bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float
 }
 
 bool gemv_ring_concat(const Mat& W, const int32_t* expert, int out, int in, const float* h, int64_t ldh,
-                      const float* weights, int slots, float* y, bool accumulate, cudaStream_t s, bool ids_ready) {
-  if (!covered(W, in) || slots <= 0 || slots > kMaxSlots || !expert) return false;
+                      const float* weights, int slots, int groups, float* y, int64_t ldy, bool accumulate, cudaStream_t s,
+                      bool ids_ready) {
+  if (!covered(W, in) || slots <= 0 || slots > kMaxSlots || !expert || groups < 1 || slots % groups != 0) return false;
   if (out <= 0) return true;
   RingArgs a = base_args(W, in);
   a.nrows = out;
   a.slots = slots;
+  a.groups = groups;
   a.expert = expert;
   a.x = h;
   a.ldx = ldh;
   a.xw = weights;
   a.y = y;
-  a.ldy = 0;
+  a.ldy = ldy;
   a.accumulate = accumulate;
   a.ids_ready = ids_ready ? 1 : 0;
   return plan_and_launch(W, a, CONCAT, s);

@@ -235,10 +235,10 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   if (T <= moe_gemv_rows() && !grouped) {
     const bool ring_gu = gemv_ring(m.gate_up, sc.idx, 0, H, u, H, kk, n, sc.h, m.I, false, m.I, s, nw, eps);
     if (!ring_gu) gemv_slots(m.gate_up, sc.idx, 0, H, u, H, kk, n, sc.h, m.I, false, m.I, s, nw, eps);
-    // one token, no side-stream shared expert: the down products of every slot and the weighted sum into
-    // the residual are one product over the slots' concatenated rows
-    if (T == 1 && !has_shared &&
-        gemv_ring_concat(m.down, sc.idx, H, m.I, sc.h, m.I, sc.w, kk, x, true, s, ring_gu && ring_early_ids()))
+    // no side-stream shared expert: the down products of a token's slots and their weighted sum into its
+    // residual row are one product over the slots' concatenated rows (all tokens in one launch)
+    if (!has_shared &&
+        gemv_ring_concat(m.down, sc.idx, H, m.I, sc.h, m.I, sc.w, n, T, x, H, true, s, ring_gu && ring_early_ids()))
       return;
     // EXL3, no side-stream shared expert: the down GEMV adds the weighted slots into the residual itself
     if (!has_shared && exl3_gemv_combine(m.down, sc.idx, H, m.I, sc.h, m.I, sc.w, kk, T, x, H, s)) return;

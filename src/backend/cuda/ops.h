@@ -115,12 +115,14 @@ void gemv_slots(const Mat& W, const int32_t* expert, int out, int in, const floa
 constexpr int kGemvRingMaxRows = 4;
 bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float* x, int64_t ldx, int xdiv, int slots,
                float* y, int64_t ldy, bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps);
-// MoE down projection and combine in one product: y[r] (+)= Σ_s weights[s] · (W_{expert[s]}[r, :] · h[s·ldh, :]).
+// MoE down projection and combine in one product, per token g of `groups` (slots / groups consecutive slots
+// each): y[g·ldy + r] (+)= Σ_{s of g} weights[s] · (W_{expert[s]}[r, :] · h[s·ldh, :]).
 // ids_ready: the previous kernel on s is the ring's SwiGLU product over the same expert ids (it lets its
 // dependents start only after its own wait), so the ids may be read, and the weights requested, before this
 // kernel's programmatic-launch wait.
 bool gemv_ring_concat(const Mat& W, const int32_t* expert, int out, int in, const float* h, int64_t ldh,
-                      const float* weights, int slots, float* y, bool accumulate, cudaStream_t s, bool ids_ready = false);
+                      const float* weights, int slots, int groups, float* y, int64_t ldy, bool accumulate, cudaStream_t s,
+                      bool ids_ready = false);
 // The ring's plan for a product (host only; tests and tools): kind 0 plain rows, 1 SwiGLU expert slots, 2 MoE
 // down projection + combine; rows: output rows, or I for SwiGLU. covered == false: gemv_ring declines it
 // whatever the pointers (it may also decline for unaligned pointers or strides).
@@ -129,7 +131,8 @@ struct GemvRingPlan {
   int rows_per_tile = 0, stages = 0, tiles = 0, blocks = 0;
   size_t smem = 0;
 };
-GemvRingPlan gemv_ring_plan(int kind, int bits, int gs, int in, int rows, int slots, int sm_count, int nx = 1);
+GemvRingPlan gemv_ring_plan(int kind, int bits, int gs, int in, int rows, int slots, int sm_count, int nx = 1,
+                            int groups = 1);
 // The ring is on for gemv_slots unless KernelSwitches::gemv_ring is off (switches.h).
 
 // Launch shape of the decode GEMV for `mode` (0 bf16, else affine bits), reported for tests and tools:
