@@ -248,6 +248,24 @@ TEST(CudaGemv, RingMatchesReference) {
   LILY_REQUIRE_GPU();
   if (!sm90()) GTEST_SKIP() << "the ring GEMV needs sm_90";
   std::mt19937 rng(12);
+  {  // the switch: steps of ring_rows_min..4 rows take several rows (default 3), 0 none
+    GemvWeights W = make(4, 64, 1, 256, 512, rng);
+    Dev<float> dx(randn(size_t(4) * 512, rng)), dy(size_t(4) * 256);
+    auto takes = [&](int rows) {
+      return lily::cuda::gemv_ring(W.m, nullptr, 256, 512, dx.p, 512, 1, rows, dy.p, 256, false, 0, nullptr, nullptr, 1e-6f);
+    };
+    lily::cudatest::SwitchesScope defaults(
+        [](lily::cuda::KernelSwitches& k) { k.ring_rows_min = lily::cuda::KernelSwitches{}.ring_rows_min; });
+    EXPECT_TRUE(takes(1));
+    EXPECT_FALSE(takes(2)) << "2 rows keep the per-row GEMVs by default";
+    EXPECT_TRUE(takes(3));
+    EXPECT_TRUE(takes(4));
+    EXPECT_FALSE(takes(5));
+    lily::cudatest::SwitchesScope off([](lily::cuda::KernelSwitches& k) { k.ring_rows_min = 0; });
+    EXPECT_TRUE(takes(1));
+    EXPECT_FALSE(takes(3));
+  }
+  lily::cudatest::SwitchesScope every_row_count([](lily::cuda::KernelSwitches& k) { k.ring_rows_min = 2; });
   const std::pair<int, int> shapes[] = {{1, 2048}, {2, 2048}, {3, 512}, {17, 4096}, {63, 2048}, {64, 2048}, {65, 2048},
                                         {65, 128}, {129, 1024}, {257, 2048}, {2048, 512}, {4099, 2048}, {20000, 2048},
                                         {2, 32}};
@@ -285,8 +303,9 @@ TEST(CudaGemv, RingMatchesReference) {
           EXPECT_TRUE(ring_plain(bits, gs, 2048, 4096, false, true, rng, rows)) << "output projection, rows " << rows;
         }
       }
-      for (int rows : {2, 3})  // at most 32 slots: 3 rows of 8 + 1 or 10 + 1
-        EXPECT_TRUE(ring_swiglu(bits, gs, 512, 2048, 11 * rows, rows == 2, rng, 11)) << "expert gate/up, rows " << rows;
+      for (int rows : {2, 3})  // at most 32 slots: 3 rows of 8 + 1, 2 rows of 10 + 1
+        EXPECT_TRUE(ring_swiglu(bits, gs, 512, 2048, (rows == 2 ? 11 : 9) * rows, rows == 2, rng, rows == 2 ? 11 : 9))
+            << "expert gate/up, rows " << rows;
       EXPECT_TRUE(ring_swiglu(bits, gs, 512, 2048, 9, true, rng)) << "expert gate/up, bits " << bits;
       EXPECT_TRUE(ring_concat(bits, gs, 2048, 512, 9, true, rng)) << "expert down, 8 + 1 slots, bits " << bits;
       EXPECT_TRUE(ring_concat(bits, gs, 2048, 512, 11, true, rng)) << "expert down, 10 + 1 slots, bits " << bits;

@@ -174,27 +174,21 @@ __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kerne
       }
   }
   __syncthreads();
-  // The block's column sums of part p: the warps' partials added in warp order.
-  auto red_sum = [&](int t) {
+  for (int t = threadIdx.x; t < P * 128; t += blockDim.x) {
     const int p = t >> 7, c = t & 127;
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kGvWarps; ++w) s += red[(w * P + p) * 128 + c];
-    return s;
-  };
-  // Tail in registers: warp 0 adds the sums of its lane's four columns, runs the output Hadamard and writes
-  // them, with no block barrier and no round trip through ov. Not for the cluster split (rank 0 reads the
-  // other ranks' ov), the combine (cw) or a column map (any thread may own any mapped column).
-  const bool split_fx = ks > 1 && fx.part;
-  const bool in_regs = !cw && (ks == 1 || split_fx) && (P == 2 || !pt->out_rows);
-  float* part = nullptr;
-  if (split_fx) {
+    ov[t] = s;
+  }
+  __syncthreads();
+  if (ks > 1 && fx.part) {
     // Independent blocks: each writes its sums to its rank's row of the column block's partials; the last to
     // arrive (counted in fx.count) adds the rows in rank order, resets the counter for the next launch on this
     // stream (launches on one stream run one after the other) and finishes.
     const int unit = blockIdx.y * (gridDim.x / ks) + blockIdx.x / ks;
-    part = fx.part + int64_t(unit) * ks * P * 128;
-    for (int t = threadIdx.x; t < P * 128; t += blockDim.x) __stcg(part + kr * P * 128 + t, red_sum(t));
+    float* part = fx.part + int64_t(unit) * ks * P * 128;
+    for (int t = threadIdx.x; t < P * 128; t += blockDim.x) __stcg(part + kr * P * 128 + t, ov[t]);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -204,65 +198,12 @@ __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kerne
     __syncthreads();
     if (!fix_last) return;
     __threadfence();
-    if (!in_regs) {
-      for (int t = threadIdx.x; t < P * 128; t += blockDim.x) {
-        float v = __ldcg(part + t);
-        for (int r = 1; r < ks; ++r) v += __ldcg(part + r * P * 128 + t);
-        ov[t] = v;
-      }
-      __syncthreads();
+    for (int t = threadIdx.x; t < P * 128; t += blockDim.x) {
+      float v = __ldcg(part + t);
+      for (int r = 1; r < ks; ++r) v += __ldcg(part + r * P * 128 + t);
+      ov[t] = v;
     }
-  } else if (!in_regs) {
-    for (int t = threadIdx.x; t < P * 128; t += blockDim.x) ov[t] = red_sum(t);
     __syncthreads();
-  }
-  const float sc = kHad * kHad;
-  auto scaled = [&](const Exl3Part& q, float s, int col) {  // padded column col of part q, its sum s
-    float v = s * sc * __half2float(__ushort_as_half(q.svh[col]));
-    if (q.bias) v += __half2float(__ushort_as_half(q.bias[col]));
-    return v;
-  };
-  float* yr = y + int64_t(slot) * ldy;
-  if (in_regs) {
-    if (warp != 0) return;
-    float v[P][4];
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      float4 s;
-      if (split_fx) {
-        const float4* r4 = reinterpret_cast<const float4*>(part + p * 128) + lane;
-        s = __ldcg(r4);
-        for (int r = 1; r < ks; ++r) {
-          const float4 o = __ldcg(r4 + r * P * 32);
-          s.x += o.x, s.y += o.y, s.z += o.z, s.w += o.w;
-        }
-      } else {
-        s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int w = 0; w < kGvWarps; ++w) {
-          const float4 o = reinterpret_cast<const float4*>(red + (w * P + p) * 128)[lane];
-          s.x += o.x, s.y += o.y, s.z += o.z, s.w += o.w;
-        }
-      }
-      v[p][0] = s.x, v[p][1] = s.y, v[p][2] = s.z, v[p][3] = s.w;
-      warp_had128(v[p], lane);
-    }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int j = nb * 128 + 4 * lane + q;
-      float o;
-      if constexpr (P == 2) {
-        if (j >= swiglu_I) continue;
-        o = silu(scaled(pt[0], v[0][q], j)) * scaled(pt[1], v[1][q], j);
-        yr[j] = accumulate ? yr[j] + o : o;
-      } else {
-        if (j >= pt->rows || pt->row0 + j >= out) continue;
-        o = scaled(*pt, v[0][q], j);
-        float* yp = yr + pt->row0 + j;
-        *yp = accumulate ? *yp + o : o;
-      }
-    }
-    return;
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (ks > 1 && !fx.part) {
@@ -289,7 +230,13 @@ __global__ void __launch_bounds__(32 * kGvWarps, K <= 4 ? 2 : 1) exl3_gemv_kerne
     *o4 = make_float4(v[0], v[1], v[2], v[3]);
   }
   __syncthreads();
-  auto value = [&](const Exl3Part& q, int p, int col) { return scaled(q, ov[p * 128 + (col & 127)], col); };
+  const float sc = kHad * kHad;
+  auto value = [&](const Exl3Part& q, int p, int col) {  // padded column col of part q (slot p of ov)
+    float v = ov[p * 128 + (col & 127)] * sc * __half2float(__ushort_as_half(q.svh[col]));
+    if (q.bias) v += __half2float(__ushort_as_half(q.bias[col]));
+    return v;
+  };
+  float* yr = y + int64_t(slot) * ldy;
   if constexpr (P == 2) {
     const int t = threadIdx.x, r = nb * 128 + t;
     if (t < 128 && r < swiglu_I) {

@@ -449,6 +449,13 @@ RingArgs base_args(const Mat& W, int in) {
 }
 
 
+// Steps of `rows` rows (input rows, or tokens of the down + combine) on the ring: one row always, more from
+// KernelSwitches::ring_rows_min.
+bool rows_on(int rows) {
+  const int m = kernel_switches().ring_rows_min;
+  return rows <= 1 || (m > 0 && rows >= m && rows <= kMaxX);
+}
+
 bool covered(const Mat& W, int in) {
   return ring_supported() && W.affine && !W.exl3 && (W.bits == 4 || W.bits == 8) && W.q && W.s && W.b && in % 32 == 0 &&
          W.gs % 32 == 0 && in % W.gs == 0 && W.row_words * 4 * 8 == int64_t(in) * W.bits;
@@ -470,7 +477,7 @@ bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float
   if (accumulate && swi) return false;
   // input rows: PLAIN one per output row (xdiv 1), SWIGLU one per xdiv slots
   const int nx = swi ? int(cdiv(slots, xdiv)) : slots;
-  if (nx > kMaxX || (!swi && xdiv != 1 && slots > 1)) return false;
+  if (nx > kMaxX || !rows_on(nx) || (!swi && xdiv != 1 && slots > 1)) return false;
   if ((swi ? swiglu_I : out) <= 0) return true;  // nothing to compute
   RingArgs a = base_args(W, in);
   a.nrows = swi ? swiglu_I : out;
@@ -492,7 +499,9 @@ bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float
 bool gemv_ring_concat(const Mat& W, const int32_t* expert, int out, int in, const float* h, int64_t ldh,
                       const float* weights, int slots, int groups, float* y, int64_t ldy, bool accumulate, cudaStream_t s,
                       bool ids_ready) {
-  if (!covered(W, in) || slots <= 0 || slots > kMaxSlots || !expert || groups < 1 || slots % groups != 0) return false;
+  if (!covered(W, in) || slots <= 0 || slots > kMaxSlots || !expert || groups < 1 || slots % groups != 0 ||
+      !rows_on(groups))
+    return false;
   if (out <= 0) return true;
   RingArgs a = base_args(W, in);
   a.nrows = out;

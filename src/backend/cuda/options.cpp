@@ -110,6 +110,8 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_dense = parse_int_in("rows_dense", v, 0, 32); }},
       {"rows_moe", "MoE steps of rows_min..N rows grouped per expert (0: off; 0..64)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_moe = parse_int_in("rows_moe", v, 0, 64); }},
+      {"ring_rows_min", "steps of this many to 4 rows run the ring GEMV with several input rows (0: never; 0..4)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.ring_rows_min = parse_int_in("ring_rows_min", v, 0, 4); }},
       {"rows_min", "the multi-row products take steps of at least this many rows (3..33, default 6)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_min = parse_int_in("rows_min", v, 3, 33); }},
   };

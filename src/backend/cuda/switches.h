@@ -38,6 +38,10 @@ struct KernelSwitches {
   int wgmma_raster = 0;         // its unit order: 0 tile-major (CTAs share rows), 1 column-major (share weights)
   bool gemm_skip_empty = true;  // expert GEMM warps skip the MMAs of row tiles past a partial tile
   bool ring_early_ids = true;   // the MoE down+combine ring product reads its expert ids before its PDL wait
+  // Steps of ring_rows_min..4 rows run the ring with several input rows (dense products and expert gate/up read
+  // once for all rows, the down + combine of all tokens in one launch; 0: never). 3: on the H100, 3 and 4 rows
+  // gained 4-7% and 2 rows lost 2-3% against the per-row GEMVs (bench/RESULTS.md).
+  int ring_rows_min = 3;
   // EXL3 decode GEMVs of few column blocks split k over a cluster of up to 8 blocks while the grid stays within
   // this many blocks per SM (0: never split)
   int exl3_gemv_split = 2;
