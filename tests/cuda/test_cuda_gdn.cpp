@@ -176,9 +176,10 @@ TEST(CudaOps, GdnRecurrentMatchesReference) {
   run_gdn_case(1, 8, 32, 128, {1, 3, 1}, 1 << 30, rng);               // G 8, dv 128: R 128 too many rows (unfused)
   run_gdn_case(2, 4, 32, 32, {1, 2, 16}, 1 << 30, rng);               // dk 32, G 2: NS 2, R 16 (two columns a lane)
   run_gdn_case(16, 32, 128, 128, {16, 1}, 8, rng);                    // T >= chunk_min: unfused, state carried on
-  // b|a handed to gdn_core: inside the step kernel for one token (hidden 2048 and awkward widths), a GEMV
-  // for longer steps and the widths the step kernel does not take
-  run_gdn_case(16, 32, 128, 128, {1, 1, 3, 1}, 1 << 30, rng, 2048);
+  // b|a handed to gdn_core: inside the step kernel for 1-4 tokens (x normalised by the kernel at 1-2, given
+  // normalised at 3-4; hidden 2048 and awkward widths), a GEMV for longer steps and the widths the step kernel
+  // does not take
+  run_gdn_case(16, 32, 128, 128, {1, 1, 3, 1, 2, 4, 5, 1}, 1 << 30, rng, 2048);
   run_gdn_case(2, 4, 64, 48, {1, 2, 1}, 1 << 30, rng, 136);
   run_gdn_case(1, 2, 32, 32, {1, 17, 1}, 8, rng, 4096);
   run_gdn_case(2, 4, 32, 32, {1, 2}, 1 << 30, rng, 4104);  // past the fold's width: GEMV

@@ -151,10 +151,10 @@ void run_moe_case(int T, bool norm_topk, bool skewed, bool moe, int E, int k, st
   }
   auto ref = ref_moe(m, u, T);
   for (size_t i = 0; i < ref.size(); ++i) ref[i] += x0[i];
-  // one token: also with the top-k folded into the router GEMV (twice: the counter must come back zero)
+  // 1-4 tokens: also with the top-k folded into the router GEMV (twice: the counter must come back zero)
   Dev<unsigned> counter(1);
   LILY_CU(cudaMemset(counter.p, 0, sizeof(unsigned)));
-  for (int fold = 0; fold <= (T == 1 ? 2 : 0); ++fold) {
+  for (int fold = 0; fold <= (T <= lily::cuda::kTopkFoldRows ? 2 : 0); ++fold) {
     md.topk_counter = fold ? counter.p : nullptr;
     Dev<float> du(u), dx(x0);
     Dev<char> scratch(lily::cuda::moe_scratch_bytes(md, T));

@@ -32,7 +32,7 @@ void CudaBackend::gdn_mixer(int layer) {
   const GdnBa* bap = nullptr;
   for (auto& [m, rows] : D.gdn_in) {
     if (ba_groups_ && c0 == g.C() + g.Hv * g.dv && rows == 2 * g.Hv) {
-      // b|a in a format of its own, every group one row: inside the step kernel where it fits
+      // b|a in a format of its own, every group at most kBaFoldRows rows: inside the step kernel where it fits
       ba.W = &m; ba.in = H; ba.x = fuse ? x_ : u_; ba.ldx = H; ba.norm_w = fuse ? D.in_norm : nullptr; ba.eps = eps;
       bap = &ba;
     } else {

@@ -25,7 +25,7 @@ struct CudaOptions {
   bool graphs = true;    // capture decode steps (short groups of equal length) as CUDA graphs
   int chunk_min = 64;    // DeltaNet: groups of at least this many rows use the chunked rule
   bool profile = false;  // time every block with events (uncaptured steps only; adds synchronisation)
-  bool ba_fold = true;   // DeltaNet b|a projection inside the step kernel for one-row groups (bf16 b|a)
+  bool ba_fold = true;   // DeltaNet b|a projection inside the step kernel for groups of 1-4 rows (bf16 b|a)
   bool topk_fold = true; // MoE top-k inside the router GEMV for one-row steps
   bool shared_in_stack = true;  // the shared expert as expert E of the routed stacks where formats match (upload)
   bool mk = false;       // one-row decode steps as one persistent kernel (mk.h) where the model is covered

@@ -367,7 +367,7 @@ class CudaBackend final : public Backend {
   bool keep_ = false;          // a main step of which some group keeps its hidden rows
   int n_attn_short_ = 0, n_attn_short_rows_ = 0, n_gdn_short_ = 0, n_gdn_short_rows_ = 0;
   int nsplit_short_ = 1;       // attention split of the short launch
-  bool ba_groups_ = false;     // every group one row and short: the b|a fold rides in gdn_groups
+  bool ba_groups_ = false;     // every group short, at most kBaFoldRows rows: the b|a fold rides in gdn_groups
   DescLayout lay_;
   PinnedPool::Block desc_host_;
   bool out_tail_ = true;     // the logits rows are the step's last O_ rows, in order

@@ -253,7 +253,7 @@ void CudaBackend::begin(const Step& step) {
   int max_short = 0;
   int64_t ctx_short = 0, ctx_all = 0;
   bool uniform = true;
-  ba_groups_ = opt_.ba_fold && T_ == G;
+  ba_groups_ = opt_.ba_fold;
   for (int gi = 0; gi < G; ++gi) {
     const Group& g = groups_[size_t(gi)];
     const int64_t ctx = g.pos0 + g.rows;
@@ -269,7 +269,7 @@ void CudaBackend::begin(const Step& step) {
       for (int32_t r = g.first; r < g.first + g.rows; ++r) gs_rows.push_back(r);
     }
     uniform = uniform && g.rows == groups_[0].rows && (g.attn_short || !attn0) && (g.gdn_short || !gdn0);
-    ba_groups_ = ba_groups_ && g.gdn_short;
+    ba_groups_ = ba_groups_ && g.gdn_short && g.rows <= kBaFoldRows;
   }
   n_attn_short_ = int(as.size());
   n_attn_short_rows_ = int(as_rows.size());

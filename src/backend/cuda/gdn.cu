@@ -325,7 +325,7 @@ void gdn_core(const GdnDev& g, float* proj, int T, float* conv_state, float* S, 
   BaFold fold;
   if (ba) {
     const Mat& W = *ba->W;
-    if (step && T == 1 && gdn_fold_fits(*ba)) {
+    if (step && T <= kBaFoldRows && gdn_fold_fits(*ba)) {
       fold.w = W.w; fold.ld = W.ld; fold.H = ba->in; fold.x = ba->x; fold.ldx = ba->ldx; fold.norm_w = ba->norm_w;
       fold.eps = ba->eps;
     } else {

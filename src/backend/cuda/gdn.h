@@ -37,12 +37,14 @@ void gdn_core(const GdnDev& g, float* proj, int T, float* conv_state, float* S, 
 
 // Rows up to which a group of a step is short: gdn_groups runs it (recurrent form).
 constexpr int kGdnShortRows = 16;
+// Rows up to which a sequence's b|a projection may ride in the fused step kernel (GdnBa).
+constexpr int kBaFoldRows = 4;
 // The short groups list[0 .. groups) of a step of T rows (step form of step_desc.h; each group at most
 // kGdnShortRows rows) in one pass: the fused step kernel with a grid dimension over the groups (sm_90 and
 // the shapes it takes: gdn_groups_fused), otherwise conv, delta rule and gated norm as three launches over
 // the groups. Each group reads its slot's current state version and writes it back, or, tentative, writes
 // the conv and recurrent states after its row j into version (cur + 1 + j) % ring. proj and out hold all
-// T rows; rows[0 .. n_rows) are the groups' step rows. ba (every group one row, T == groups): b|a inside
+// T rows; rows[0 .. n_rows) are the groups' step rows. ba (every group at most kBaFoldRows rows): b|a inside
 // the step kernel where it fits, else one product over the T rows. scratch: gdn_scratch_bytes(g, T).
 bool gdn_groups_fused(const GdnDev& g);
 void gdn_groups(const GdnDev& g, float* proj, int T, const StepSeqs& seqs, const int32_t* list, int groups,

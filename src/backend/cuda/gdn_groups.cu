@@ -144,9 +144,9 @@ void gdn_groups(const GdnDev& g, float* proj, int T, const StepSeqs& seqs, const
   const int64_t ldp = g.proj_width();
   const StepSplit sp = gdn_fused_split(g);
   BaFold fold;
-  if (ba) {  // every group is one row: T == groups
+  if (ba) {  // every group has at most kBaFoldRows rows (the caller's promise)
     const Mat& W = *ba->W;
-    if (sp.ns > 0 && T == groups && gdn_fold_fits(*ba)) {
+    if (sp.ns > 0 && T <= groups * kBaFoldRows && gdn_fold_fits(*ba)) {
       fold.w = W.w; fold.ld = W.ld; fold.H = ba->in; fold.x = ba->x; fold.ldx = ba->ldx; fold.norm_w = ba->norm_w;
       fold.eps = ba->eps;
     } else {

@@ -15,8 +15,9 @@ struct GdnScratch {
 };
 GdnScratch gdn_layout(const GdnDev& d, int T, void* base);
 
-// b|a folded into the step (one token): rows j and Hv + j of the bf16 W [2·Hv, H] (row stride ld) times
-// RMSNorm(x)·norm_w; w == null: proj holds b|a. H % 8 == 0 and H <= 8·kStepThreads·kBaMaxU.
+// b|a folded into the step (each of a sequence's 1..kBaFoldRows tokens): rows j and Hv + j of the bf16 W
+// [2·Hv, H] (row stride ld) times RMSNorm(x)·norm_w (norm_w null: x is normalised already); w == null: proj
+// holds b|a. H % 8 == 0 and H <= 8·kStepThreads·kBaMaxU.
 constexpr int kBaMaxU = 2;
 struct BaFold {
   const uint16_t* w = nullptr;
@@ -34,7 +35,8 @@ struct StepSplit {
   int ns = 0, rwp = 0;
 };
 StepSplit gdn_fused_split(const GdnDev& g);
-// The b|a fold of the step kernel for one-row sequences fits (bf16 W, widths within the kernel's reach).
+// The b|a fold of the step kernel fits (bf16 W, widths within the kernel's reach; sequences of at most
+// kBaFoldRows rows).
 bool gdn_fold_fits(const GdnBa& ba);
 // The fused step kernel over `groups` grids of one cluster per key head (list == null: one sequence at
 // conv_state / S; else the step's groups list[0 .. groups)).

@@ -245,33 +245,40 @@ __global__ void __launch_bounds__(kStepThreads, DKL <= 4 && DKL * RWP <= 16 ? 2 
     wa2[u] = ok ? __ldg(reinterpret_cast<const uint4*>(ba.w + int64_t(Hv + j) * ba.ld + e)) : make_uint4(0, 0, 0, 0);
   }
   grid_dependency_wait();
-  __shared__ float bared[kStepWarps][3];
-  if (ba.w) {  // Σx², Σ(x·n)·w_b, Σ(x·n)·w_a over the row, one block reduction for the three
-    float ss = 0.f, db = 0.f, da = 0.f;
+  __shared__ float bared[kStepWarps][kBaFoldRows][3];
+  if (ba.w) {  // per token: Σx², Σ(x·n)·w_b, Σ(x·n)·w_a over the row, one block reduction for the three
+    for (int t = 0; t < T; ++t) {
+      float ss = 0.f, db = 0.f, da = 0.f;
 #pragma unroll
-    for (int u = 0; u < kBaMaxU; ++u) {
-      const int e = 8 * (tid + kStepThreads * u);
-      if (e < ba.H) {
-        float xv[8], nv[8], fb[8], fa[8];
-        ld_vec<4>(bax + e, xv);
-        ld_vec<4>(bax + e + 4, xv + 4);
-        ld_vec<4>(ba.norm_w + e, nv);
-        ld_vec<4>(ba.norm_w + e + 4, nv + 4);
-        bf8(wb[u], fb);
-        bf8(wa2[u], fa);
+      for (int u = 0; u < kBaMaxU; ++u) {
+        const int e = 8 * (tid + kStepThreads * u);
+        if (e < ba.H) {
+          float xv[8], nv[8], fb[8], fa[8];
+          ld_vec<4>(bax + t * ba.ldx + e, xv);
+          ld_vec<4>(bax + t * ba.ldx + e + 4, xv + 4);
+          if (ba.norm_w) {
+            ld_vec<4>(ba.norm_w + e, nv);
+            ld_vec<4>(ba.norm_w + e + 4, nv + 4);
+          } else {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          ss = fmaf(xv[i], xv[i], ss);
-          const float xn = xv[i] * nv[i];
-          db = fmaf(xn, fb[i], db);
-          da = fmaf(xn, fa[i], da);
+            for (int i = 0; i < 8; ++i) nv[i] = 1.f;
+          }
+          bf8(wb[u], fb);
+          bf8(wa2[u], fa);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            ss = fmaf(xv[i], xv[i], ss);
+            const float xn = xv[i] * nv[i];
+            db = fmaf(xn, fb[i], db);
+            da = fmaf(xn, fa[i], da);
+          }
         }
       }
+      ss = group_sum<32>(ss);
+      db = group_sum<32>(db);
+      da = group_sum<32>(da);
+      if (lane == 0) { bared[warp][t][0] = ss; bared[warp][t][1] = db; bared[warp][t][2] = da; }
     }
-    ss = group_sum<32>(ss);
-    db = group_sum<32>(db);
-    da = group_sum<32>(da);
-    if (lane == 0) { bared[warp][0] = ss; bared[warp][1] = db; bared[warp][2] = da; }
     __syncthreads();
   }
 
@@ -298,11 +305,11 @@ __global__ void __launch_bounds__(kStepThreads, DKL <= 4 && DKL * RWP <= 16 ? 2 
   for (int idx = tid; idx < T * R; idx += kStepThreads) zs[idx / R][idx % R] = pz[int64_t(idx / R) * ldp + idx % R];
   float bt = 0.f, at = 0.f;
   if (ba.w) {
-    if (tid == 0) {
+    if (tid < T) {  // thread t: token t's gates
       float ss = 0.f, db = 0.f, da = 0.f;
 #pragma unroll
-      for (int w = 0; w < kStepWarps; ++w) { ss += bared[w][0]; db += bared[w][1]; da += bared[w][2]; }
-      const float inv = rsqrtf(ss / float(ba.H) + ba.eps);
+      for (int w = 0; w < kStepWarps; ++w) { ss += bared[w][tid][0]; db += bared[w][tid][1]; da += bared[w][tid][2]; }
+      const float inv = ba.norm_w ? rsqrtf(ss / float(ba.H) + ba.eps) : 1.f;
       bt = db * inv;
       at = da * inv;
     }
@@ -506,11 +513,11 @@ StepSplit gdn_fused_split(const GdnDev& g) {
   return step_split(g.Hv / g.Hk, g.dk, g.dv);
 }
 
-// The b|a fold of the step kernel for one-row sequences, when W is bf16 and the shapes fit.
+// The b|a fold of the step kernel (sequences of at most kBaFoldRows rows), when W is bf16 and the shapes fit.
 bool gdn_fold_fits(const GdnBa& ba) {
   const Mat& W = *ba.W;
-  return !W.affine && !W.exl3 && ba.norm_w && ba.in % 8 == 0 && ba.in <= 8 * kStepThreads * kBaMaxU && W.ld % 8 == 0 &&
-         ba.ldx % 4 == 0 && aligned16(W.w) && aligned16(ba.x) && aligned16(ba.norm_w);
+  return !W.affine && !W.exl3 && ba.in % 8 == 0 && ba.in <= 8 * kStepThreads * kBaMaxU && W.ld % 8 == 0 &&
+         ba.ldx % 4 == 0 && aligned16(W.w) && aligned16(ba.x) && (!ba.norm_w || aligned16(ba.norm_w));
 }
 
 }  // namespace lily::cuda

@@ -39,7 +39,8 @@ __device__ __forceinline__ int xs_index(int e) {
 // SwiGLU: gate rows r.. then up rows r + I..). The first two iterations' weights (and affine scales)
 // are loaded before the input row is staged, so DRAM latency overlaps the staging; afterwards each
 // buffer is refilled right after it is consumed.
-// fold.counter != null: after its outputs, the last block to finish runs the top-k on y (one token).
+// fold.counter != null: after its outputs, the last block to finish runs the top-k on each slot's row of y
+// (dense rows: a token each; warp t takes token t).
 struct Fold {
   TopkArgs a;
   unsigned* counter = nullptr;
@@ -253,10 +254,10 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(fold.counter, 1u) == gridDim.x * gridDim.y - 1;
     __syncthreads();
-    if (last && warp == 0) {
+    if (last && warp < int(gridDim.y)) {
       __threadfence();
-      topk_warp(y, 0, fold.a);
-      if (lane == 0) *fold.counter = 0u;
+      topk_warp(y + int64_t(warp) * ldy, warp, fold.a);
+      if (warp == 0 && lane == 0) *fold.counter = 0u;
     }
   }
 }
@@ -373,9 +374,10 @@ void gemv_fast(const Mat& W, const int32_t* expert, int out, int in, const float
   gemv_run(W, expert, out, in, x, ldx, xdiv, slots, y, ldy, accumulate, swiglu_I, s, norm_w, eps, Fold{});
 }
 
-bool gemv_topk(const Mat& W, int out, int in, const float* x, float* y, const float* norm_w, float eps,
+bool gemv_topk(const Mat& W, int out, int in, const float* x, int rows, float* y, const float* norm_w, float eps,
                const TopkArgs& topk, unsigned* counter, cudaStream_t s) {
-  if (W.exl3 || !counter) return false;
+  static_assert(kTopkFoldRows <= kWarps, "a warp per token in the last block");
+  if (W.exl3 || !counter || rows < 1 || rows > kTopkFoldRows) return false;
   const bool ok = W.affine ? (W.bits == 4 || W.bits == 8) && in % 32 == 0 && W.gs % 32 == 0 && W.row_words % 4 == 0 &&
                                  aligned16(W.q)
                            : in % 8 == 0 && W.ld % 8 == 0 && aligned16(W.w);
@@ -383,7 +385,7 @@ bool gemv_topk(const Mat& W, int out, int in, const float* x, float* y, const fl
   Fold f;
   f.a = topk;
   f.counter = counter;
-  gemv_run(W, nullptr, out, in, x, in, 1, 1, y, out, false, 0, s, norm_w, eps, f);
+  gemv_run(W, nullptr, out, in, x, in, 1, rows, y, out, false, 0, s, norm_w, eps, f);
   return true;
 }
 

@@ -129,10 +129,11 @@ __device__ __forceinline__ void topk_warp(const float* __restrict__ l, int t, co
   }
 }
 
-// Router GEMV with the top-k folded in (gemv.cu): one token, y = W·norm(x) as gemv_slots, then the last
-// block to finish runs topk_warp on y. counter: a device word that is 0 before the call and after it.
-// Returns false (nothing launched) when the streaming GEMV does not take W.
-bool gemv_topk(const Mat& W, int out, int in, const float* x, float* y, const float* norm_w, float eps,
+// Router GEMV with the top-k folded in (gemv.cu): `rows` tokens (1..kTopkFoldRows, x rows of `in`, y rows of
+// `out`), y = W·norm(x) as gemv_slots, then the last block to finish runs topk_warp on each token's row (a warp
+// per token). counter: a device word that is 0 before the call and after it. Returns false (nothing launched)
+// when the streaming GEMV does not take W or the rows.
+bool gemv_topk(const Mat& W, int out, int in, const float* x, int rows, float* y, const float* norm_w, float eps,
                const TopkArgs& topk, unsigned* counter, cudaStream_t s);
 
 constexpr int kGemmBM = 64;  // rows of x per GEMM tile

@@ -219,7 +219,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   TopkArgs ta;
   ta.E = m.E; ta.k = m.k; ta.norm_topk = m.norm_topk; ta.shared = m.shared_in_stack; ta.shared_gated = m.gate_in_router;
   ta.idx = sc.idx; ta.w = sc.w;
-  if (!(T == 1 && m.topk_counter && gemv_topk(m.router, ldl, H, u, sc.logits, nw, eps, ta, m.topk_counter, s))) {
+  if (!(T <= kTopkFoldRows && m.topk_counter && gemv_topk(m.router, ldl, H, u, T, sc.logits, nw, eps, ta, m.topk_counter, s))) {
     if (gemm_prec_for(m.router) != GemmPrec::kSplit) linear(m.router, ldl, H, u, H, T, sc.logits, ldl, false, s, nw, eps);
     else linear_split(m.router, ldl, H, u, H, T, sc.logits, ldl, s, nw, eps);  // fp32-class logits for the top-k
     launch_pdl(topk_kernel, dim3(T), dim3(32), 0, s, sc.logits, int64_t(ldl), ta);

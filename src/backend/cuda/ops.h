@@ -72,6 +72,8 @@ void exl3_decode_tiles(const uint16_t* trellis, int K, int cb, int in_p, int out
 // tiled GEMM (dequantisation while staging the tile).
 // norm_w (T <= kGemvMaxRows only): x rows are RMS-normalised (· norm_w, eps) inside the GEMV.
 constexpr int kGemvMaxRows = 2;
+// Steps of at most this many tokens fold the MoE top-k into the router GEMV (MoeDev::topk_counter).
+constexpr int kTopkFoldRows = 4;
 void linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
             cudaStream_t s, const float* norm_w = nullptr, float eps = 1e-6f);
 inline void linear(const uint16_t* W, int64_t ldw, int out, int in, const float* x, int64_t ldx, int T, float* y,
@@ -191,8 +193,8 @@ struct MoeDev {
   // token then has k + 1 slots, the last one expert E weighted by sigmoid(router row E) (gate_in_router)
   // or 1 (no gate). Needs Is == I and the experts' formats; sh_* are then unused.
   bool shared_in_stack = false;
-  // A zeroed device word (shareable by every layer of a stream): one-token steps then fold the top-k into
-  // the router GEMV (the last block runs it). Null: a separate top-k kernel.
+  // A zeroed device word (shareable by every layer of a stream): steps of 1..kTopkFoldRows (4) tokens then fold
+  // the top-k into the router GEMV (the last block runs it). Null: a separate top-k kernel.
   unsigned* topk_counter = nullptr;
   // Dense MLP (moe == false): a device int32 0, the expert id of the matrix itself, so that one-token
   // affine steps take the expert GEMV path (the ring's SwiGLU product). Null: the plain GEMV.
