@@ -26,7 +26,7 @@ struct CudaOptions {
   int chunk_min = 64;    // DeltaNet: groups of at least this many rows use the chunked rule
   bool profile = false;  // time every block with events (uncaptured steps only; adds synchronisation)
   bool ba_fold = true;   // DeltaNet b|a projection inside the step kernel for groups of 1-4 rows (bf16 b|a)
-  bool topk_fold = true; // MoE top-k inside the router GEMV for one-row steps
+  bool topk_fold = true; // MoE top-k inside the router GEMV for steps of 1-4 tokens
   bool shared_in_stack = true;  // the shared expert as expert E of the routed stacks where formats match (upload)
   bool mk = false;       // one-row decode steps as one persistent kernel (mk.h) where the model is covered
   bool mk_trace = false; // the step kernel records a timeline of its tasks (cuda_mk_info's report)
