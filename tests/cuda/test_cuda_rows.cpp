@@ -7,7 +7,6 @@
 #ifndef LILY_HAVE_CUDA
 TEST(CudaRows, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #else
-#include <cstring>
 #include <memory>
 #include <string>
 
@@ -212,65 +211,6 @@ TEST(CudaRows, ExpertTilesMatchReference) {
         ref.insert(ref.end(), r.begin(), r.end());
       }
       EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << W.name << " swiglu " << I;
-    }
-}
-
-// The cp.async ring (rows_pipe) and the register double buffer run the same arithmetic: the same bits, for
-// dense products with and without the k split over warps, SwiGLU, and expert tile maps.
-TEST(CudaRows, PipelinedStreamingSameBitsAsRegisterBuffers) {
-  LILY_REQUIRE_GPU();
-  std::mt19937 rng(16);
-  auto run = [](bool pipe, auto&& launch) {
-    cu::KernelSwitches saved = cu::kernel_switches(), k = saved;
-    k.rows_pipe = pipe;
-    cu::set_kernel_switches(k);
-    auto y = launch();
-    cu::set_kernel_switches(saved);
-    return y;
-  };
-  const std::pair<int, int> shapes[] = {{65, 256}, {130, 2048}, {16, 8192}, {300, 192}};
-  for (auto [out, in] : shapes)
-    for (const RowsWeights& W : all_formats(1, out, in, rng))
-      for (int T : {3, 8, 17, 32})
-        for (int I : {0, out / 2}) {
-          const int ny = I > 0 ? I : out;
-          auto x = randn(size_t(T) * in, rng);
-          Dev<float> dx(x);
-          auto launch = [&] {
-            Dev<float> dy(size_t(T) * ny);
-            dy.poison();
-            EXPECT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, nullptr, dy.p, ny, false, I, nullptr, nullptr, 0, T, nullptr));
-            return dy.down();
-          };
-          const auto a = run(true, launch), b = run(false, launch);
-          ASSERT_EQ(a.size(), b.size());
-          EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-              << W.name << " " << out << "x" << in << " T=" << T << " swiglu " << I;
-        }
-  // expert tiles: experts 0..3 with 0, 5, 8 and 19 rows (tiles of kRowsTile), rows gathered from 11 tokens
-  const int E = 4, out = 96, in = 1024, NX = 11;
-  const int per_expert[E] = {0, 5, cu::kRowsTile, 19};
-  std::vector<int32_t> gather, tiles;
-  for (int e = 0; e < E; ++e) {
-    const int row0 = int(gather.size());
-    for (int i = 0; i < per_expert[e]; ++i) gather.push_back(int32_t(rng() % NX));
-    for (int i = 0; i < per_expert[e]; i += cu::kRowsTile)
-      tiles.insert(tiles.end(), {e, row0 + i, std::min(cu::kRowsTile, per_expert[e] - i)});
-  }
-  const int n = int(gather.size()), live = int(tiles.size()) / 3;
-  Dev<int32_t> dg(gather), dt(tiles), dn(std::vector<int32_t>{live});
-  for (const RowsWeights& W : all_formats(E, out, in, rng))
-    for (int I : {0, out / 2}) {
-      const int ny = I > 0 ? I : out;
-      Dev<float> dx(randn(size_t(NX) * in, rng));
-      auto launch = [&] {
-        Dev<float> dy(size_t(n) * ny);
-        dy.poison();
-        EXPECT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, dg.p, dy.p, ny, false, I, dt.p, dn.p, live, n, nullptr));
-        return dy.down();
-      };
-      const auto a = run(true, launch), b = run(false, launch);
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << W.name << " tiles, swiglu " << I;
     }
 }
 

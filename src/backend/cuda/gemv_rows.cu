@@ -10,12 +10,6 @@
 // as the MMA's k positions {2c, 2c+1, 2c+8, 2c+9} in an order both operands share: 8-bit and bf16 in
 // element order, 4-bit as the pairs (i, i+4) of each 8-code word, which one shift and mask extract.
 // Affine codes enter the MMA as exact bf16 integers; per chunk s·(Σ q·x) + b·(Σ x) is folded in fp32.
-//
-// Weight streaming: with PIPE each warp copies its chunks' codes into a ring of kPipe<MODE> shared-memory stages
-// (cp.async, 16-byte pieces, kPipe - 1 chunks in flight per warp: ~5x the bytes in flight of the register double
-// buffer) and reads its fragments from there; scales stay one chunk ahead in registers (one 128-byte line holds
-// a row's scales for up to 64 chunks, so they hit L1). Without PIPE: two register buffers, one chunk in flight.
-// Both run the same arithmetic in the same order (the same bits).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -30,13 +24,6 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kMT = 2;  // m16 tiles per warp
-// PIPE: stages per warp and bytes of one chunk of one weight row (32 rows a warp: 1, 2, 4 KB a stage)
-template <int MODE>
-constexpr int kPipe = MODE == 4 ? 6 : MODE == 8 ? 4 : 3;
-template <int MODE>
-constexpr int kChunkRowBytes = MODE == 4 ? 32 : MODE == 8 ? 64 : 128;
-template <int MODE>
-constexpr int kStageBytes = 32 * kChunkRowBytes<MODE>;
 
 __device__ __forceinline__ uint2 ld_stream2(const void* p) {
   uint2 v;
@@ -100,14 +87,12 @@ struct WChunk {
 
 // MODE 0 bf16, 4 / 8 affine bits. NF n8 fragments (8·NF activation rows). SWI: m16 tile 0 gate rows, 1 the
 // matching up rows; output silu(gate)·up.
-template <int MODE, int NF, bool SWI, bool PIPE>
+template <int MODE, int NF, bool SWI>
 __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     rows_kernel(const Mat W, int in, int nrows, const float* __restrict__ x, int64_t ldx,
                 const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy, bool accumulate, int swiglu_I,
                 const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks) {
-  // PIPE: [kWarps][kPipe][kStageBytes] code stages first; then, when ks > 1, red [kWarps][kMT·NF·4][32]
-  extern __shared__ __align__(16) uint8_t dsm[];
-  float* red = reinterpret_cast<float*>(dsm + (PIPE ? size_t(kWarps) * kPipe<MODE> * kStageBytes<MODE> : 0));
+  extern __shared__ float red[];  // [kWarps][kMT·NF·4][32] when ks > 1
   constexpr int NACC = kMT * NF * 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int mg = warp / ks, kq = warp % ks;
@@ -155,71 +140,9 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
         }
       }
   };
-  // PIPE: this lane's scales of chunk ch; the warp's codes of chunk ch into stage st (32 rows of
-  // kChunkRowBytes, row r = 16·mt + 8·h + g; lane L copies the 16-byte pieces L, L + 32, ...), and a lane's
-  // fragment words from a stage.
-  auto load_sb = [&](WChunk<MODE>& Wc, int ch) {
-    if constexpr (MODE != 0) {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t gi = int64_t(e) * W.sstride + wr[mt][h] * gpr + (ch * 64) / W.gs;
-          Wc.s[mt][h] = bf(__ldg(W.s + gi));
-          Wc.b[mt][h] = bf(__ldg(W.b + gi)) + kCodeOffset<MODE> * Wc.s[mt][h];
-        }
-    }
-  };
-  constexpr int CRB = kChunkRowBytes<MODE>, PPR = CRB / 16;  // pieces per row
-  uint8_t* wst = dsm + size_t(warp) * kPipe<MODE> * kStageBytes<MODE>;
-  auto copy = [&](int ch, int st) {
-    const uint32_t dst = smem_u32(wst + st * kStageBytes<MODE>);
-#pragma unroll
-    for (int pc = lane; pc < 32 * PPR; pc += 32) {
-      const int r = pc / PPR, part = pc % PPR;
-      int64_t row;
-      if constexpr (SWI) row = min(rb + (r & 15), nrows - 1) + (r >> 4) * swiglu_I;
-      else row = min(rb + r, nrows - 1);
-      const uint8_t* src;
-      if constexpr (MODE == 0)
-        src = reinterpret_cast<const uint8_t*>(W.w + int64_t(e) * W.estride + row * W.ld + ch * 64) + 16 * part;
-      else
-        src = reinterpret_cast<const uint8_t*>(W.q + int64_t(e) * W.qstride + row * W.row_words) + ch * CRB + 16 * part;
-      cp_async16(dst + uint32_t(pc * 16), src, true);
-    }
-  };
-  auto fill = [&](WChunk<MODE>& Wc, int st) {
-    const uint8_t* b = wst + st * kStageBytes<MODE>;
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* rp = b + (16 * mt + 8 * h + g) * CRB;
-        if constexpr (MODE == 4) {
-          const uint2 v = *reinterpret_cast<const uint2*>(rp + 8 * c);
-          Wc.w[mt][h][0] = v.x; Wc.w[mt][h][1] = v.y;
-        } else if constexpr (MODE == 8) {
-          const uint4 v = *reinterpret_cast<const uint4*>(rp + 16 * c);
-          Wc.w[mt][h][0] = v.x; Wc.w[mt][h][1] = v.y; Wc.w[mt][h][2] = v.z; Wc.w[mt][h][3] = v.w;
-        } else {
-          const uint4 v0 = *reinterpret_cast<const uint4*>(rp + 32 * c), v1 = *reinterpret_cast<const uint4*>(rp + 32 * c + 16);
-          Wc.w[mt][h][0] = v0.x; Wc.w[mt][h][1] = v0.y; Wc.w[mt][h][2] = v0.z; Wc.w[mt][h][3] = v0.w;
-          Wc.w[mt][h][4] = v1.x; Wc.w[mt][h][5] = v1.y; Wc.w[mt][h][6] = v1.z; Wc.w[mt][h][7] = v1.w;
-        }
-      }
-  };
   WChunk<MODE> A, B;
   const int c0 = kq;
-  if constexpr (PIPE) {
-#pragma unroll
-    for (int q = 0; q < kPipe<MODE> - 1; ++q) {
-      if (c0 + q * ks < nch) copy(c0 + q * ks, q);
-      cp_async_commit();
-    }
-    if (c0 < nch) load_sb(A, c0);
-  } else {
-    if (c0 < nch) load(A, c0);
-  }
+  if (c0 < nch) load(A, c0);
   if (!tiles) grid_dependency_wait();
   // activation rows of this lane's B fragments (row g of fragment f); null: padding
   const float* xr[NF];
@@ -315,35 +238,13 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       }
     }
   };
-  if constexpr (PIPE) {
-    // chunk number it (ch = c0 + it·ks) sits in stage it % kPipe; before consuming it, the chunk kPipe - 1
-    // ahead goes into the stage every lane finished reading one iteration ago
-    constexpr int P = kPipe<MODE>;
-    auto step = [&](WChunk<MODE>& cur, WChunk<MODE>& nxt, int ch, int it) {
-      __syncwarp();
-      const int ca = ch + (P - 1) * ks;
-      if (ca < nch) copy(ca, (it + P - 1) % P);
-      cp_async_commit();
-      if (ch + ks < nch) load_sb(nxt, ch + ks);
-      cp_async_wait<P - 1>();
-      __syncwarp();
-      fill(cur, it % P);
-      consume(cur, ch);
-    };
-    int it = 0;
-    for (int ch = c0; ch < nch; ch += 2 * ks, it += 2) {
-      step(A, B, ch, it);
-      if (ch + ks < nch) step(B, A, ch + ks, it + 1);
-    }
-  } else {
-    // two register buffers: the next chunk's weights are in flight while one is consumed
-    for (int ch = c0; ch < nch; ch += 2 * ks) {
-      if (ch + ks < nch) load(B, ch + ks);
-      consume(A, ch);
-      if (ch + ks < nch) {
-        if (ch + 2 * ks < nch) load(A, ch + 2 * ks);
-        consume(B, ch + ks);
-      }
+  // two register buffers: the next chunk's weights are in flight while one is consumed
+  for (int ch = c0; ch < nch; ch += 2 * ks) {
+    if (ch + ks < nch) load(B, ch + ks);
+    consume(A, ch);
+    if (ch + ks < nch) {
+      if (ch + 2 * ks < nch) load(A, ch + 2 * ks);
+      consume(B, ch + ks);
     }
   }
   if (ks > 1) {
@@ -391,34 +292,14 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     }
 }
 
-template <int MODE, int NF, bool SWI, bool PIPE>
-void launch_pipe(dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
-                 const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
-                 const int32_t* n_tiles, int T) {
-  constexpr size_t stages = PIPE ? size_t(kWarps) * kPipe<MODE> * kStageBytes<MODE> : 0;
-  constexpr size_t max_smem = stages + sizeof(float) * size_t(kWarps) * kMT * NF * 4 * 32;
-  static const bool attr = [] {
-    LILY_CU(cudaFuncSetAttribute(rows_kernel<MODE, NF, SWI, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(max_smem)));
-    return true;
-  }();
-  (void)attr;
-  const size_t smem = stages + (ks > 1 ? sizeof(float) * size_t(kWarps) * kMT * NF * 4 * 32 : 0);
-  PdlLaunch L(grid, dim3(32 * kWarps), smem, s);
-  LILY_CU(cudaLaunchKernelEx(&L.cfg, rows_kernel<MODE, NF, SWI, PIPE>, W, in, nrows, x, ldx, gather, y, ldy,
-                             accumulate, swiglu_I, tiles, n_tiles, T, ks));
-}
-
 template <int MODE, int NF, bool SWI>
 void launch(dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
             const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
             const int32_t* n_tiles, int T) {
-  if (kernel_switches().rows_pipe)
-    launch_pipe<MODE, NF, SWI, true>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles,
-                                     n_tiles, T);
-  else
-    launch_pipe<MODE, NF, SWI, false>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles,
-                                      n_tiles, T);
+  const size_t smem = ks > 1 ? sizeof(float) * size_t(kWarps) * kMT * NF * 4 * 32 : 0;
+  PdlLaunch L(grid, dim3(32 * kWarps), smem, s);
+  LILY_CU(cudaLaunchKernelEx(&L.cfg, rows_kernel<MODE, NF, SWI>, W, in, nrows, x, ldx, gather, y, ldy, accumulate,
+                             swiglu_I, tiles, n_tiles, T, ks));
 }
 
 template <int MODE, bool SWI>

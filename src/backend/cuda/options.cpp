@@ -114,8 +114,6 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.ring_rows_min = parse_int_in("ring_rows_min", v, 0, 4); }},
       {"rows_min", "the multi-row products take steps of at least this many rows (3..33, default 6)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_min = parse_int_in("rows_min", v, 3, 33); }},
-      {"rows_pipe", "the multi-row products stream weights through a cp.async ring per warp (0: two register buffers)",
-       [](CudaOptions& o, const std::string& v) { o.kernels.rows_pipe = parse_bool("rows_pipe", v); }},
   };
   return f;
 }

@@ -59,9 +59,6 @@ struct KernelSwitches {
   int rows_dense = 32;          // dense products read each weight once for all rows
   int rows_moe = 32;            // MoE steps grouped per expert (each chosen expert read once)
   int rows_min = 6;             // 3..33; steps of 1-2 rows keep the GEMVs with the fused RMSNorm
-  // The multi-row products stream their weights through a cp.async ring of shared-memory stages per warp
-  // (several chunks in flight) instead of two register buffers (one chunk in flight); same bits either way.
-  bool rows_pipe = true;
 };
 
 // Process-wide: the last values set apply to every launch that follows.
