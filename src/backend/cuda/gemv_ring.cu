@@ -230,17 +230,19 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_ring_kernel(const
           sc[j] = bf(ss[srow * a.ng + g]);
           bi[j] = bf(bs[srow * a.ng + g]);
         }
-        const float4* x4[NX];
-#pragma unroll
-        for (int r = 0; r < NX; ++r) x4[r] = reinterpret_cast<const float4*>(xs + r * a.xs_floats) + (i >> 5) * 8 * C + (i & 31);
-        float d[NX][RPW];
-        col_dot_rows<BITS, NX, RPW>(w, x4, a.nx, d);
 #pragma unroll
         for (int r = 0; r < NX; ++r) {
           if (r >= a.nx) break;
+          float xv[C];
+          const float4* x4 = reinterpret_cast<const float4*>(xs + r * a.xs_floats) + (i >> 5) * 8 * C + (i & 31);
+#pragma unroll
+          for (int k = 0; k < C / 4; ++k) {
+            const float4 v = x4[k * 32];
+            xv[4 * k] = v.x; xv[4 * k + 1] = v.y; xv[4 * k + 2] = v.z; xv[4 * k + 3] = v.w;
+          }
           const float cx = colX[r * a.n + i], ck = kColScale<BITS> * cx;
 #pragma unroll
-          for (int j = 0; j < RPW; ++j) acc[r][j] = fmaf(sc[j], d[r][j] - ck, fmaf(bi[j], cx, acc[r][j]));
+          for (int j = 0; j < RPW; ++j) acc[r][j] = fmaf(sc[j], col_dot<BITS>(w[j], xv) - ck, fmaf(bi[j], cx, acc[r][j]));
         }
       }
 #pragma unroll
