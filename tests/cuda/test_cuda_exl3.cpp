@@ -176,6 +176,7 @@ TEST(CudaExl3, ClusterSplitRows) {
     Scope() {
       auto k = saved;
       k.rows_min = 3;
+      k.rows_min_exl3 = 3;
       cuda::set_kernel_switches(k);
     }
     ~Scope() { cuda::set_kernel_switches(saved); }

@@ -248,24 +248,40 @@ TEST(CudaGemv, RingMatchesReference) {
   LILY_REQUIRE_GPU();
   if (!sm90()) GTEST_SKIP() << "the ring GEMV needs sm_90";
   std::mt19937 rng(12);
-  {  // the switch: steps of ring_rows_min..4 rows take several rows (default 3), 0 none
+  {  // the switch: steps of ring_rows_min..4 rows take several rows (default 2), 0 none
     GemvWeights W = make(4, 64, 1, 256, 512, rng);
     Dev<float> dx(randn(size_t(4) * 512, rng)), dy(size_t(4) * 256);
     auto takes = [&](int rows) {
       return lily::cuda::gemv_ring(W.m, nullptr, 256, 512, dx.p, 512, 1, rows, dy.p, 256, false, 0, nullptr, nullptr, 1e-6f);
     };
-    lily::cudatest::SwitchesScope defaults(
-        [](lily::cuda::KernelSwitches& k) { k.ring_rows_min = lily::cuda::KernelSwitches{}.ring_rows_min; });
+    lily::cudatest::SwitchesScope defaults([](lily::cuda::KernelSwitches& k) {
+      k.ring_rows_min = lily::cuda::KernelSwitches{}.ring_rows_min;
+      k.ring_moe_rows = lily::cuda::KernelSwitches{}.ring_moe_rows;
+    });
     EXPECT_TRUE(takes(1));
-    EXPECT_FALSE(takes(2)) << "2 rows keep the per-row GEMVs by default";
+    EXPECT_TRUE(takes(2));
     EXPECT_TRUE(takes(3));
     EXPECT_TRUE(takes(4));
     EXPECT_FALSE(takes(5));
+    // the MoE kinds of several tokens are off by default (ring_moe_rows 1: a GEMV per slot measured faster)
+    std::mt19937 rng_e(13);  // its own draws: the cases below keep theirs
+    GemvWeights E = make(4, 64, 2, 64, 512, rng_e);
+    Dev<int32_t> ids(std::vector<int32_t>{0, 1, 1, 0});
+    Dev<float> dh(size_t(4) * 64);
+    EXPECT_TRUE(lily::cuda::gemv_ring(E.m, ids.p, 0, 512, dx.p, 512, 2, 2, dh.p, 32, false, 32, nullptr, nullptr, 1e-6f))
+        << "one token's expert slots take the ring";
+    EXPECT_FALSE(lily::cuda::gemv_ring(E.m, ids.p, 0, 512, dx.p, 512, 1, 4, dh.p, 32, false, 32, nullptr, nullptr, 1e-6f))
+        << "4 tokens' slots leave the ring by default";
+    lily::cudatest::SwitchesScope three([](lily::cuda::KernelSwitches& k) { k.ring_rows_min = 3; });
+    EXPECT_FALSE(takes(2)) << "ring_rows_min 3: 2 rows keep the per-row GEMVs";
     lily::cudatest::SwitchesScope off([](lily::cuda::KernelSwitches& k) { k.ring_rows_min = 0; });
     EXPECT_TRUE(takes(1));
     EXPECT_FALSE(takes(3));
   }
-  lily::cudatest::SwitchesScope every_row_count([](lily::cuda::KernelSwitches& k) { k.ring_rows_min = 2; });
+  lily::cudatest::SwitchesScope every_row_count([](lily::cuda::KernelSwitches& k) {
+    k.ring_rows_min = 2;
+    k.ring_moe_rows = 4;
+  });
   const std::pair<int, int> shapes[] = {{1, 2048}, {2, 2048}, {3, 512}, {17, 4096}, {63, 2048}, {64, 2048}, {65, 2048},
                                         {65, 128}, {129, 1024}, {257, 2048}, {2048, 512}, {4099, 2048}, {20000, 2048},
                                         {2, 32}};

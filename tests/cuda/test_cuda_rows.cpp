@@ -112,19 +112,28 @@ TEST(CudaRows, DenseProductsMatchReference) {
   for (auto [out, in] : shapes)
     for (const RowsWeights& W : all_formats(1, out, in, rng))
       for (int T : kTs)
-        for (int variant = 0; variant < 3; ++variant) {  // plain, accumulate, SwiGLU
+        for (int variant = 0; variant < 4; ++variant) {  // plain, accumulate, SwiGLU, RMSNorm of x inside
           const int I = variant == 2 ? out / 2 : 0;
           const int ny = I > 0 ? I : out;
           auto x = randn(size_t(T) * in, rng);
           auto y0 = randn(size_t(T) * ny, rng);
-          Dev<float> dx(x), dy(y0);
+          auto nw = randn(size_t(in), rng);
+          Dev<float> dx(x), dy(y0), dnw(nw);
           if (variant != 1) dy.poison();
+          const float eps = 1e-6f;
           ASSERT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, nullptr, dy.p, ny, variant == 1, I, nullptr, nullptr, 0, T,
-                                       nullptr))
+                                       nullptr, variant == 3 ? dnw.p : nullptr, eps))
               << W.name;
           std::vector<double> ref;
           for (int t = 0; t < T; ++t) {
-            auto r = ref_row(W, 0, x.data() + size_t(t) * in, out, I);
+            std::vector<float> xt(x.begin() + ptrdiff_t(t) * in, x.begin() + ptrdiff_t(t + 1) * in);
+            if (variant == 3) {
+              double ss = 0;
+              for (float v : xt) ss += double(v) * v;
+              const double inv = 1.0 / std::sqrt(ss / in + eps);
+              for (int i = 0; i < in; ++i) xt[size_t(i)] = float(xt[size_t(i)] * inv * nw[size_t(i)]);
+            }
+            auto r = ref_row(W, 0, xt.data(), out, I);
             for (int o = 0; o < ny; ++o) ref.push_back(r[size_t(o)] + (variant == 1 ? y0[size_t(t) * ny + o] : 0.0));
           }
           // x as bf16 hi + lo leaves ~2^-17 of each element (rms ~4e-6 of a product); SwiGLU compounds the

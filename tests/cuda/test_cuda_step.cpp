@@ -86,6 +86,28 @@ TEST(CudaStep, SequencesTogetherOnManyRowGemvs) {
     for (int S : {3, 16}) together_vs_alone(m, S, 0, opt);
 }
 
+// Steps of 3-8 rows with the norms inside their products and the MoE as a GEMV per slot: on the GEMVs
+// (--cuda-opt norm_rows=4 ring_moe_rows=1) and with the dense products on the multi-row kernel (rows_min=3
+// norm_rows=8), together against alone and the CPU, and tentative rows then commit.
+TEST(CudaStep, FusedNormsAndPerSlotExpertsAtFewRows) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  CudaOptions gemvs = cudatest::high_precision_options();
+  gemvs.kernels.norm_rows = 4;
+  gemvs.kernels.ring_moe_rows = 1;
+  CudaOptions rows = cudatest::high_precision_options();
+  rows.kernels.norm_rows = 8;
+  rows.kernels.rows_min = 3;
+  for (const StepModel& m : models()) {
+    for (int S : {3, 4}) together_vs_alone(m, S, 0, gemvs);
+    for (int S : {3, 8}) together_vs_alone(m, S, 0, rows);
+    for (const CudaOptions* opt : {&gemvs, &rows}) {
+      auto gpu = make_cuda_backend(m.w, *opt);
+      const auto prompt = ids(21, m.w->cfg.vocab, 31u);
+      for (int k : {1, 3, 7}) check_tentative(*gpu, prompt, k, m.name + " fused norms");
+    }
+  }
+}
+
 // Prompts join while the others decode: steps that mix a prompt chunk with single decode rows.
 TEST(CudaStep, PromptChunksMixedWithDecodeRows) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";

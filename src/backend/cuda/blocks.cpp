@@ -25,7 +25,7 @@ void CudaBackend::gdn_mixer(int layer) {
   const GdnDev& g = D.gdn;
   const int PW = g.proj_width();
   const float eps = float(w_->cfg.rms_eps);
-  const bool fuse = T_ <= kGemvMaxRows;  // the GEMVs normalise x themselves
+  const bool fuse = T_ <= fuse_rows();  // the products normalise x themselves
   if (!fuse) rmsnorm(x_, H, D.in_norm, T_, H, eps, u_, H, stream_);
   int c0 = 0;
   GdnBa ba;
@@ -61,7 +61,7 @@ void CudaBackend::attn_mixer(int layer) {
   const AttnDev& a = D.attn;
   const int PW = a.proj_width();
   const float eps = float(w_->cfg.rms_eps);
-  const bool fuse = T_ <= kGemvMaxRows;
+  const bool fuse = T_ <= fuse_rows();
   if (!fuse) rmsnorm(x_, H, D.in_norm, T_, H, eps, u_, H, stream_);
   int c0 = 0;
   for (auto& [m, rows] : D.attn_in) {
@@ -95,7 +95,7 @@ void CudaBackend::ffn(int layer) {
   const DevLayer& D = layers_[size_t(layer)];
   const int H = int(w_->cfg.hidden);
   const float eps = float(w_->cfg.rms_eps);
-  const bool fuse = T_ <= kGemvMaxRows;
+  const bool fuse = T_ <= fuse_rows();
   if (!fuse) rmsnorm(x_, H, D.post_norm, T_, H, eps, u_, H, stream_);
   moe(D.moe, fuse ? nullptr : u_, T_, x_, work_, stream_, side_, fork_, join_, D.post_norm, eps);
 }
@@ -115,7 +115,7 @@ void CudaBackend::head() {
     gather_rows(x_, H, d_out_rows(), O_, H, u_, H, stream_);
     xr = u_;
   }
-  if (O_ <= kGemvMaxRows) {
+  if (O_ <= fuse_rows()) {
     linear(lm_head_, V, H, xr, H, O_, logits_, V, false, stream_, norm, eps);
   } else {
     rmsnorm(xr, H, norm, O_, H, eps, u_, H, stream_);  // in place when gathered (row by row)

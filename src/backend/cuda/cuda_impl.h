@@ -303,6 +303,10 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Device> dev_;
   cudaStream_t stream_ = nullptr, side_ = nullptr;  // side_: shared expert, forked/joined by events
   bool exl3_scratch_ = false;  // the streams hold the split EXL3 GEMVs' scratch (the model has EXL3 weights)
+  // Rows up to which a step's RMSNorms fuse into its products (norm_fuse_rows). EXL3 models keep kGemvMaxRows:
+  // their dense products of several rows (exl3_rows) take no fused norm, and the per-row EXL3 GEMVs lose to
+  // them and to the grouped experts from 6 rows (bench/RESULTS.md).
+  int fuse_rows() const { return exl3_scratch_ ? kGemvMaxRows : norm_fuse_rows(); }
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   std::vector<DevLayer> layers_;  // the model's layers, then (MTP models) the MTP layer
   Mat embed_, lm_head_;

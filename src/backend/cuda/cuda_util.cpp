@@ -1,4 +1,6 @@
 // Host-side error helpers of the CUDA backend (kept out of .cu files: nvcc cannot compile fmt).
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "backend/cuda/device_info.h"
@@ -40,5 +42,11 @@ KernelSwitches g_switches;
 }
 void set_kernel_switches(const KernelSwitches& s) { g_switches = s; }
 const KernelSwitches& kernel_switches() { return g_switches; }
+int norm_fuse_rows() {
+  // a fused norm needs every product of the step on a path that takes it: the GEMVs (dense up to gemv_rows,
+  // the MoE per slot up to moe_gemv_rows) or the dense multi-row product
+  const KernelSwitches& k = g_switches;
+  return std::max(kGemvMaxRows, std::min({k.norm_rows, k.gemv_rows, k.moe_gemv_rows, kNormRowsMax}));
+}
 
 }  // namespace lily::cuda

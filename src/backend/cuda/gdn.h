@@ -21,7 +21,7 @@ size_t gdn_scratch_bytes(const GdnDev& g, int T);
 // conv_state [K-1, C] fp32 (row 0 oldest) and S [Hv, dv, dk] fp32 are read and updated.
 // T >= chunk_min uses the chunked rule (C = 64), shorter steps the recurrent form.
 // The b|a input projection handed to gdn_core: W [2·Hv, in] times rows x (ldx), RMS-normalised first when
-// norm_w is set (only for T <= kGemvMaxRows, as linear). gdn_core writes proj's b|a columns with it, or for
+// norm_w is set (only for T <= norm_fuse_rows(), as linear). gdn_core writes proj's b|a columns with it, or for
 // one token with bf16 W computes b and a inside the recurrent step kernel (no separate product on the
 // decode path).
 struct GdnBa {

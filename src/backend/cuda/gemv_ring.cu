@@ -478,6 +478,7 @@ bool gemv_ring(const Mat& W, const int32_t* expert, int out, int in, const float
   // input rows: PLAIN one per output row (xdiv 1), SWIGLU one per xdiv slots
   const int nx = swi ? int(cdiv(slots, xdiv)) : slots;
   if (nx > kMaxX || !rows_on(nx) || (!swi && xdiv != 1 && slots > 1)) return false;
+  if (swi && nx > kernel_switches().ring_moe_rows) return false;
   if ((swi ? swiglu_I : out) <= 0) return true;  // nothing to compute
   RingArgs a = base_args(W, in);
   a.nrows = swi ? swiglu_I : out;
@@ -500,7 +501,7 @@ bool gemv_ring_concat(const Mat& W, const int32_t* expert, int out, int in, cons
                       const float* weights, int slots, int groups, float* y, int64_t ldy, bool accumulate, cudaStream_t s,
                       bool ids_ready) {
   if (!covered(W, in) || slots <= 0 || slots > kMaxSlots || !expert || groups < 1 || slots % groups != 0 ||
-      !rows_on(groups))
+      !rows_on(groups) || groups > kernel_switches().ring_moe_rows)
     return false;
   if (out <= 0) return true;
   RingArgs a = base_args(W, in);

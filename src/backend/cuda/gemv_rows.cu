@@ -91,8 +91,10 @@ template <int MODE, int NF, bool SWI>
 __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     rows_kernel(const Mat W, int in, int nrows, const float* __restrict__ x, int64_t ldx,
                 const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy, bool accumulate, int swiglu_I,
-                const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks) {
+                const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks,
+                const float* __restrict__ norm_w, float eps) {
   extern __shared__ float red[];  // [kWarps][kMT·NF·4][32] when ks > 1
+  __shared__ float inv_s[8 * NF];  // norm_w: 1 / rms of each activation row of the block
   constexpr int NACC = kMT * NF * 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int mg = warp / ks, kq = warp % ks;
@@ -151,6 +153,24 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     const int n = 8 * f + g;
     xr[f] = n < count ? x + int64_t(gather ? gather[row0 + n] : row0 + n) * ldx + 16 * c : nullptr;
   }
+  // RMSNorm of the activation rows inside the product: a warp per row sums its squares once, the chunks
+  // then scale each element by 1/rms · norm_w as they read it
+  float inv[NF];
+  if (norm_w) {
+    for (int n = warp; n < min(count, 8 * NF); n += kWarps) {
+      const float* row = x + int64_t(gather ? gather[row0 + n] : row0 + n) * ldx;
+      float ss = 0.f;
+      for (int i = 4 * lane; i < in; i += 128) {
+        const float4 v = *reinterpret_cast<const float4*>(row + i);
+        ss += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) inv_s[n] = rsqrtf(ss / float(in) + eps);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int f = 0; f < NF; ++f) inv[f] = 8 * f + g < count ? inv_s[8 * f + g] : 0.f;
+  }
   float acc[kMT][NF][4];
   zero(acc);
 
@@ -169,6 +189,13 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
         const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
         X[f][0] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half)) : z;
         X[f][1] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half + 4)) : z;
+        if (norm_w) {
+          const float* nw = norm_w + ch * 64 + 16 * c + 8 * half;
+          const float4 w0 = __ldg(reinterpret_cast<const float4*>(nw)), w1 = __ldg(reinterpret_cast<const float4*>(nw + 4));
+          const float iv = inv[f];
+          X[f][0] = make_float4(X[f][0].x * iv * w0.x, X[f][0].y * iv * w0.y, X[f][0].z * iv * w0.z, X[f][0].w * iv * w0.w);
+          X[f][1] = make_float4(X[f][1].x * iv * w1.x, X[f][1].y * iv * w1.y, X[f][1].z * iv * w1.z, X[f][1].w * iv * w1.w);
+        }
         if constexpr (MODE != 0)
           sx[f] += ((X[f][0].x + X[f][0].y) + (X[f][0].z + X[f][0].w)) + ((X[f][1].x + X[f][1].y) + (X[f][1].z + X[f][1].w));
       }
@@ -295,28 +322,28 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
 template <int MODE, int NF, bool SWI>
 void launch(dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
             const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
-            const int32_t* n_tiles, int T) {
+            const int32_t* n_tiles, int T, const float* norm_w, float eps) {
   const size_t smem = ks > 1 ? sizeof(float) * size_t(kWarps) * kMT * NF * 4 * 32 : 0;
   PdlLaunch L(grid, dim3(32 * kWarps), smem, s);
   LILY_CU(cudaLaunchKernelEx(&L.cfg, rows_kernel<MODE, NF, SWI>, W, in, nrows, x, ldx, gather, y, ldy, accumulate,
-                             swiglu_I, tiles, n_tiles, T, ks));
+                             swiglu_I, tiles, n_tiles, T, ks, norm_w, eps));
 }
 
 template <int MODE, bool SWI>
 void launch_nf(int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
                const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
-               const int32_t* n_tiles, int T) {
-  if (nf == 1) launch<MODE, 1, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
-  else if (nf == 2) launch<MODE, 2, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
-  else launch<MODE, 4, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
+               const int32_t* n_tiles, int T, const float* norm_w, float eps) {
+  if (nf == 1) launch<MODE, 1, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+  else if (nf == 2) launch<MODE, 2, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+  else launch<MODE, 4, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
 }
 
 template <int MODE>
 void launch_mode(bool swi, int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x,
                  int64_t ldx, const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I,
-                 const int32_t* tiles, const int32_t* n_tiles, int T) {
-  if (swi) launch_nf<MODE, true>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
-  else launch_nf<MODE, false>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T);
+                 const int32_t* tiles, const int32_t* n_tiles, int T, const float* norm_w, float eps) {
+  if (swi) launch_nf<MODE, true>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+  else launch_nf<MODE, false>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
 }
 
 }  // namespace
@@ -331,8 +358,8 @@ bool rows_covers(const Mat& W, int in) {
 
 bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
                   int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles, const int32_t* n_tiles,
-                  int max_tiles, int T, cudaStream_t s) {
-  if (!rows_covers(W, in) || ldx % 4 != 0 || !aligned16(x)) return false;
+                  int max_tiles, int T, cudaStream_t s, const float* norm_w, float eps) {
+  if (!rows_covers(W, in) || ldx % 4 != 0 || !aligned16(x) || (norm_w && !aligned16(norm_w))) return false;
   if (!tiles && (T < 1 || T > kRowsMax)) return false;
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
   if (nrows <= 0 || (tiles && max_tiles <= 0)) return true;
@@ -348,26 +375,26 @@ bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, co
   const int mode = W.affine ? W.bits : 0;
   const bool swi = swiglu_I > 0;
   switch (mode) {
-    case 0: launch_mode<0>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T); break;
-    case 4: launch_mode<4>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T); break;
-    default: launch_mode<8>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T); break;
+    case 0: launch_mode<0>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
+    case 4: launch_mode<4>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
+    default: launch_mode<8>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
   }
   LILY_CU_LAUNCH();
   return true;
 }
 
 bool rows_linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
-                 bool accumulate, int swiglu_I, cudaStream_t s) {
+                 bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w, float eps) {
   const KernelSwitches& k = kernel_switches();
-  if (T < std::max(3, k.rows_min) || T > std::min(k.rows_dense, kRowsMax)) return false;
+  if (T < std::max(3, W.exl3 ? k.rows_min_exl3 : k.rows_min) || T > std::min(k.rows_dense, kRowsMax)) return false;
   if ((swiglu_I > 0 ? swiglu_I : out) < 16) return false;  // a few outputs: the per-row GEMV has more blocks
-  if (W.exl3) return swiglu_I == 0 && exl3_rows(W, out, in, x, ldx, T, y, ldy, accumulate, s);
-  return rows_product(W, out, in, x, ldx, nullptr, y, ldy, accumulate, swiglu_I, nullptr, nullptr, 0, T, s);
+  if (W.exl3) return swiglu_I == 0 && !norm_w && exl3_rows(W, out, in, x, ldx, T, y, ldy, accumulate, s);
+  return rows_product(W, out, in, x, ldx, nullptr, y, ldy, accumulate, swiglu_I, nullptr, nullptr, 0, T, s, norm_w, eps);
 }
 
-bool rows_moe_on(int T) {
+bool rows_moe_on(int T, bool exl3) {
   const KernelSwitches& k = kernel_switches();
-  return T >= std::max(3, k.rows_min) && T <= k.rows_moe;
+  return T >= std::max(3, exl3 ? k.rows_min_exl3 : k.rows_min) && T <= k.rows_moe;
 }
 
 }  // namespace lily::cuda

@@ -159,7 +159,7 @@ void linear_split(const Mat& W, int out, int in, const float* x, int64_t ldx, in
     linear(W, out, in, x, ldx, T, y, ldy, false, s, norm_w, eps);
     return;
   }
-  if (norm_w) fail_internal("linear_split: a fused RMSNorm needs the GEMV path (T <= 2)");
+  if (norm_w) fail_internal("linear_split: a fused RMSNorm needs the GEMV path (T <= norm_rows)");
   if (out <= 0) return;
   const int mt = int(cdiv(T, kGemmBM));
   if (!gemm_tc(W, out, in, x, ldx, nullptr, y, ldy, false, nullptr, nullptr, mt, T, GemmPrec::kSplit, s))
@@ -169,8 +169,8 @@ void linear_split(const Mat& W, int out, int in, const float* x, int64_t ldx, in
 void linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
             cudaStream_t s, const float* norm_w, float eps) {
   if (T <= 0 || out <= 0) return;
-  if (norm_w && T > kGemvMaxRows) fail_internal("linear: a fused RMSNorm needs the GEMV path (T <= 2)");
-  if (!norm_w && rows_linear(W, out, in, x, ldx, T, y, ldy, accumulate, 0, s)) return;  // rows_min..rows_dense rows
+  if (norm_w && T > norm_fuse_rows()) fail_internal("linear: a fused RMSNorm needs the GEMV path (T <= norm_rows)");
+  if (rows_linear(W, out, in, x, ldx, T, y, ldy, accumulate, 0, s, norm_w, eps)) return;  // rows_min..rows_dense rows
   if (T <= std::max(kGemvMaxRows, kernel_switches().gemv_rows))
     gemv_slots(W, nullptr, out, in, x, ldx, 1, T, y, ldy, accumulate, 0, s, norm_w, eps);
   else

@@ -153,12 +153,12 @@ __global__ void combine_kernel(float* __restrict__ x, int H, int k, const float*
 }
 
 // gate‖up of a SwiGLU MLP (the shared expert, or the dense MLP) into sc.sh_h: the multi-row product for
-// rows_min..rows_dense rows (unfused norm only), GEMVs with the SwiGLU fused up to gemv_max rows (id: the
+// rows_min..rows_dense rows, GEMVs with the SwiGLU fused up to gemv_max rows (id: the
 // expert id of a one-row affine GEMV, or null), else the GEMM and the swiglu kernel.
 void swiglu_gate_up(const MoeDev& m, const float* u, int T, const MoeScratch& sc, cudaStream_t s, const float* nw,
                     float eps, const int32_t* id, int gemv_max) {
   const int H = m.H;
-  if (!nw && rows_linear(m.sh_gate_up, 0, H, u, H, T, sc.sh_h, m.Is, false, m.Is, s)) return;
+  if (rows_linear(m.sh_gate_up, 0, H, u, H, T, sc.sh_h, m.Is, false, m.Is, s, nw, eps)) return;
   if (T <= gemv_max) {
     gemv_slots(m.sh_gate_up, id, 0, H, u, H, 1, T, sc.sh_h, m.Is, false, m.Is, s, nw, eps);
     return;
@@ -186,7 +186,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
          cudaStream_t side, cudaEvent_t fork, cudaEvent_t join, const float* norm_w, float eps) {
   if (T <= 0) return;
   const bool fused = u == nullptr;  // GEMVs normalise x themselves
-  if (fused && (T > kGemvMaxRows || !norm_w)) fail_internal("moe: fused RMSNorm needs T <= 2 and a norm weight");
+  if (fused && (T > norm_fuse_rows() || !norm_w)) fail_internal("moe: fused RMSNorm needs T <= norm_rows and a norm weight");
   if (fused) u = x;
   const float* nw = fused ? norm_w : nullptr;
   MoeScratch sc = layout(m, T, scratch);
@@ -230,7 +230,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
   const int32_t* pos = nullptr;
   // grouped: slots sorted per expert into tiles of kRowsTile rows for the multi-row products (EXL3: the
   // prompt path's 64-row tiles, whose GEMM also decodes each expert once per tile)
-  const bool grouped = !fused && rows_moe_on(T);
+  const bool grouped = !fused && rows_moe_on(T, m.gate_up.exl3);
   const bool rows = grouped && rows_covers(m.gate_up, H) && rows_covers(m.down, m.I);
   if (T <= moe_gemv_rows() && !grouped) {
     const bool ring_gu = gemv_ring(m.gate_up, sc.idx, 0, H, u, H, kk, n, sc.h, m.I, false, m.I, s, nw, eps);

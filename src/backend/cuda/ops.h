@@ -70,8 +70,12 @@ void exl3_decode_tiles(const uint16_t* trellis, int K, int cb, int in_p, int out
 // y[t, 0:out] (= or +=) x[t, 0:in] · Wᵀ for t < T.
 // T <= 2 runs the row-parallel GEMV (16-byte weight loads, dequantisation in registers), larger T the
 // tiled GEMM (dequantisation while staging the tile).
-// norm_w (T <= kGemvMaxRows only): x rows are RMS-normalised (· norm_w, eps) inside the GEMV.
+// norm_w (T <= norm_fuse_rows() only): x rows are RMS-normalised (· norm_w, eps) inside the GEMV.
 constexpr int kGemvMaxRows = 2;
+// Rows up to which a step's norms fuse into its products: KernelSwitches::norm_rows, at least kGemvMaxRows, at
+// most kNormRowsMax and the GEMV row limits (gemv_rows, moe_gemv_rows).
+constexpr int kNormRowsMax = 16;
+int norm_fuse_rows();
 // Steps of at most this many tokens fold the MoE top-k into the router GEMV (MoeDev::topk_counter).
 constexpr int kTopkFoldRows = 4;
 void linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
@@ -205,7 +209,7 @@ size_t moe_scratch_bytes(const MoeDev& m, int T);
 // x[t] += MoE(u[t]) for t < T. Routing stays on the device (no host synchronisation).
 // side/fork/join: optional second stream and two events; the shared expert then runs on `side`
 // concurrently with the router and routed experts (also inside a graph capture).
-// u == null (T <= kGemvMaxRows): the block normalises x itself with norm_w / eps inside its GEMVs.
+// u == null (T <= norm_fuse_rows()): the block normalises x itself with norm_w / eps inside its GEMVs.
 void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaStream_t s, cudaStream_t side = nullptr,
          cudaEvent_t fork = nullptr, cudaEvent_t join = nullptr, const float* norm_w = nullptr, float eps = 1e-6f);
 

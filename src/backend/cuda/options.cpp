@@ -112,7 +112,15 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_moe = parse_int_in("rows_moe", v, 0, 64); }},
       {"ring_rows_min", "steps of this many to 4 rows run the ring GEMV with several input rows (0: never; 0..4)",
        [](CudaOptions& o, const std::string& v) { o.kernels.ring_rows_min = parse_int_in("ring_rows_min", v, 0, 4); }},
-      {"rows_min", "the multi-row products take steps of at least this many rows (3..33, default 6)",
+      {"ring_moe_rows", "MoE steps of up to this many tokens take the ring's SwiGLU and down + combine (0..4; more: a "
+                        "GEMV per slot)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.ring_moe_rows = parse_int_in("ring_moe_rows", v, 0, 4); }},
+      {"norm_rows", "steps of up to this many rows normalise x inside their products, not in an RMSNorm kernel; their "
+                    "MoE runs per slot (2..16)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.norm_rows = parse_int_in("norm_rows", v, 2, 16); }},
+      {"rows_min_exl3", "... for EXL3 weights (3..33, default 6)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.rows_min_exl3 = parse_int_in("rows_min_exl3", v, 3, 33); }},
+      {"rows_min", "the multi-row products take steps of at least this many rows (3..33, default 3)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_min = parse_int_in("rows_min", v, 3, 33); }},
   };
   return f;

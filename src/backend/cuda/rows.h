@@ -24,16 +24,17 @@ bool rows_covers(const Mat& W, int in);
 // y[r, 0:out] (= or +=) x[gather[r], 0:in] · W_eᵀ, the gemm_tiles contract (ops.h) with tiles of at most
 // kRowsTile rows; tiles == null: dense, rows [0, T) for T <= kRowsMax. swiglu_I > 0: W holds gate rows
 // [0, I) and up rows [I, 2I), y[r, j] = silu(gate_j · x) · (up_j · x) for j < I (out ignored).
-// x rows 16-byte aligned (ldx % 4 == 0). Returns false, launching nothing, when the product is not covered.
+// x rows 16-byte aligned (ldx % 4 == 0). norm_w: each x row RMS-normalised (· norm_w, eps) as it is read.
+// Returns false, launching nothing, when the product is not covered.
 bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
                   int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles, const int32_t* n_tiles,
-                  int max_tiles, int T, cudaStream_t s);
+                  int max_tiles, int T, cudaStream_t s, const float* norm_w = nullptr, float eps = 1e-6f);
 
-// Dense product of T rows through rows_product (EXL3: exl3_rows, no SwiGLU) when KernelSwitches takes T
-// (max(3, rows_min) <= T <= rows_dense; steps of 1-2 rows keep the GEMVs with the fused RMSNorm) and the
-// format is covered; false otherwise (nothing launched).
+// Dense product of T rows through rows_product (EXL3: exl3_rows, no SwiGLU, no fused norm) when
+// KernelSwitches takes T (max(3, rows_min or rows_min_exl3) <= T <= rows_dense) and the format is covered; false otherwise
+// (nothing launched). norm_w as rows_product.
 bool rows_linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
-                 bool accumulate, int swiglu_I, cudaStream_t s);
+                 bool accumulate, int swiglu_I, cudaStream_t s, const float* norm_w = nullptr, float eps = 1e-6f);
 
 // EXL3 dense product of T <= 64 rows (exl3.cu): the tile GEMM (each weight decoded once for all rows) with
 // its k chunks split over thread-block clusters when the column blocks alone do not fill the GPU. False
@@ -41,7 +42,8 @@ bool rows_linear(const Mat& W, int out, int in, const float* x, int64_t ldx, int
 bool exl3_rows(const Mat& W, int out, int in, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
                cudaStream_t s);
 
-// Whether MoE steps of T rows group their slots per expert (max(3, rows_min) <= T <= rows_moe).
-bool rows_moe_on(int T);
+// Whether MoE steps of T rows group their slots per expert (max(3, rows_min) <= T <= rows_moe; EXL3 experts:
+// rows_min_exl3).
+bool rows_moe_on(int T, bool exl3);
 
 }  // namespace lily::cuda

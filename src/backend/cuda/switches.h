@@ -39,9 +39,18 @@ struct KernelSwitches {
   bool gemm_skip_empty = true;  // expert GEMM warps skip the MMAs of row tiles past a partial tile
   bool ring_early_ids = true;   // the MoE down+combine ring product reads its expert ids before its PDL wait
   // Steps of ring_rows_min..4 rows run the ring with several input rows (dense products and expert gate/up read
-  // once for all rows, the down + combine of all tokens in one launch; 0: never). 3: on the H100, 3 and 4 rows
-  // gained 4-7% and 2 rows lost 2-3% against the per-row GEMVs (bench/RESULTS.md).
-  int ring_rows_min = 3;
+  // once for all rows, the down + combine of all tokens in one launch; 0: never). 2: on the H100, with the
+  // experts per slot (ring_moe_rows 1) 2 rows gained 2-3% against the per-row GEMVs (bench/RESULTS.md).
+  int ring_rows_min = 2;
+  // MoE steps of up to this many tokens (0..4) take the ring's SwiGLU and down + combine kinds; more tokens
+  // take a GEMV per (token, expert) slot and the combine kernel. 1: on the H100 the per-slot GEMVs were
+  // 3-4% faster at 3 rows (bench/RESULTS.md, ninth session).
+  int ring_moe_rows = 1;
+  // Steps of up to this many rows (2..16) RMS-normalise x inside their products (ring, per-slot GEMVs, router,
+  // DeltaNet b|a, dense multi-row products, head) instead of an RMSNorm kernel first; their MoE runs per slot.
+  // 8 with rows_min 3: on the H100 verify 3 / 4 / 8 rows −9 / −10 / −6%, 4 / 8 streams +13 / +7%; 16 lost
+  // 8% at 16 streams (bench/RESULTS.md, ninth session).
+  int norm_rows = 8;
   // EXL3 decode GEMVs of few column blocks split k over a cluster of up to 8 blocks while the grid stays within
   // this many blocks per SM (0: never split)
   int exl3_gemv_split = 2;
@@ -55,10 +64,14 @@ struct KernelSwitches {
   int gemv_rows = 16;           // dense products of up to this many rows run as one GEMV per row, more as GEMMs
   int moe_gemv_rows = 32;       // MoE steps of up to this many rows run one GEMV per (row, expert) slot
   // Multi-row products (gemv_rows.cu), ahead of the two above, for steps of rows_min..N rows (0: off).
-  // rows_min 6: measured on the H200 (bench/RESULTS.md), never slower than the per-row paths; 3-5 rows lost.
+  // rows_min 3 with norm_rows 8: the dense products of 3-8 rows with their norm inside (above); rows_min 6
+  // was the H200's choice when those steps ran an RMSNorm kernel first (bench/RESULTS.md).
   int rows_dense = 32;          // dense products read each weight once for all rows
   int rows_moe = 32;            // MoE steps grouped per expert (each chosen expert read once)
-  int rows_min = 6;             // 3..33; steps of 1-2 rows keep the GEMVs with the fused RMSNorm
+  int rows_min = 3;             // 3..33; steps of 1-2 rows keep the GEMVs (2 rows on the tensor cores: +12%)
+  // ... for EXL3 weights (their norms do not fuse, exl3_rows and the grouped EXL3 experts): 6. On the H100 from 3
+  // rows, verify 3 / 4 rows took 9.35 / 9.89 ms against 5.96 / 7.40 and 4 streams 412 against 518 tok/s.
+  int rows_min_exl3 = 6;
 };
 
 // Process-wide: the last values set apply to every launch that follows.
