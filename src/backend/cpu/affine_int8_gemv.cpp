@@ -1,4 +1,4 @@
-// Affine 4/8-bit × int8 activations for one, two or four tokens at a time (AVX-512 VNNI): decode-sized products,
+// Affine 4/8-bit × int8 activations for one to four tokens at a time (AVX-512 VNNI): decode-sized products,
 // straight from the packed rows, with the tiles' arithmetic (affine_int8_internal.h: one sum per input block,
 // folded in order), so that a row's result does not depend on how many tokens run with it.
 //
@@ -278,12 +278,16 @@ LILY_INT8_ZMM_END
 
 void gemv_blocks_avx512(const quant::AffineWeight& w, const Acts& a, int64_t blk0, int64_t blk1, float* y, int64_t ys) {
 #if LILY_X86
+  // passes of 4 tokens, then the rest in one pass (3, 2 or 1): every pass reads the weights once
   int64_t t = 0;
   for (; t + 4 <= a.T; t += 4)
     w.bits == 4 ? gemv_pass<4, 4>(w, a, t, blk0, blk1, y, ys) : gemv_pass<8, 4>(w, a, t, blk0, blk1, y, ys);
-  for (; t + 2 <= a.T; t += 2)
+  if (a.T - t == 3)
+    w.bits == 4 ? gemv_pass<4, 3>(w, a, t, blk0, blk1, y, ys) : gemv_pass<8, 3>(w, a, t, blk0, blk1, y, ys);
+  else if (a.T - t == 2)
     w.bits == 4 ? gemv_pass<4, 2>(w, a, t, blk0, blk1, y, ys) : gemv_pass<8, 2>(w, a, t, blk0, blk1, y, ys);
-  if (t < a.T) w.bits == 4 ? gemv_pass<4, 1>(w, a, t, blk0, blk1, y, ys) : gemv_pass<8, 1>(w, a, t, blk0, blk1, y, ys);
+  else if (a.T - t == 1)
+    w.bits == 4 ? gemv_pass<4, 1>(w, a, t, blk0, blk1, y, ys) : gemv_pass<8, 1>(w, a, t, blk0, blk1, y, ys);
 #else
   (void)w, (void)a, (void)blk0, (void)blk1, (void)y, (void)ys;
   throw InternalError("AVX-512 gemv kernel on a non-x86 build");
