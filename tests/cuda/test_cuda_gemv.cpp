@@ -134,6 +134,29 @@ TEST(CudaGemv, EveryLaunchShapeMatchesReference) {
     }
 }
 
+// The 4-bit streaming GEMV with codes dequantised through the mantissa of 1.0f (KernelSwitches::gemv_mantissa):
+// the launch shapes of the test above, and the experts of 2-, 4- and 8-token steps.
+TEST(CudaGemv, MantissaDequantMatchesReference) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  lily::cudatest::SwitchesScope mant([](lily::cuda::KernelSwitches& k) {
+    k.gemv_ring = false;
+    k.gemv_mantissa = true;
+  });
+  const std::pair<int, int> shapes[] = {{1, 2048}, {3, 512}, {17, 4096}, {64, 256}, {65, 128}, {129, 1024}, {4099, 2048},
+                                        {16896, 512}};
+  for (auto [out, in] : shapes) {
+    const int gs = in % 128 == 0 && out % 2 ? 128 : in % 64 == 0 ? 64 : 32;
+    run_gemv_case(4, gs, out, in, 1, false, false, false, rng);
+    run_gemv_case(4, gs, out, in, 2, false, true, true, rng);
+    if (out <= 1031) run_gemv_case(4, 32, out, in, 9, true, out % 2 == 1, false, rng);
+  }
+  for (int slots : {18, 36, 72}) {
+    run_gemv_case(4, 64, 512, 2048, slots, true, true, false, rng);
+    run_gemv_case(4, 64, 2048, 512, slots, false, false, true, rng);
+  }
+}
+
 bool sm90() {
   int dev = 0, major = 0;
   cudaGetDevice(&dev);

@@ -35,7 +35,10 @@ __device__ __forceinline__ int xs_index(int e) {
   return (i >> 5) * 32 * C + (j >> 2) * 128 + (i & 31) * 4 + (j & 3);
 }
 
-// MODE 0: bf16, 16-byte loads; 4 / 8: affine bits. NR = rows streamed together (RPW, or 2·RPW for
+// MODE 0: bf16, 16-byte loads; 4 / 8: affine bits; kMant4: 4-bit codes dequantised without int->float
+// conversions (KernelSwitches::gemv_mantissa): code c shifted into the mantissa of 1.0f is f = 1 + c/16 exactly,
+// so Σ c·x = 16·(Σ f·x − Σ x) with Σ x per 16-byte column already at hand. Per code a shift, a mask-or and an
+// FMA against a shift, an and, an I2F (16 a clock per SM on Hopper: ~2 TB/s of 4-bit codes) and an FMA. NR = rows streamed together (RPW, or 2·RPW for
 // SwiGLU: gate rows r.. then up rows r + I..). The first two iterations' weights (and affine scales)
 // are loaded before the input row is staged, so DRAM latency overlaps the staging; afterwards each
 // buffer is refilled right after it is consumed.
@@ -46,12 +49,15 @@ struct Fold {
   unsigned* counter = nullptr;
 };
 
+constexpr int kMant4 = 5;
+
 template <int MODE, int RPW, bool SWI>
 __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const int32_t* __restrict__ expert, int in,
     int nrows, const float* __restrict__ x, int64_t ldx, int xdiv, float* __restrict__ y, int64_t ldy, bool accumulate,
     int swiglu_I, const float* __restrict__ norm_w, float eps, int lpr, int ks, int ntiles, const Fold fold) {
   constexpr int NR = SWI ? 2 * RPW : RPW;
-  constexpr int C = MODE == 0 ? 8 : 128 / MODE;  // elements per uint4
+  constexpr int BITS = MODE == kMant4 ? 4 : MODE;
+  constexpr int C = MODE == 0 ? 8 : 128 / BITS;  // elements per uint4
   extern __shared__ float4 xs4[];
   float* xs = reinterpret_cast<float*>(xs4);
   __shared__ float red[32];
@@ -124,7 +130,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
   const bool vec = (reinterpret_cast<uintptr_t>(xr) & 15) == 0 && in % 4 == 0 && in <= 4 * 4 * 32 * kWarps;
   auto put4 = [&](int e0, float4 v) {  // elements e0..e0+3 (e0 % 4 == 0) are contiguous in both layouts
     if constexpr (MODE == 0) xs4[e0 >> 2] = v;
-    else *reinterpret_cast<float4*>(xs + xs_index<MODE>(e0)) = v;
+    else *reinterpret_cast<float4*>(xs + xs_index<BITS>(e0)) = v;
   };
   if (vec) {
     constexpr int kMaxV = 4;  // float4 per thread: in <= 4096
@@ -160,7 +166,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
     for (int i = threadIdx.x; i < in; i += blockDim.x) {
       const float v = norm_w ? xr[i] * inv * norm_w[i] : xr[i];
       if constexpr (MODE == 0) xs[i] = v;
-      else xs[xs_index<MODE>(i)] = v;
+      else xs[xs_index<BITS>(i)] = v;
     }
   }
   __syncthreads();
@@ -190,11 +196,19 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
       for (int j = 0; j < NR; ++j) {
         const uint32_t words[4] = {Bf.w[j].x, Bf.w[j].y, Bf.w[j].z, Bf.w[j].w};
         float qx = 0.f;
+        if constexpr (MODE == kMant4) {
+          float fx = 0.f;
 #pragma unroll
-        for (int k = 0; k < C; ++k) {
-          constexpr int PER = 32 / MODE;  // codes per word
-          const uint32_t code = (words[k / PER] >> ((k % PER) * MODE)) & ((1u << MODE) - 1u);
-          qx += float(code) * xv[k];
+          for (int k = 0; k < C; ++k)
+            fx += __uint_as_float((((words[k / 8] >> ((k % 8) * 4)) & 15u) << 19) | 0x3F800000u) * xv[k];
+          qx = 16.f * (fx - sx);
+        } else {
+#pragma unroll
+          for (int k = 0; k < C; ++k) {
+            constexpr int PER = 32 / BITS;  // codes per word
+            const uint32_t code = (words[k / PER] >> ((k % PER) * BITS)) & ((1u << BITS) - 1u);
+            qx += float(code) * xv[k];
+          }
         }
         acc[j] += Bf.s[j] * qx + Bf.b[j] * sx;
       }
@@ -302,6 +316,7 @@ void set_smem() {
 void init_gemv_kernels() {
   set_smem<0, false>(); set_smem<0, true>();
   set_smem<4, false>(); set_smem<4, true>();
+  set_smem<kMant4, false>(); set_smem<kMant4, true>();
   set_smem<8, false>(); set_smem<8, true>();
 }
 
@@ -360,7 +375,12 @@ void gemv_run(const Mat& W, const int32_t* expert, int out, int in, const float*
   const bool swi = swiglu_I > 0;
   switch (mode) {
     case 0: launch_mode<0>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles, fold); break;
-    case 4: launch_mode<4>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles, fold); break;
+    case 4:
+      if (kernel_switches().gemv_mantissa)
+        launch_mode<kMant4>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles, fold);
+      else
+        launch_mode<4>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles, fold);
+      break;
     case 8: launch_mode<8>(swi, g.rpw, grid, smem, s, W, expert, in, nrows, x, ldx, xdiv, y, ldy, accumulate, swiglu_I, norm_w, eps, g.lpr, g.ks, g.tiles, fold); break;
     default: fail_internal("GEMV: unsupported mode");
   }

@@ -112,6 +112,9 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_moe = parse_int_in("rows_moe", v, 0, 64); }},
       {"ring_rows_min", "steps of this many to 4 rows run the ring GEMV with several input rows (0: never; 0..4)",
        [](CudaOptions& o, const std::string& v) { o.kernels.ring_rows_min = parse_int_in("ring_rows_min", v, 0, 4); }},
+      {"gemv_mantissa", "4-bit streaming GEMVs (experts per slot) dequantise through the mantissa of 1.0f, not int->float "
+                        "conversions (default off)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.gemv_mantissa = parse_bool("gemv_mantissa", v); }},
       {"ring_moe_rows", "MoE steps of up to this many tokens take the ring's SwiGLU and down + combine (0..4; more: a "
                         "GEMV per slot)",
        [](CudaOptions& o, const std::string& v) { o.kernels.ring_moe_rows = parse_int_in("ring_moe_rows", v, 0, 4); }},

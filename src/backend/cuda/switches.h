@@ -25,6 +25,10 @@ constexpr int kWgmmaOff = 0, kWgmmaOn = 1, kWgmmaAuto = 2;  // KernelSwitches::g
 struct KernelSwitches {
   bool pdl = true;              // programmatic dependent launch between decode kernels
   bool gemv_ring = true;        // TMA-fed shared-memory ring for affine decode GEMVs (sm_90)
+  // 4-bit products of the streaming GEMV (gemv.cu: the experts per slot from 2 tokens, rows the ring does not take)
+  // dequantise codes through the mantissa of 1.0f, as the ring does, instead of int->float conversions. Off until
+  // measured on a GPU (bench/RESULTS.md, ninth session: count and prediction).
+  bool gemv_mantissa = false;
   GemmPrec gemm_prec = GemmPrec::kSplit;  // prompt GEMM operands (above)
   // With gemm_prec kBf16 or kFp16: the product classes (backend/product_class.h, Mat::cls) whose prompt GEMMs
   // take those operands; the rest stay split. Default every class but the router (a bf16 rounding of its input
