@@ -91,7 +91,9 @@ TEST(DepthPlanner, WithinFivePercentOfTheBestFixedDepthOnMeasuredCosts) {
     double draft_ms;
   };
   for (const Shape& s : {Shape{"35B-A3B", {2.383, 3.802, 5.426, 5.873, 7.535, 7.737, 8.180}, 0.303},
-                         Shape{"80B-A3B", {2.941, 4.510, 6.129, 7.136, 9.147, 9.186, 9.840}, 0.242}})
+                         Shape{"80B-A3B", {2.941, 4.510, 6.129, 7.136, 9.147, 9.186, 9.840}, 0.242},
+                         // H100, the multi-row paths of 2026-12-07 (bench/RESULTS.md, ninth session, call 6)
+                         Shape{"35B-A3B H100", {2.486, 3.617, 4.698, 5.059, 6.180, 6.632, 6.744}, 0.302}})
     for (double a : {0.5, 0.7, 0.86, 0.95, 1.0}) {
       const double e = planner_efficiency(s.verify_ms, s.draft_ms, a, 256, 40);
       EXPECT_GE(e, 0.95) << s.name << " acceptance " << a;
