@@ -38,10 +38,10 @@ __device__ __forceinline__ int xs_index(int e) {
 // MODE 0: bf16, 16-byte loads; 4 / 8: affine bits; kMant4: 4-bit codes dequantised without int->float
 // conversions (KernelSwitches::gemv_mantissa): code c shifted into the mantissa of 1.0f is f = 1 + c/16 exactly,
 // so Σ c·x = 16·(Σ f·x − Σ x) with Σ x per 16-byte column already at hand. Per code a shift, a mask-or and an
-// FMA against a shift, an and, an I2F (16 a clock per SM on Hopper: ~2 TB/s of 4-bit codes) and an FMA. NR = rows streamed together (RPW, or 2·RPW for
-// SwiGLU: gate rows r.. then up rows r + I..). The first two iterations' weights (and affine scales)
-// are loaded before the input row is staged, so DRAM latency overlaps the staging; afterwards each
-// buffer is refilled right after it is consumed.
+// FMA against a shift, an and, an I2F (16 a clock per SM on Hopper: ~2 TB/s of 4-bit codes) and an FMA.
+// NR = rows streamed together (RPW, or 2·RPW for SwiGLU: gate rows r.. then up rows r + I..). The first two
+// iterations' weights (and affine scales) are loaded before the input row is staged, so DRAM latency overlaps
+// the staging; afterwards each buffer is refilled right after it is consumed.
 // fold.counter != null: after its outputs, the last block to finish runs the top-k on each slot's row of y
 // (dense rows: a token each; warp t takes token t).
 struct Fold {

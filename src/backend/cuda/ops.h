@@ -68,8 +68,8 @@ void exl3_decode_tiles(const uint16_t* trellis, int K, int cb, int in_p, int out
 
 // ---- linear algebra -------------------------------------------------------------------------
 // y[t, 0:out] (= or +=) x[t, 0:in] · Wᵀ for t < T.
-// T <= 2 runs the row-parallel GEMV (16-byte weight loads, dequantisation in registers), larger T the
-// tiled GEMM (dequantisation while staging the tile).
+// Decode-sized T runs the multi-row product (rows.h) or the row-parallel GEMVs (16-byte weight loads,
+// dequantisation in registers), larger T the tiled GEMM (dequantisation while staging the tile).
 // norm_w (T <= norm_fuse_rows() only): x rows are RMS-normalised (· norm_w, eps) inside the GEMV.
 constexpr int kGemvMaxRows = 2;
 // Rows up to which a step's norms fuse into its products: KernelSwitches::norm_rows, at least kGemvMaxRows, at

@@ -121,7 +121,7 @@ const std::vector<Field>& fields() {
       {"norm_rows", "steps of up to this many rows normalise x inside their products, not in an RMSNorm kernel; their "
                     "MoE runs per slot (2..16)",
        [](CudaOptions& o, const std::string& v) { o.kernels.norm_rows = parse_int_in("norm_rows", v, 2, 16); }},
-      {"rows_min_exl3", "... for EXL3 weights (3..33, default 6)",
+      {"rows_min_exl3", "the multi-row products of EXL3 weights take steps of at least this many rows (3..33, default 6)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_min_exl3 = parse_int_in("rows_min_exl3", v, 3, 33); }},
       {"rows_min", "the multi-row products take steps of at least this many rows (3..33, default 3)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_min = parse_int_in("rows_min", v, 3, 33); }},
