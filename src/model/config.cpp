@@ -68,6 +68,8 @@ struct Reader {
 
 void positive(const std::string& where, const char* key, int64_t v) {
   if (v <= 0) fail("{}: field '{}' must be positive (got {})", where, key, v);
+  // Products of dimensions are int64 and doubles; no real model comes near 2^31.
+  if (v > (int64_t(1) << 31)) fail("{}: field '{}' is {}, larger than 2^31", where, key, v);
 }
 
 std::vector<int64_t> ids_of(const nlohmann::json* v) {
@@ -174,11 +176,14 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& top, const std::string&
         fail("{}: {}.rope_type '{}' is not supported (only default RoPE)", twhere, key, t);
     }
   }
+  if (!(partial > 0.0 && partial <= 1.0))
+    fail("{}: partial_rotary_factor {} must be in (0, 1]", twhere, partial);
   double rd = double(c.head_dim) * partial;
   c.rotary_dim = int64_t(rd);
   if (c.rotary_dim <= 0 || c.rotary_dim > c.head_dim || c.rotary_dim % 2 || std::fabs(rd - double(c.rotary_dim)) > 1e-9)
     fail("{}: head_dim {} x partial_rotary_factor {} must give an even rotary dimension", twhere, c.head_dim, partial);
-  if (c.rope_theta <= 0) fail("{}: rope_theta must be positive", twhere);
+  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta)) fail("{}: rope_theta must be a positive finite number", twhere);
+  if (!(c.rms_eps > 0 && c.rms_eps < 1)) fail("{}: rms_norm_eps {} must be in (0, 1)", twhere, c.rms_eps);
 
   // Layer kinds.
   if (auto* lt = r.find("layer_types")) {

@@ -161,6 +161,21 @@ TEST(Config, Errors) {
   j["partial_rotary_factor"] = 0.3;
   EXPECT_NE(error_of(j).find("even rotary dimension"), std::string::npos);
   EXPECT_NE(error_of(json::array()).find("not a JSON object"), std::string::npos);
+  // found by fuzz_config: head_dim × a huge factor converted to an integer out of range
+  j = base_next();
+  j["partial_rotary_factor"] = 1.42222e117;
+  EXPECT_NE(error_of(j).find("partial_rotary_factor 1.42222e+117 must be in (0, 1]"), std::string::npos) << error_of(j);
+  j["partial_rotary_factor"] = -0.5;
+  EXPECT_NE(error_of(j).find("partial_rotary_factor -0.5 must be in (0, 1]"), std::string::npos) << error_of(j);
+  j = base_next();
+  j["head_dim"] = int64_t(1) << 62;
+  EXPECT_NE(error_of(j).find("field 'head_dim' is 4611686018427387904, larger than 2^31"), std::string::npos) << error_of(j);
+  j = base_next();
+  j["rms_norm_eps"] = -1e-6;
+  EXPECT_NE(error_of(j).find("rms_norm_eps -1e-06 must be in (0, 1)"), std::string::npos) << error_of(j);
+  j = base_next();
+  j["rope_theta"] = 0;
+  EXPECT_NE(error_of(j).find("rope_theta must be a positive finite number"), std::string::npos) << error_of(j);
   j = base_next();  // found by fuzz_config: a non-string quant_method threw nlohmann's type_error
   j["quantization"] = {{"quant_method", {{"bits", 4}}}, {"group_size", 64}, {"bits", 4}};
   EXPECT_NE(error_of(j).find("'quant_method' of the quantization object must be a string"), std::string::npos) << error_of(j);
