@@ -79,7 +79,7 @@ struct AttnRef {
 
 // Steps of T rows through attn_core against the reference. p0 > 0: the cache first gets p0 random bf16 keys
 // written straight into it (the reference for a prompt that long would take minutes; only decode steps,
-// G·T <= 8, follow), and rows past the live keys hold NaN, so reading one shows up.
+// G·T <= 8 or token blocks, follow), and rows past the live keys hold NaN, so reading one shows up.
 void run_attn_case(int Hq, int Hkv, int hd, int rot, const std::vector<int>& steps, int forced_split, std::mt19937& rng,
                    int64_t p0 = 0) {
   AttnRef R;
@@ -110,8 +110,10 @@ void run_attn_case(int Hq, int Hkv, int hd, int rot, const std::vector<int>& ste
   a.Hq = Hq; a.Hkv = Hkv; a.hd = hd; a.rot = rot; a.theta = 1e6f; a.q_norm = dqn.p; a.k_norm = dkn.p;
   int64_t n = p0;
   for (int T : steps) {
+    // the decode kernel's precision: G·T <= 8 packed rows, or token blocks of a few-row step (attn_token_blocks)
+    const bool dec = (Hq / Hkv) * T <= 8 || (lily::cuda::kernel_switches().attn_token_blocks && T <= 8);
     if (p0 > 0) {
-      ASSERT_LE((Hq / Hkv) * T, 8) << "decode steps only after the directly written keys";
+      ASSERT_TRUE(dec) << "decode steps only after the directly written keys";
     }
     auto proj = randn(size_t(T) * R.PW(), rng, 2.f);
     const int ns = forced_split > 0 ? forced_split : lily::cuda::attn_splits(a, T, n + T);
@@ -122,7 +124,7 @@ void run_attn_case(int Hq, int Hkv, int hd, int rot, const std::vector<int>& ste
     lily::cuda::advance_pos(pos.p, T, nullptr);
     // prompts (more than 8 packed rows) run on the tensor cores with bf16 q and p operands
     // (test_cuda_attn_prefill.cpp says why 4e-3); decode keeps ~2^-16 (q and p split into two bf16 parts)
-    const double tol = (Hq / Hkv) * T > 8 ? 4e-3 : 1e-4;
+    const double tol = dec ? 1e-4 : 4e-3;
     EXPECT_LT(rel_err(dout.down(), R.step(proj, T)), tol)
         << "Hq=" << Hq << " Hkv=" << Hkv << " hd=" << hd << " T=" << T << " ctx=" << n << " splits=" << ns;
     n += T;
@@ -158,6 +160,22 @@ TEST(CudaOps, AttentionDecodeMatchesReference) {
   run_attn_case(8, 1, 256, 64, {1, 1}, 0, rng, 9000);    // one KV head: the splits fill the SMs alone
   run_attn_case(4, 2, 128, 32, {4, 1, 3}, 0, rng, 5000);
   run_attn_case(2, 2, 64, 16, {8, 5}, 3, rng, 3001);
+}
+
+// Steps of 2-8 rows of one sequence beyond the decode kernel's 8 packed rows on that kernel, a z-block per
+// 8 / G tokens (KernelSwitches::attn_token_blocks): G 8 (a block per token), G 4 (2 tokens, the last block
+// short at odd T), G 2 (4 tokens); after a prompt, at 4K keys, with split counts 1 and 7 and the chosen one.
+TEST(CudaOps, AttentionTokenBlocksMatchReference) {
+  LILY_REQUIRE_GPU();
+  lily::cudatest::SwitchesScope on([](lily::cuda::KernelSwitches& k) { k.attn_token_blocks = true; });
+  std::mt19937 rng(8);
+  for (int split : {0, 1, 7}) {
+    run_attn_case(16, 2, 256, 64, {600, 4, 1, 3, 8, 2}, split, rng);
+    run_attn_case(8, 2, 64, 32, {40, 3, 5, 8, 2, 7}, split, rng);
+    run_attn_case(4, 2, 128, 32, {33, 5, 7, 8, 3}, split, rng);
+    run_attn_case(16, 2, 256, 64, {4, 8, 2}, split, rng, 4095);
+  }
+  run_attn_case(16, 2, 256, 64, {4, 3}, 0, rng, 30000);
 }
 
 }  // namespace

@@ -134,8 +134,9 @@ TEST(CudaGemv, EveryLaunchShapeMatchesReference) {
     }
 }
 
-// The 4-bit streaming GEMV with codes dequantised through the mantissa of 1.0f (KernelSwitches::gemv_mantissa):
-// the launch shapes of the test above, and the experts of 2-, 4- and 8-token steps.
+// The 4-bit streaming GEMV with codes dequantised in place into floats of exponent 2^23
+// (KernelSwitches::gemv_mantissa): the launch shapes of the test above (8192 inputs: the staging without 16-byte
+// loads), and the experts of 2-, 4- and 8-token steps.
 TEST(CudaGemv, MantissaDequantMatchesReference) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(17);
@@ -144,7 +145,7 @@ TEST(CudaGemv, MantissaDequantMatchesReference) {
     k.gemv_mantissa = true;
   });
   const std::pair<int, int> shapes[] = {{1, 2048}, {3, 512}, {17, 4096}, {64, 256}, {65, 128}, {129, 1024}, {4099, 2048},
-                                        {16896, 512}};
+                                        {16896, 512}, {33, 8192}};
   for (auto [out, in] : shapes) {
     const int gs = in % 128 == 0 && out % 2 ? 128 : in % 64 == 0 ? 64 : 32;
     run_gemv_case(4, gs, out, in, 1, false, false, false, rng);

@@ -104,43 +104,61 @@ struct RowsSwitches {
 
 }  // namespace
 
+// The kernel's pipeline settings (KernelSwitches::rows_depth, rows_waves, rows_half): the default, a deeper
+// register ring, fewer k splits (chunk counts per warp not a multiple of the depth), 16 rows a warp.
+struct Pipeline {
+  int depth, waves;
+  bool half;
+};
+const Pipeline kPipelines[] = {{2, 8, false}, {4, 8, false}, {4, 2, false}, {4, 1, false}, {4, 8, true}, {2, 16, true}};
+cu::KernelSwitches with_pipeline(cu::KernelSwitches k, const Pipeline& p) {
+  k.rows_depth = p.depth;
+  k.rows_waves = p.waves;
+  k.rows_half = p.half;
+  return k;
+}
+
 TEST(CudaRows, DenseProductsMatchReference) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(11);
   // k split over 8 warps (16 x 8192) down to none (16 x 64)
   const std::pair<int, int> shapes[] = {{65, 256}, {130, 2048}, {16, 64}, {300, 192}, {16, 8192}};
-  for (auto [out, in] : shapes)
-    for (const RowsWeights& W : all_formats(1, out, in, rng))
-      for (int T : kTs)
-        for (int variant = 0; variant < 4; ++variant) {  // plain, accumulate, SwiGLU, RMSNorm of x inside
-          const int I = variant == 2 ? out / 2 : 0;
-          const int ny = I > 0 ? I : out;
-          auto x = randn(size_t(T) * in, rng);
-          auto y0 = randn(size_t(T) * ny, rng);
-          auto nw = randn(size_t(in), rng);
-          Dev<float> dx(x), dy(y0), dnw(nw);
-          if (variant != 1) dy.poison();
-          const float eps = 1e-6f;
-          ASSERT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, nullptr, dy.p, ny, variant == 1, I, nullptr, nullptr, 0, T,
-                                       nullptr, variant == 3 ? dnw.p : nullptr, eps))
-              << W.name;
-          std::vector<double> ref;
-          for (int t = 0; t < T; ++t) {
-            std::vector<float> xt(x.begin() + ptrdiff_t(t) * in, x.begin() + ptrdiff_t(t + 1) * in);
-            if (variant == 3) {
-              double ss = 0;
-              for (float v : xt) ss += double(v) * v;
-              const double inv = 1.0 / std::sqrt(ss / in + eps);
-              for (int i = 0; i < in; ++i) xt[size_t(i)] = float(xt[size_t(i)] * inv * nw[size_t(i)]);
+  for (const Pipeline& pl : kPipelines) {
+    SwitchesScope pipe([&](cu::KernelSwitches& k) { k = with_pipeline(k, pl); });
+    for (auto [out, in] : shapes)
+      for (const RowsWeights& W : all_formats(1, out, in, rng))
+        for (int T : kTs)
+          for (int variant = 0; variant < 4; ++variant) {  // plain, accumulate, SwiGLU, RMSNorm of x inside
+            const int I = variant == 2 ? out / 2 : 0;
+            const int ny = I > 0 ? I : out;
+            auto x = randn(size_t(T) * in, rng);
+            auto y0 = randn(size_t(T) * ny, rng);
+            auto nw = randn(size_t(in), rng);
+            Dev<float> dx(x), dy(y0), dnw(nw);
+            if (variant != 1) dy.poison();
+            const float eps = 1e-6f;
+            ASSERT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, nullptr, dy.p, ny, variant == 1, I, nullptr, nullptr, 0, T,
+                                         nullptr, variant == 3 ? dnw.p : nullptr, eps))
+                << W.name;
+            std::vector<double> ref;
+            for (int t = 0; t < T; ++t) {
+              std::vector<float> xt(x.begin() + ptrdiff_t(t) * in, x.begin() + ptrdiff_t(t + 1) * in);
+              if (variant == 3) {
+                double ss = 0;
+                for (float v : xt) ss += double(v) * v;
+                const double inv = 1.0 / std::sqrt(ss / in + eps);
+                for (int i = 0; i < in; ++i) xt[size_t(i)] = float(xt[size_t(i)] * inv * nw[size_t(i)]);
+              }
+              auto r = ref_row(W, 0, xt.data(), out, I);
+              for (int o = 0; o < ny; ++o) ref.push_back(r[size_t(o)] + (variant == 1 ? y0[size_t(t) * ny + o] : 0.0));
             }
-            auto r = ref_row(W, 0, xt.data(), out, I);
-            for (int o = 0; o < ny; ++o) ref.push_back(r[size_t(o)] + (variant == 1 ? y0[size_t(t) * ny + o] : 0.0));
+            // x as bf16 hi + lo leaves ~2^-17 of each element (rms ~4e-6 of a product); SwiGLU compounds the
+            // errors of its two products (silu(g)·u), so its bound is twice the plain one.
+            EXPECT_LT(rel_err(dy.down(), ref), variant == 2 ? 2e-5 : 1e-5)
+                << W.name << " " << out << "x" << in << " T=" << T << " variant " << variant << " depth " << pl.depth
+                << " waves " << pl.waves << " half " << pl.half;
           }
-          // x as bf16 hi + lo leaves ~2^-17 of each element (rms ~4e-6 of a product); SwiGLU compounds the
-          // errors of its two products (silu(g)·u), so its bound is twice the plain one.
-          EXPECT_LT(rel_err(dy.down(), ref), variant == 2 ? 2e-5 : 1e-5)
-              << W.name << " " << out << "x" << in << " T=" << T << " variant " << variant;
-        }
+  }
 }
 
 // linear() dispatches rows_min..rows_dense rows to the product (rows_min 3 here; fewer rows stay on the GEMV).
@@ -207,20 +225,24 @@ TEST(CudaRows, ExpertTilesMatchReference) {
   const int n = int(gather.size()), live = int(tiles.size()) / 3, max_tiles = live + 3;
   tiles.resize(size_t(3) * max_tiles, 0);
   Dev<int32_t> dg(gather), dt(tiles), dn(std::vector<int32_t>{live});
-  for (const RowsWeights& W : all_formats(E, out, in, rng))
-    for (int I : {0, out / 2}) {
-      const int ny = I > 0 ? I : out;
-      auto x = randn(size_t(NX) * in, rng);
-      Dev<float> dx(x), dy(size_t(n) * ny);
-      dy.poison();
-      ASSERT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, dg.p, dy.p, ny, false, I, dt.p, dn.p, max_tiles, n, nullptr));
-      std::vector<double> ref;
-      for (int p = 0; p < n; ++p) {
-        auto r = ref_row(W, expert_of[size_t(p)], x.data() + size_t(gather[size_t(p)]) * in, out, I);
-        ref.insert(ref.end(), r.begin(), r.end());
+  for (const Pipeline& pl : kPipelines) {
+    SwitchesScope pipe([&](cu::KernelSwitches& k) { k = with_pipeline(k, pl); });
+    for (const RowsWeights& W : all_formats(E, out, in, rng))
+      for (int I : {0, out / 2}) {
+        const int ny = I > 0 ? I : out;
+        auto x = randn(size_t(NX) * in, rng);
+        Dev<float> dx(x), dy(size_t(n) * ny);
+        dy.poison();
+        ASSERT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, dg.p, dy.p, ny, false, I, dt.p, dn.p, max_tiles, n, nullptr));
+        std::vector<double> ref;
+        for (int p = 0; p < n; ++p) {
+          auto r = ref_row(W, expert_of[size_t(p)], x.data() + size_t(gather[size_t(p)]) * in, out, I);
+          ref.insert(ref.end(), r.begin(), r.end());
+        }
+        EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << W.name << " swiglu " << I << " depth " << pl.depth << " waves " << pl.waves
+                                            << " half " << pl.half;
       }
-      EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << W.name << " swiglu " << I;
-    }
+  }
 }
 
 TEST(CudaRows, DeclinesWhatItDoesNotCover) {

@@ -88,7 +88,8 @@ TEST(CudaStep, SequencesTogetherOnManyRowGemvs) {
 
 // Steps of 3-8 rows with the norms inside their products and the MoE as a GEMV per slot: on the GEMVs
 // (--cuda-opt norm_rows=4 ring_moe_rows=1) and with the dense products on the multi-row kernel (rows_min=3
-// norm_rows=8), together against alone and the CPU, and tentative rows then commit.
+// norm_rows=8), together against alone and the CPU, and tentative rows then commit; the latter also with the
+// attention of the tentative rows on the decode kernel per token block (attn_token_blocks).
 TEST(CudaStep, FusedNormsAndPerSlotExpertsAtFewRows) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   CudaOptions gemvs = cudatest::high_precision_options();
@@ -97,10 +98,12 @@ TEST(CudaStep, FusedNormsAndPerSlotExpertsAtFewRows) {
   CudaOptions rows = cudatest::high_precision_options();
   rows.kernels.norm_rows = 8;
   rows.kernels.rows_min = 3;
+  CudaOptions blocks = rows;
+  blocks.kernels.attn_token_blocks = true;
   for (const StepModel& m : models()) {
     for (int S : {3, 4}) together_vs_alone(m, S, 0, gemvs);
     for (int S : {3, 8}) together_vs_alone(m, S, 0, rows);
-    for (const CudaOptions* opt : {&gemvs, &rows}) {
+    for (const CudaOptions* opt : {&gemvs, &rows, &blocks}) {
       auto gpu = make_cuda_backend(m.w, *opt);
       const auto prompt = ids(21, m.w->cfg.vocab, 31u);
       for (int k : {1, 3, 7}) check_tentative(*gpu, prompt, k, m.name + " fused norms");

@@ -302,12 +302,27 @@ void init_attn_kernels() {
   init_attn_prefill_kernels();
 }
 
-// Decode (R = G·T <= 8): one wave of blocks over the KV heads of all `groups` batched sequences (the
-// decode kernel's shared memory allows one block per SM), each split at least one 16-key sub-tile;
-// prompts: ~2 waves of row tiles.
+namespace {
+// Tokens per z-block when a few-row step of one sequence (G·T > kDecRows, T <= kTokenBlocksMax) runs the
+// decode kernel per token block (KernelSwitches::attn_token_blocks): kDecRows / G; 0 when it does not.
+constexpr int kTokenBlocksMax = 8;
+int token_block_rows(const AttnDev& a, int T) {
+  const int G = a.Hq / a.Hkv;
+  if (!kernel_switches().attn_token_blocks || int64_t(G) * T <= kDecRows || T > kTokenBlocksMax || G > kDecRows ||
+      !attn_decode_covers(a.hd))
+    return 0;
+  return kDecRows / G;
+}
+}  // namespace
+
+// Decode (R = G·T <= 8, or token blocks): one wave of blocks over the KV heads of all `groups` batched
+// sequences and token blocks (the decode kernel's shared memory allows one block per SM), each split at least
+// one 16-key sub-tile; prompts: ~2 waves of row tiles.
 int attn_splits(const AttnDev& a, int T, int64_t ctx_max, int groups) {
-  if (int64_t(a.Hq / a.Hkv) * T <= kDecRows) {
-    const int64_t want = std::max(1, dec_sm_count() / (a.Hkv * std::max(1, groups)));
+  const int zr = token_block_rows(a, T);
+  if (int64_t(a.Hq / a.Hkv) * T <= kDecRows || zr > 0) {
+    const int64_t blocks = int64_t(a.Hkv) * std::max(1, groups) * (zr > 0 ? cdiv(T, zr) : 1);
+    const int64_t want = std::max<int64_t>(1, dec_sm_count() / blocks);
     const int64_t by_len = (ctx_max + T + kDecSub - 1) / kDecSub;
     return int(std::clamp<int64_t>(std::min(want, by_len), 1, 128));
   }
@@ -348,13 +363,15 @@ void attn_rows(const AttnDev& a, const float* q, const float* proj, int T, const
   const int64_t ldp = a.proj_width();
   const int R = (a.Hq / a.Hkv) * T;
   const bool decode = R <= kDecRows;
-  if (decode && attn_decode_fits(a.hd)) {
+  const int zr = token_block_rows(a, T);
+  if ((decode && attn_decode_fits(a.hd)) || zr > 0) {
     StepSeqs one;
     one.pos = pos;
     one.k = const_cast<uint16_t*>(k_cache);
     one.v = const_cast<uint16_t*>(v_cache);
     one.cap = cap;
-    attn_decode_launch(a, q, proj, T, one, nullptr, 1, nsplit, out, pt.po, pt.pm, pt.pl, s);
+    attn_decode_launch(a, q, proj, T, one, nullptr, zr > 0 ? int(cdiv(T, zr)) : 1, nsplit, out, pt.po, pt.pm, pt.pl, s,
+                       zr);
   } else if (!decode && attn_prefill_supported(a.hd) && !attn_prefill_simt()) {
     attn_prefill(q, proj, ldp, T, a.Hq, a.Hkv, a.hd, pos, k_cache, v_cache, cap, nsplit, out, pt.po, pt.pm, pt.pl, s);
     LILY_CU_LAUNCH();

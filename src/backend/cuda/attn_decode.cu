@@ -45,12 +45,14 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
 
 // Grid (Hkv, nsplit, groups): with `list`, z-block g serves group list[g] of the step (seqs in the step
 // form), its rows at their global indices (q, proj, out, and the partials at global packed row
-// t·G + r % G of R_all = G·T_all rows); without, the call's T_all rows are one sequence.
+// t·G + r % G of R_all = G·T_all rows); without, the call's T_all rows are one sequence, z-block z its
+// tokens [z·zrows, z·zrows + zrows) when zrows > 0 (a few-row step whose G·T_all packed rows exceed
+// kDecRows), else all of them.
 template <int HD>
 __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_kernel(const float* __restrict__ q,
     const float* __restrict__ proj, int64_t ldp, int T_all, int Hq, int Hkv, const StepSeqs seqs,
     const int32_t* __restrict__ list, int nsplit, float* __restrict__ out, float* __restrict__ po, float* __restrict__ pm,
-    float* __restrict__ pl) {
+    float* __restrict__ pl, int zrows) {
   using C = DecTile<HD>;
   constexpr int LD = C::LD, NS = C::NS, NW = kDecWarps, SUB = kDecSub, CPR = HD / 8;  // CPR: 16-byte chunks per row
   extern __shared__ __align__(16) uint16_t dsm[];
@@ -75,11 +77,15 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_kernel(const fl
     kc = seqs.k;
     vc = seqs.v;
     cap = seqs.cap;
+    if (zrows > 0) {
+      t0 = int(blockIdx.z) * zrows;
+      T = min(zrows, T_all - t0);
+    }
   }
   // no early trigger: the combine has nothing to prefetch, and its blocks would hold SM slots during the
   // key sweep
   grid_dependency_wait();
-  if (!list) p0 = *seqs.pos;  // may come from the previous kernel
+  if (!list) p0 = *seqs.pos + t0;  // may come from the previous kernel
   const int G = Hq / Hkv, R = G * T, R_all = G * T_all;
   const int64_t N = p0 + T;
   const int64_t chunk = (N + nsplit - 1) / nsplit;
@@ -252,9 +258,9 @@ void init_decode() {
 
 template <int HD>
 void launch_decode(const AttnDev& a, const float* q, const float* proj, int T, const StepSeqs& seqs, const int32_t* list,
-                   int groups, int nsplit, float* out, float* po, float* pm, float* pl, cudaStream_t s) {
+                   int groups, int nsplit, float* out, float* po, float* pm, float* pl, cudaStream_t s, int zrows) {
   launch_pdl(attn_decode_kernel<HD>, dim3(a.Hkv, nsplit, groups), dim3(32 * kDecWarps), DecTile<HD>::smem, s, q, proj,
-             int64_t(a.proj_width()), T, a.Hq, a.Hkv, seqs, list, nsplit, out, po, pm, pl);
+             int64_t(a.proj_width()), T, a.Hq, a.Hkv, seqs, list, nsplit, out, po, pm, pl, zrows);
 }
 
 }  // namespace
@@ -267,11 +273,13 @@ void init_attn_decode_kernels(int smem_optin) {
 }
 
 void attn_decode_launch(const AttnDev& a, const float* q, const float* proj, int T, const StepSeqs& seqs, const int32_t* list,
-                        int groups, int nsplit, float* out, float* po, float* pm, float* pl, cudaStream_t s) {
+                        int groups, int nsplit, float* out, float* po, float* pm, float* pl, cudaStream_t s, int zrows) {
+  if (zrows > 0 && (list || int64_t(a.Hq / a.Hkv) * zrows > kDecRows || groups != (T + zrows - 1) / zrows))
+    fail_internal("attn_decode_launch: token blocks need one sequence, G·zrows <= 8 and cdiv(T, zrows) groups");
   switch (a.hd) {
-    case 64: launch_decode<64>(a, q, proj, T, seqs, list, groups, nsplit, out, po, pm, pl, s); break;
-    case 128: launch_decode<128>(a, q, proj, T, seqs, list, groups, nsplit, out, po, pm, pl, s); break;
-    case 256: launch_decode<256>(a, q, proj, T, seqs, list, groups, nsplit, out, po, pm, pl, s); break;
+    case 64: launch_decode<64>(a, q, proj, T, seqs, list, groups, nsplit, out, po, pm, pl, s, zrows); break;
+    case 128: launch_decode<128>(a, q, proj, T, seqs, list, groups, nsplit, out, po, pm, pl, s, zrows); break;
+    case 256: launch_decode<256>(a, q, proj, T, seqs, list, groups, nsplit, out, po, pm, pl, s, zrows); break;
     default: fail_internal("attn: head_dim must be 64, 128 or 256 on CUDA");
   }
   LILY_CU_LAUNCH();

@@ -14,7 +14,9 @@ void init_attn_decode_kernels(int smem_optin);
 // Whether the kernel's rings fit the device's shared memory at head size hd (after the init).
 bool attn_decode_fits(int hd);
 // Grid (Hkv, nsplit, groups), see the kernel. po / pm / pl: the split partials (nsplit > 1), else unused.
+// Without list, zrows > 0 cuts the call's T rows of one sequence into groups = cdiv(T, zrows) z-blocks of zrows
+// consecutive tokens each (G·zrows <= kDecRows); 0: one z-block takes all T rows.
 void attn_decode_launch(const AttnDev& a, const float* q, const float* proj, int T, const StepSeqs& seqs, const int32_t* list,
-                        int groups, int nsplit, float* out, float* po, float* pm, float* pl, cudaStream_t s);
+                        int groups, int nsplit, float* out, float* po, float* pm, float* pl, cudaStream_t s, int zrows = 0);
 
 }  // namespace lily::cuda

@@ -36,9 +36,11 @@ __device__ __forceinline__ int xs_index(int e) {
 }
 
 // MODE 0: bf16, 16-byte loads; 4 / 8: affine bits; kMant4: 4-bit codes dequantised without int->float
-// conversions (KernelSwitches::gemv_mantissa): code c shifted into the mantissa of 1.0f is f = 1 + c/16 exactly,
-// so Σ c·x = 16·(Σ f·x − Σ x) with Σ x per 16-byte column already at hand. Per code a shift, a mask-or and an
-// FMA against a shift, an and, an I2F (16 a clock per SM on Hopper: ~2 TB/s of 4-bit codes) and an FMA.
+// conversions or shifts (KernelSwitches::gemv_mantissa). Code j of a word (bits 4j..4j+3) masked in place and
+// or-ed into 2^23's bit pattern is the float 2^23 + c·2^(4j) exactly (for j < 5; codes 5-7 after one shift of
+// the word by 20, as j − 5), so (f − 2^23) = c·2^e_j exactly, and x is staged pre-scaled by 2^−e_j. Per code a
+// LOP3, an FADD and an FFMA against a shift, an and, an I2F (16 a clock per SM on Hopper: ~2 TB/s of 4-bit
+// codes) and an FFMA. Σ x per 16-byte column (for the affine bias) is staged beside x, unscaled.
 // NR = rows streamed together (RPW, or 2·RPW for SwiGLU: gate rows r.. then up rows r + I..). The first two
 // iterations' weights (and affine scales) are loaded before the input row is staged, so DRAM latency overlaps
 // the staging; afterwards each buffer is refilled right after it is consumed.
@@ -60,6 +62,8 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
   constexpr int C = MODE == 0 ? 8 : 128 / BITS;  // elements per uint4
   extern __shared__ float4 xs4[];
   float* xs = reinterpret_cast<float*>(xs4);
+  // kMant4: Σ x of each 16-byte column, after the staged row (padded to whole 32-column blocks)
+  float* colsum = xs + (MODE == 0 ? 0 : (in + 32 * C - 1) / (32 * C) * (32 * C));
   __shared__ float red[32];
   __shared__ float part[kWarps][NR * 4];  // per warp: NR rows × up to 4 sub-rows (lpr = 8)
   const int slot = blockIdx.y;
@@ -129,6 +133,10 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
   const float* xr = x + int64_t(slot / xdiv) * ldx;
   const bool vec = (reinterpret_cast<uintptr_t>(xr) & 15) == 0 && in % 4 == 0 && in <= 4 * 4 * 32 * kWarps;
   auto put4 = [&](int e0, float4 v) {  // elements e0..e0+3 (e0 % 4 == 0) are contiguous in both layouts
+    if constexpr (MODE == kMant4) {  // positions 0-3 of a word: 2^0, 2^-4, 2^-8, 2^-12; 4-7: 2^-16, 2^0, 2^-4, 2^-8
+      if (e0 & 4) v = make_float4(v.x * 0x1p-16f, v.y, v.z * 0x1p-4f, v.w * 0x1p-8f);
+      else v = make_float4(v.x, v.y * 0x1p-4f, v.z * 0x1p-8f, v.w * 0x1p-12f);
+    }
     if constexpr (MODE == 0) xs4[e0 >> 2] = v;
     else *reinterpret_cast<float4*>(xs + xs_index<BITS>(e0)) = v;
   };
@@ -154,6 +162,18 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
           t = make_float4(t.x * inv * w4.x, t.y * inv * w4.y, t.z * inv * w4.z, t.w * inv * w4.w);
         }
         put4(4 * f, t);
+        v[k] = t;
+      }
+    }
+    if constexpr (MODE == kMant4) {  // the 8 float4 of a 32-element column sit in 8 consecutive lanes
+#pragma unroll
+      for (int k = 0; k < kMaxV; ++k) {
+        const int f = threadIdx.x + 32 * kWarps * k;
+        float t = f < in / 4 ? v[k].x + v[k].y + v[k].z + v[k].w : 0.f;
+        t += __shfl_xor_sync(0xffffffffu, t, 1);
+        t += __shfl_xor_sync(0xffffffffu, t, 2);
+        t += __shfl_xor_sync(0xffffffffu, t, 4);
+        if (f < in / 4 && (f & 7) == 0) colsum[f >> 3] = t;
       }
     }
   } else {
@@ -166,8 +186,17 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
     for (int i = threadIdx.x; i < in; i += blockDim.x) {
       const float v = norm_w ? xr[i] * inv * norm_w[i] : xr[i];
       if constexpr (MODE == 0) xs[i] = v;
-      else xs[xs_index<BITS>(i)] = v;
+      else if constexpr (MODE == kMant4) {
+        const int p = i & 7;
+        xs[xs_index<BITS>(i)] = v * __int_as_float((127 - 4 * (p < 5 ? p : p - 5)) << 23);
+      } else xs[xs_index<BITS>(i)] = v;
     }
+    if constexpr (MODE == kMant4)
+      for (int c = threadIdx.x; c < in / C; c += blockDim.x) {
+        float t = 0.f;
+        for (int k = 0; k < C; ++k) t += norm_w ? xr[C * c + k] * inv * norm_w[C * c + k] : xr[C * c + k];
+        colsum[c] = t;
+      }
   }
   __syncthreads();
 
@@ -190,18 +219,26 @@ __global__ void __launch_bounds__(32 * kWarps, 2) gemv_kernel(const Mat W, const
         xv[4 * k] = v.x; xv[4 * k + 1] = v.y; xv[4 * k + 2] = v.z; xv[4 * k + 3] = v.w;
       }
       float sx = 0.f;
+      if constexpr (MODE == kMant4) {
+        sx = colsum[i];
+      } else {
 #pragma unroll
-      for (int k = 0; k < C; ++k) sx += xv[k];
+        for (int k = 0; k < C; ++k) sx += xv[k];
+      }
 #pragma unroll
       for (int j = 0; j < NR; ++j) {
         const uint32_t words[4] = {Bf.w[j].x, Bf.w[j].y, Bf.w[j].z, Bf.w[j].w};
         float qx = 0.f;
         if constexpr (MODE == kMant4) {
-          float fx = 0.f;
 #pragma unroll
-          for (int k = 0; k < C; ++k)
-            fx += __uint_as_float((((words[k / 8] >> ((k % 8) * 4)) & 15u) << 19) | 0x3F800000u) * xv[k];
-          qx = 16.f * (fx - sx);
+          for (int w = 0; w < 4; ++w) {
+            const uint32_t hi = words[w] >> 20;
+#pragma unroll
+            for (int p = 0; p < 8; ++p) {
+              const uint32_t m = p < 5 ? (words[w] & (15u << (4 * p))) : (hi & (15u << (4 * (p - 5))));
+              qx = fmaf(__uint_as_float(m | 0x4B000000u) - 8388608.f, xv[8 * w + p], qx);
+            }
+          }
         } else {
 #pragma unroll
           for (int k = 0; k < C; ++k) {
@@ -369,7 +406,10 @@ void gemv_run(const Mat& W, const int32_t* expert, int out, int in, const float*
   const int mode = W.affine ? W.bits : 0;
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
   const GemvShape g = gemv_shape(mode, in, nrows, slots, sm_count, swiglu_I > 0);
-  const size_t smem = sizeof(float) * size_t(mode == 0 ? in : (in + 32 * (128 / mode) - 1) / (32 * (128 / mode)) * (32 * (128 / mode)));
+  // the staged row, padded to whole 32-column blocks; 4-bit rows add Σ x per column (kMant4)
+  const size_t smem = sizeof(float) * (mode == 0 ? size_t(in)
+                                                 : size_t((in + 32 * (128 / mode) - 1) / (32 * (128 / mode)) * (32 * (128 / mode))) +
+                                                       (mode == 4 ? size_t(in / 32) : 0));
   if (smem > kMaxSmem) fail_internal("GEMV: input row longer than the shared-memory stage (24K floats)");
   dim3 grid(unsigned(g.blocks), unsigned(slots));
   const bool swi = swiglu_I > 0;

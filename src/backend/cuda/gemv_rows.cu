@@ -23,7 +23,6 @@ namespace lily::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kMT = 2;  // m16 tiles per warp
 
 __device__ __forceinline__ uint2 ld_stream2(const void* p) {
   uint2 v;
@@ -67,10 +66,10 @@ __device__ __forceinline__ uint32_t byte_pair(uint32_t w, int i) {
   return bf2_bits(__floats2bfloat162_rn(a, b));
 }
 
-template <int NF>
-__device__ __forceinline__ void zero(float (&a)[kMT][NF][4]) {
+template <int MT, int NF>
+__device__ __forceinline__ void zero(float (&a)[MT][NF][4]) {
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int f = 0; f < NF; ++f)
 #pragma unroll
@@ -78,24 +77,27 @@ __device__ __forceinline__ void zero(float (&a)[kMT][NF][4]) {
 }
 
 // One chunk's weights of a lane: rows (mt, h) = m16 tile mt, row g + 8h.
-template <int MODE>
+template <int MODE, int MT>
 struct WChunk {
   static constexpr int WORDS = MODE == 4 ? 2 : MODE == 8 ? 4 : 8;
-  uint32_t w[kMT][2][WORDS];
-  float s[kMT][2], b[kMT][2];
+  uint32_t w[MT][2][WORDS];
+  float s[MT][2], b[MT][2];
 };
 
 // MODE 0 bf16, 4 / 8 affine bits. NF n8 fragments (8·NF activation rows). SWI: m16 tile 0 gate rows, 1 the
-// matching up rows; output silu(gate)·up.
-template <int MODE, int NF, bool SWI>
+// matching up rows; output silu(gate)·up. NB register buffers of weight chunks: NB − 1 chunks in flight per
+// lane while one is consumed. MT m16 tiles per warp (2; 1 halves a warp's rows, doubling the blocks of a
+// small matrix; SwiGLU needs 2).
+template <int MODE, int NF, bool SWI, int NB, int MT>
 __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     rows_kernel(const Mat W, int in, int nrows, const float* __restrict__ x, int64_t ldx,
                 const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy, bool accumulate, int swiglu_I,
                 const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks,
                 const float* __restrict__ norm_w, float eps) {
-  extern __shared__ float red[];  // [kWarps][kMT·NF·4][32] when ks > 1
+  static_assert(!SWI || MT == 2, "SwiGLU: tile 0 gate rows, tile 1 up rows");
+  extern __shared__ float red[];  // [kWarps][MT·NF·4][32] when ks > 1
   __shared__ float inv_s[8 * NF];  // norm_w: 1 / rms of each activation row of the block
-  constexpr int NACC = kMT * NF * 4;
+  constexpr int NACC = MT * NF * 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int mg = warp / ks, kq = warp % ks;
   allow_dependent_launch();
@@ -107,20 +109,20 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     if (t >= *n_tiles) return;
     e = tiles[3 * t]; row0 = tiles[3 * t + 1]; count = min(tiles[3 * t + 2], 8 * NF);
   }
-  constexpr int RW = SWI ? 16 : 32;  // output rows per warp
+  constexpr int RW = SWI ? 16 : 16 * MT;  // output rows per warp
   const int rb = (int(blockIdx.x) * (kWarps / ks) + mg) * RW;
-  int64_t wr[kMT][2];
+  int64_t wr[MT][2];
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if constexpr (SWI) wr[mt][h] = min(rb + g + 8 * h, nrows - 1) + mt * swiglu_I;
       else wr[mt][h] = min(rb + 16 * mt + g + 8 * h, nrows - 1);  // rows past the end repeat, never written
     }
   const int nch = in / 64, gpr = MODE == 0 ? 0 : in / W.gs;
-  auto load = [&](WChunk<MODE>& Wc, int ch) {
+  auto load = [&](WChunk<MODE, MT>& Wc, int ch) {
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if constexpr (MODE == 4) {
@@ -142,9 +144,11 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
         }
       }
   };
-  WChunk<MODE> A, B;
+  WChunk<MODE, MT> buf[NB];
   const int c0 = kq;
-  if (c0 < nch) load(A, c0);
+#pragma unroll
+  for (int b = 0; b < NB - 1; ++b)
+    if (c0 + b * ks < nch) load(buf[b], c0 + b * ks);
   if (!tiles) grid_dependency_wait();
   // activation rows of this lane's B fragments (row g of fragment f); null: padding
   const float* xr[NF];
@@ -171,12 +175,12 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
 #pragma unroll
     for (int f = 0; f < NF; ++f) inv[f] = 8 * f + g < count ? inv_s[8 * f + g] : 0.f;
   }
-  float acc[kMT][NF][4];
+  float acc[MT][NF][4];
   zero(acc);
 
   // one chunk: 4 k16 steps × (hi, lo) MMAs per (tile, fragment); affine: into tmp, folded with s and b
-  auto consume = [&](const WChunk<MODE>& Wc, int ch) {
-    float tmp[kMT][NF][4];
+  auto consume = [&](const WChunk<MODE, MT>& Wc, int ch) {
+    float tmp[MT][NF][4];
     float sx[NF];
     zero(tmp);
 #pragma unroll
@@ -217,7 +221,7 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
           }
         }
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
+        for (int mt = 0; mt < MT; ++mt) {
           uint32_t a[4];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
@@ -256,7 +260,7 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
         v += __shfl_xor_sync(0xffffffffu, v, 2);  // lanes 4n .. 4n + 3: Σx of row n
         const float s0 = __shfl_sync(0xffffffffu, v, 8 * c), s1 = __shfl_sync(0xffffffffu, v, 8 * c + 4);
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
+        for (int mt = 0; mt < MT; ++mt) {
           acc[mt][f][0] += Wc.s[mt][0] * tmp[mt][f][0] + Wc.b[mt][0] * s0;
           acc[mt][f][1] += Wc.s[mt][0] * tmp[mt][f][1] + Wc.b[mt][0] * s1;
           acc[mt][f][2] += Wc.s[mt][1] * tmp[mt][f][2] + Wc.b[mt][1] * s0;
@@ -265,19 +269,22 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       }
     }
   };
-  // two register buffers: the next chunk's weights are in flight while one is consumed
-  for (int ch = c0; ch < nch; ch += 2 * ks) {
-    if (ch + ks < nch) load(B, ch + ks);
-    consume(A, ch);
-    if (ch + ks < nch) {
-      if (ch + 2 * ks < nch) load(A, ch + 2 * ks);
-      consume(B, ch + ks);
+  // a ring of NB register buffers (unrolled, so every index is static): before consuming chunk i, the load of
+  // chunk i + NB − 1 is issued into the buffer chunk i − 1 freed
+  for (int ch = c0; ch < nch; ch += NB * ks) {
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const int cc = ch + b * ks;
+      if (cc < nch) {
+        if (cc + (NB - 1) * ks < nch) load(buf[(b + NB - 1) % NB], cc + (NB - 1) * ks);
+        consume(buf[b], cc);
+      }
     }
   }
   if (ks > 1) {
     float* mine = red + int64_t(warp) * NACC * 32 + lane;
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int f = 0; f < NF; ++f)
 #pragma unroll
@@ -285,7 +292,7 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     __syncthreads();
     if (kq != 0) return;
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int f = 0; f < NF; ++f)
 #pragma unroll
@@ -311,7 +318,7 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
         }
       } else {
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
+        for (int mt = 0; mt < MT; ++mt) {
           const int o = rb + 16 * mt + g + 8 * (i >> 1);
           if (o < nrows) yr[o] = accumulate ? yr[o] + acc[mt][f][i] : acc[mt][f][i];
         }
@@ -319,31 +326,35 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     }
 }
 
-template <int MODE, int NF, bool SWI>
+template <int MODE, int NF, bool SWI, int MT>
 void launch(dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
             const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
             const int32_t* n_tiles, int T, const float* norm_w, float eps) {
-  const size_t smem = ks > 1 ? sizeof(float) * size_t(kWarps) * kMT * NF * 4 * 32 : 0;
+  const size_t smem = ks > 1 ? sizeof(float) * size_t(kWarps) * MT * NF * 4 * 32 : 0;
   PdlLaunch L(grid, dim3(32 * kWarps), smem, s);
-  LILY_CU(cudaLaunchKernelEx(&L.cfg, rows_kernel<MODE, NF, SWI>, W, in, nrows, x, ldx, gather, y, ldy, accumulate,
-                             swiglu_I, tiles, n_tiles, T, ks, norm_w, eps));
+  auto* k = rows_kernel<MODE, NF, SWI, 2, MT>;
+  if constexpr (MODE != 8)  // 8-bit chunks at depth 4 spill at two blocks per SM
+    if (kernel_switches().rows_depth >= 4) k = rows_kernel<MODE, NF, SWI, 4, MT>;
+  LILY_CU(cudaLaunchKernelEx(&L.cfg, k, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T,
+                             ks, norm_w, eps));
 }
 
-template <int MODE, bool SWI>
+template <int MODE, bool SWI, int MT>
 void launch_nf(int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
                const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
                const int32_t* n_tiles, int T, const float* norm_w, float eps) {
-  if (nf == 1) launch<MODE, 1, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
-  else if (nf == 2) launch<MODE, 2, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
-  else launch<MODE, 4, SWI>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+  if (nf == 1) launch<MODE, 1, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+  else if (nf == 2) launch<MODE, 2, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+  else launch<MODE, 4, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
 }
 
 template <int MODE>
-void launch_mode(bool swi, int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x,
-                 int64_t ldx, const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I,
-                 const int32_t* tiles, const int32_t* n_tiles, int T, const float* norm_w, float eps) {
-  if (swi) launch_nf<MODE, true>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
-  else launch_nf<MODE, false>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+void launch_mode(bool swi, int mt, int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows,
+                 const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy, bool accumulate,
+                 int swiglu_I, const int32_t* tiles, const int32_t* n_tiles, int T, const float* norm_w, float eps) {
+  if (swi) launch_nf<MODE, true, 2>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+  else if (mt == 1) launch_nf<MODE, false, 1>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+  else launch_nf<MODE, false, 2>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
 }
 
 }  // namespace
@@ -364,20 +375,33 @@ bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, co
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
   if (nrows <= 0 || (tiles && max_tiles <= 0)) return true;
   const int nf = tiles ? 1 : T <= 8 ? 1 : T <= 16 ? 2 : 4;
-  // k split: the fewest warps per row group that give ~4 blocks per resident block slot (a short tail), from the matrix
-  // shape and the number of groups (the live expert tiles are at most the step's slots)
-  const int rw = swiglu_I > 0 ? 16 : 32, nch = in / 64;
+  // k split: the fewest warps per row group that give rows_waves blocks per SM (a short tail), from the matrix shape
+  // and the number of groups (the live expert tiles are at most the step's slots)
+  const bool swi = swiglu_I > 0;
+  const int nch = in / 64;
+  int rw = swi ? 16 : 32;
   const int64_t groups = tiles ? std::min<int64_t>(max_tiles, T) : 1;
   int ks = 1;
   auto blocks = [&](int k) { return int64_t(cdiv(nrows, int64_t(kWarps / k) * rw)) * groups; };
-  while (ks < kWarps && blocks(ks) < 8 * device_sm_count() && nch / (2 * ks) >= 2) ks *= 2;
+  const int64_t target = int64_t(kernel_switches().rows_waves) * device_sm_count();
+  auto split = [&] {
+    ks = 1;
+    while (ks < kWarps && blocks(ks) < target && nch / (2 * ks) >= 2) ks *= 2;
+  };
+  split();
+  // a matrix too small for the target even split over every warp: one m16 tile a warp (rows_half)
+  int mt = 2;
+  if (!swi && kernel_switches().rows_half && blocks(ks) < target) {
+    mt = 1;
+    rw = 16;
+    split();
+  }
   const dim3 grid(unsigned(cdiv(nrows, int64_t(kWarps / ks) * rw)), unsigned(tiles ? max_tiles : 1));
   const int mode = W.affine ? W.bits : 0;
-  const bool swi = swiglu_I > 0;
   switch (mode) {
-    case 0: launch_mode<0>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
-    case 4: launch_mode<4>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
-    default: launch_mode<8>(swi, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
+    case 0: launch_mode<0>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
+    case 4: launch_mode<4>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
+    default: launch_mode<8>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
   }
   LILY_CU_LAUNCH();
   return true;

@@ -112,8 +112,8 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_moe = parse_int_in("rows_moe", v, 0, 64); }},
       {"ring_rows_min", "steps of this many to 4 rows run the ring GEMV with several input rows (0: never; 0..4)",
        [](CudaOptions& o, const std::string& v) { o.kernels.ring_rows_min = parse_int_in("ring_rows_min", v, 0, 4); }},
-      {"gemv_mantissa", "4-bit streaming GEMVs (experts per slot) dequantise through the mantissa of 1.0f, not int->float "
-                        "conversions (default off)",
+      {"gemv_mantissa", "4-bit streaming GEMVs (experts per slot) dequantise codes in place into floats of exponent 2^23, "
+                        "not by shifts and int->float conversions (default off)",
        [](CudaOptions& o, const std::string& v) { o.kernels.gemv_mantissa = parse_bool("gemv_mantissa", v); }},
       {"ring_moe_rows", "MoE steps of up to this many tokens take the ring's SwiGLU and down + combine (0..4; more: a "
                         "GEMV per slot)",
@@ -123,6 +123,18 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.norm_rows = parse_int_in("norm_rows", v, 2, 16); }},
       {"rows_min_exl3", "the multi-row products of EXL3 weights take steps of at least this many rows (3..33, default 6)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_min_exl3 = parse_int_in("rows_min_exl3", v, 3, 33); }},
+      {"rows_depth", "weight chunks in flight per lane in the multi-row products (2 or 4, default 2)",
+       [](CudaOptions& o, const std::string& v) {
+         o.kernels.rows_depth = parse_int_in("rows_depth", v, 2, 4);
+         if (o.kernels.rows_depth == 3) fail("--cuda-opt rows_depth: 2 or 4, not 3");
+       }},
+      {"rows_waves", "the multi-row products split k until their grid reaches this many blocks per SM (1..16, default 8)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.rows_waves = parse_int_in("rows_waves", v, 1, 16); }},
+      {"rows_half", "dense multi-row products too small for rows_waves at every k split take 16 rows a warp (default off)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.rows_half = parse_bool("rows_half", v); }},
+      {"attn_token_blocks", "attention of 2-8 rows of one sequence beyond the decode kernel's 8 packed rows runs it per "
+                            "token block, not the prompt kernel (default off)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.attn_token_blocks = parse_bool("attn_token_blocks", v); }},
       {"rows_min", "the multi-row products take steps of at least this many rows (3..33, default 3)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_min = parse_int_in("rows_min", v, 3, 33); }},
   };
