@@ -118,6 +118,10 @@ struct Step {
   // (a kept main row of its sequence, or kMtpHidden). Groups are neither tentative nor keep_hidden.
   bool mtp = false;
   std::vector<int32_t> hidden;
+  // MTP steps: the head covers ids [0, head_vocab) only (0: all). Logits past it come back as -inf and the
+  // argmax is among the first head_vocab ids. A backend whose head cannot be cut there (EXL3 or sharded
+  // heads) computes every id; either way the outputs are valid drafts.
+  int32_t head_vocab = 0;
 
   // Appends a group of `toks` for `seq`; returns its index.
   size_t add(SequenceState& seq, std::span<const int32_t> toks, int32_t out_rows, bool logits = true,

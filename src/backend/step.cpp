@@ -91,6 +91,8 @@ void Step::validate(int64_t vocab) const {
   if (mtp && hidden.size() != tokens.size())
     throw InternalError("MTP step: " + std::to_string(hidden.size()) + " hidden inputs for " + std::to_string(tokens.size()) + " rows");
   if (!mtp && !hidden.empty()) throw InternalError("step: hidden inputs given for a main step");
+  if (head_vocab < 0 || head_vocab > vocab || (!mtp && head_vocab != 0))
+    throw InternalError("step: head_vocab " + std::to_string(head_vocab) + (mtp ? " outside 0.." + std::to_string(vocab) : " set on a main step"));
 }
 
 }  // namespace lily

@@ -110,6 +110,7 @@ Register reg_bench("bench", "Prefill and decode speed (tok/s, fraction of the me
                  "this probability (comma separated list; default: the drafter's own drafts)");
   app.add_option("--spec-depth", *spec_depth, "With --spec: drafted tokens per round, comma separated, each 1..16 or auto")
       ->capture_default_str();
+  app.add_option("--spec-vocab", opt->spec_vocab, "With --spec mtp: drafts from the first N token ids only (0: every id)");
   app.add_flag("--json", *json, "Print JSON on stdout");
   auto gemm = std::make_shared<bool>(false);
   app.add_flag("--gemm", *gemm, "Instead of a model: the prompt GEMMs alone on --backend cuda (expert products at the "
@@ -198,6 +199,10 @@ Register reg_bench("bench", "Prefill and decode speed (tok/s, fraction of the me
     } else if (!acceptance->empty()) {
       fail("bench: --acceptance needs --spec mtp|ngram");
     }
+    if (o.spec_vocab != 0 && (o.spec.empty() || parse_spec_mode(o.spec, "--spec") != SpecMode::Mtp))
+      fail("bench: --spec-vocab needs --spec mtp");
+    if (o.spec_vocab != 0 && o.spec_vocab < kMinDraftVocab)
+      fail("--spec-vocab must be 0 (every id) or at least {} (got {})", kMinDraftVocab, o.spec_vocab);
     std::shared_ptr<const ModelWeights> w;
     if (!synth->empty()) {
       SynthOptions so;

@@ -13,6 +13,7 @@ namespace lily::cli {
 struct SpecArgs {
   std::string mode = "off", depth = "auto";
   float typical = 0.0f;
+  int draft_vocab = 0;
 };
 
 void add_spec_options(CLI::App& app, SpecArgs& a);

@@ -333,6 +333,20 @@ Linear select_rows_quantized(const Linear& src, const std::vector<int64_t>& rows
   fail("{}: cannot regroup rows of a {} weight", src.name, format_name(src.format));
 }
 
+Linear row_prefix(const Linear& src, int64_t n) {
+  if (n < 1 || n > src.out) fail("{}: a prefix of {} rows of a {}-row weight", src.name, n, src.out);
+  Linear l = src;
+  l.out = n;
+  if (src.format == WeightFormat::Dense) return l;
+  if (src.format == WeightFormat::Affine && src.affine) {
+    auto q = std::make_shared<quant::AffineWeight>(*src.affine);
+    q->out = n;
+    l.affine = std::move(q);
+    return l;
+  }
+  return Linear{};
+}
+
 size_t quantized_nbytes(const Linear& l) {
   if (l.format == WeightFormat::Affine && l.affine) return l.affine->nbytes();
   if (l.format == WeightFormat::Exl3 && l.exl3) return l.exl3->nbytes();

@@ -37,5 +37,9 @@ Linear select_rows(const Linear& src, const std::vector<int64_t>& rows, std::vec
 Linear select_rows_quantized(const Linear& src, const std::vector<int64_t>& rows,
                              std::vector<std::shared_ptr<void>>& owned);
 size_t quantized_nbytes(const Linear& l);
+// A view of the first n output rows of `src` (no copy; valid while src's storage lives) for dense and affine
+// weights, whose rows are stored one after another; an empty Linear for EXL3, whose output Hadamard mixes
+// every column.
+Linear row_prefix(const Linear& src, int64_t n);
 
 }  // namespace lily

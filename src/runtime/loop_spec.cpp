@@ -79,6 +79,7 @@ void GenerationLoop::draft_phase() {
     auto f = std::make_unique<Flight>();
     Step& st = f->step;
     std::vector<Seq*> outs, id_outs;  // groups with a logits row / a device-drawn argmax, in group order
+    bool full_head = false;             // a request of the step drafts from every id
     for (auto& up : seqs_) {
       Seq& q = *up;
       if (!q.spec || !q.alive || !q.started || !q.spec->drafter->uses_mtp()) continue;
@@ -90,9 +91,14 @@ void GenerationLoop::draft_phase() {
       }
       const bool ids = rows.logits && rows.argmax && be.can_sample();  // only the argmax comes back
       st.add_mtp(q.s->state(), rows.tokens, rows.hidden, rows.logits ? 1 : 0, rows.logits && !ids, ids);
+      // the step's head: the largest draft vocabulary of its requests (each stays lossless with any)
+      const int64_t dv = q.p().spec.draft_vocab;
+      if (dv <= 0 || dv >= V) full_head = true;
+      else st.head_vocab = std::max<int32_t>(st.head_vocab, int32_t(dv));
       if (rows.logits) (ids ? id_outs : outs).push_back(&q);
     }
     if (st.groups.empty()) break;
+    if (full_head) st.head_vocab = 0;
     try {
       if (outs.empty() && id_outs.empty()) {  // catch-up only: nobody waits for it, it finishes in order with the others
         f->ticket = forward(be, st);

@@ -42,6 +42,8 @@ void validate(const SpecParams& p) {
   if (p.lookup_min < 1 || p.lookup_max < p.lookup_min || p.lookup_max > 64)
     fail("prompt lookup n-gram sizes must satisfy 1 <= min <= max <= 64 (got {}..{})", p.lookup_min, p.lookup_max);
   if (p.fallback_match < 0) fail("spec fallback_match must be >= 0 (got {})", p.fallback_match);
+  if (p.draft_vocab != 0 && p.draft_vocab < kMinDraftVocab)
+    fail("spec draft vocabulary must be 0 (every id) or at least {} ids (got {})", kMinDraftVocab, p.draft_vocab);
 }
 
 std::vector<double> SpecStats::acceptance_per_position() const {

@@ -18,6 +18,7 @@ class Drafter;
 
 enum class SpecMode { Off, Mtp, Ngram };
 constexpr int kMaxSpecDepth = 16;  // drafted tokens per round (a verification of kMaxSpecDepth + 1 rows)
+constexpr int kMinDraftVocab = 256;  // the smallest draft head (SpecParams::draft_vocab) besides 0
 
 struct SpecParams {
   SpecMode mode = SpecMode::Off;
@@ -32,6 +33,10 @@ struct SpecParams {
   // MTP: draft by prompt lookup instead when the sequence's suffix matches at least this many tokens
   // (0: never).
   int fallback_match = 8;
+  // MTP: the draft head covers ids [0, draft_vocab) only, the most frequent in a byte-level BPE vocabulary
+  // (ids follow merge order); 0: every id. Lossless either way (the verification decides); a smaller head
+  // makes each draft cheaper and misses drafts whose id lies past it.
+  int draft_vocab = 0;
   // A drafter for this request instead of the mode's (tests' replay drafter, the bench's oracle).
   std::shared_ptr<Drafter> drafter;
 

@@ -57,6 +57,7 @@ struct BenchOptions {
   std::string spec;
   std::vector<double> acceptance;
   std::vector<int> spec_depth = {0};
+  int spec_vocab = 0;  // MTP drafts from ids [0, spec_vocab) only (SpecParams::draft_vocab); 0: every id
 };
 
 struct BenchRow {
@@ -92,6 +93,7 @@ struct SpecCostRow {
 struct SpecReport {
   std::string mode;
   int64_t context = 0;
+  int draft_vocab = 0;  // SpecParams::draft_vocab of the runs
   double plain_tok_s = 0;
   std::vector<SpecRow> rows;
   std::vector<SpecCostRow> costs;                 // k = 0..6 (0: a plain decode step)

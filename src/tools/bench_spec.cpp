@@ -96,6 +96,10 @@ void bench_spec(Engine& engine, const BenchOptions& opt, BenchReport& rep) {
   SpecParams base;
   base.mode = parse_spec_mode(opt.spec, "--spec");
   if (base.mode == SpecMode::Off) return;
+  base.draft_vocab = opt.spec_vocab;
+  validate(base);
+  if (opt.spec_vocab > engine.config().vocab)
+    fail("--spec-vocab {} exceeds the vocabulary ({})", opt.spec_vocab, engine.config().vocab);
   if (base.mode == SpecMode::Mtp) engine.weights().require_mtp();
   for (double a : opt.acceptance)
     if (!(a >= 0.0 && a <= 1.0)) fail("--acceptance: {} is not a probability in [0, 1]", a);
@@ -105,6 +109,7 @@ void bench_spec(Engine& engine, const BenchOptions& opt, BenchReport& rep) {
   SpecReport sr;
   sr.mode = opt.spec;
   sr.context = C;
+  sr.draft_vocab = opt.spec_vocab;
   std::mt19937_64 rng(opt.seed + 3);
   std::uniform_int_distribution<int32_t> d(0, int32_t(V - 1));
   // the context, with the MTP cache filled alongside (a request prefilling it with speculation on)
@@ -214,11 +219,13 @@ nlohmann::json spec_json(const SpecReport& r) {
     costs.push_back({{"k", c.k}, {"verify_ms", c.verify_ms}, {"draft_step_ms", c.draft_ms}, {"round_ms", c.round_ms}});
   for (auto [a, k] : r.auto_picks) picks.push_back({{"acceptance", a}, {"depth", k}});
   return {{"mode", r.mode},          {"context", r.context},      {"plain_tok_s", r.plain_tok_s}, {"rows", rows},
-          {"round_costs", costs},    {"auto_picks", picks},       {"rerecorded_passes", r.rerecorded}, {"diverged_runs", r.diverged}};
+          {"round_costs", costs},    {"auto_picks", picks},       {"rerecorded_passes", r.rerecorded}, {"diverged_runs", r.diverged},
+          {"draft_vocab", r.draft_vocab}};
 }
 
 std::string spec_table(const SpecReport& r) {
-  std::string s = fmt::format("spec {} at context {}: plain decoding {:.1f} tok/s\n", r.mode, r.context, r.plain_tok_s);
+  std::string s = fmt::format("spec {} at context {}{}: plain decoding {:.1f} tok/s\n", r.mode, r.context,
+                              r.draft_vocab ? fmt::format(", drafts from ids < {}", r.draft_vocab) : "", r.plain_tok_s);
   s += fmt::format("{:>10} {:>6} {:>10} {:>8} {:>16} {:>9} {:>7}\n", "acceptance", "depth", "tok/s", "speedup",
                    "tokens/round", "accepted", "drafts");
   for (const SpecRow& x : r.rows)

@@ -8,6 +8,7 @@
 #ifndef LILY_HAVE_CUDA
 TEST(CudaMtp, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #else
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <tuple>
@@ -163,6 +164,42 @@ TEST(CudaMtp, DeviceArgmaxOfMtpRows) {
   }
   EXPECT_EQ(got, want);
   EXPECT_EQ(got.size(), 3u);
+}
+
+// A draft head over ids [0, n) (Step::head_vocab): logits rows as the full head's for ids below n and -inf
+// past them (bf16 and affine heads; an EXL3 head is not cut), and the device argmax among the first n ids.
+TEST(CudaMtp, DraftHeadCoversAPrefixOfTheVocabulary) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (SynthFormat f : {SynthFormat::BF16, SynthFormat::Affine4, SynthFormat::Exl3}) {
+    SCOPED_TRACE(synth_format_name(f));
+    const auto w = test_support::tiny_mtp_synth(f, 12);
+    auto gpu = make_cuda_backend(w);
+    const int64_t V = w->cfg.vocab;
+    const auto ids = test::random_ids(30, V, 8u);
+    auto a = gpu->new_state(64);
+    const auto full = mtp_rows_via_steps(*gpu, *a, ids, 11, 5);
+    for (int64_t n : {int64_t(1), int64_t(257), V / 3, V - 1}) {
+      auto st = gpu->new_state(64);
+      const auto part = mtp_rows_via_steps(*gpu, *st, ids, 11, 5, int32_t(n));
+      test_support::expect_draft_head(full, part, V, n, f != SynthFormat::Exl3, 1e-4,
+                                      std::string(synth_format_name(f)) + " n " + std::to_string(n));
+      // the device argmax of a draft row against the argmax of the host row
+      auto d = gpu->new_state(64);
+      const auto [toks, hid] = test_support::prefill_keeping(*gpu, *d, ids);
+      Step s;
+      s.add_mtp(*d, toks, hid, 1, false, true);
+      s.head_vocab = int32_t(n);
+      int32_t id = -1;
+      gpu->finish(forward(*gpu, s), StepOutputs{nullptr, &id});
+      const float* last = part.data() + (part.size() / size_t(V) - 1) * size_t(V);
+      ASSERT_TRUE(id >= 0 && id < V) << "n " << n;
+      const float mx = last[argmax_row(last, V)];
+      EXPECT_NEAR(last[id], mx, 1e-3 * (1.0 + std::fabs(mx))) << "n " << n << ": not the argmax (up to near-ties)";
+      if (f != SynthFormat::Exl3) {
+        EXPECT_LT(id, n);
+      }
+    }
+  }
 }
 
 // The MTP block in each synth format (bf16, affine 4/8-bit, EXL3): its layer, fc and norms uploaded as the

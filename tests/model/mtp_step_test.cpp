@@ -101,6 +101,32 @@ TEST(MtpStep, QuantisedSynthModelsMatchTheReference) {
   }
 }
 
+// A draft head over ids [0, n) (Step::head_vocab): the goldens (bf16 heads) and the affine synth give the full
+// rows' first n logits and -inf past them; the EXL3 synth's head is not cut (every id, as the full rows).
+TEST(MtpStep, DraftHeadCoversAPrefixOfTheVocabulary) {
+  struct Case {
+    std::string name;
+    std::shared_ptr<const ModelWeights> w;
+    bool cut;
+  };
+  std::vector<Case> cases;
+  for (const char* name : kMtpGoldens) cases.push_back({name, ModelWeights::load(test::golden_dir(name)), true});
+  cases.push_back({"affine4 synth", test_support::tiny_mtp_synth(SynthFormat::Affine4), true});
+  cases.push_back({"exl3 synth", test_support::tiny_mtp_synth(SynthFormat::Exl3), false});
+  for (const Case& c : cases) {
+    cpu::CpuBackend be(c.w);
+    const int64_t V = c.w->cfg.vocab;
+    const auto ids = random_ids(23, V, 5u);
+    auto a = be.new_state(64), b = be.new_state(64);
+    const auto full = mtp_rows_via_steps(be, *a, ids, 9, 4);
+    for (int64_t n : {int64_t(1), V / 3, V - 1, V}) {
+      auto st = be.new_state(64);
+      const auto part = mtp_rows_via_steps(be, *st, ids, 9, 4, int32_t(n));
+      test_support::expect_draft_head(full, part, V, n, c.cut, 1e-5, c.name + " n " + std::to_string(n));
+    }
+  }
+}
+
 // An MTP step's rows do not depend on what they are batched with: bit for bit.
 TEST(MtpStep, SequencesInOneMtpStepMatchEachAlone) {
   auto w = ModelWeights::load(test::golden_dir("qwen3_next-a-mtp"));

@@ -174,6 +174,48 @@ TEST(Spec, MtpDraftsInTheLoopEqualTheReference) {
   }
 }
 
+// MTP drafts from a draft head of the first 256 ids (SpecParams::draft_vocab): the output stays the plain
+// output on both loop paths, and every draft lies in the head (the goldens' 320-id vocabularies would put
+// ~20% of unrestricted argmaxes past it).
+TEST(Spec, DraftHeadKeepsTheOutput) {
+  for (const char* name : {"qwen3_5_moe_text-a-mtp", "qwen3_next-a-mtp", "qwen3_5_text-a-mtp"}) {
+    SCOPED_TRACE(name);
+    SpecModel m = open_model(name);
+    GenParams plain;
+    plain.max_tokens = 24;
+    for (Engine* e : {m.host.get(), m.dev.get()}) {
+      const SpecOutcome ref = run_spec(*e, m.prompt, plain);
+      for (int depth : {1, 3}) {
+        SpecParams mtp_only;
+        mtp_only.fallback_match = 0;  // no prompt-lookup drafts (they may hold any id of the context)
+        auto rec = std::make_shared<RecordingDrafter>(make_mtp_drafter(*m.w, mtp_only, 1));
+        GenParams p = plain;
+        p.spec.drafter = rec;
+        p.spec.depth = depth;
+        p.spec.draft_vocab = 256;
+        const SpecOutcome got = run_spec(*e, m.prompt, p);
+        expect_same(got, ref, "draft head, depth " + std::to_string(depth));
+        size_t drafted = 0;
+        for (const auto& [ctx, draft] : rec->rounds)
+          for (int32_t t : draft) {
+            EXPECT_LT(t, 256) << "a draft past the head at " << ctx.size() << " tokens";
+            ++drafted;
+          }
+        EXPECT_GT(drafted, 10u);
+      }
+    }
+  }
+  SpecParams bad;
+  bad.draft_vocab = 100;
+  try {
+    validate(bad);
+    ADD_FAILURE() << "a 100-id draft head was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("draft vocabulary must be 0 (every id) or at least 256 ids (got 100)"),
+              std::string::npos) << e.what();
+  }
+}
+
 // Every accept count 0..k for k = 1..6 through the replay drafter (the plain continuation with a scripted
 // number of correct tokens per round): the output is the plain output and each round accepts exactly its
 // scripted count.

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -31,7 +33,7 @@ inline std::shared_ptr<const ModelWeights> tiny_mtp_synth(SynthFormat f, uint64_
 // their hidden rows; after each chunk the pairs (x_{t+1}, h_t) of its rows go through MTP steps of at
 // most `piece` rows.
 inline std::vector<float> mtp_rows_via_steps(Backend& be, SequenceState& st, const std::vector<int32_t>& ids, int64_t chunk,
-                                      int64_t piece) {
+                                      int64_t piece, int32_t head_vocab = 0) {
   const int64_t T = int64_t(ids.size()), V = be.weights().cfg.vocab;
   std::vector<float> out;
   for (int64_t p0 = 0; p0 < T; p0 += chunk) {
@@ -48,6 +50,7 @@ inline std::vector<float> mtp_rows_via_steps(Backend& be, SequenceState& st, con
       for (int64_t i = 0; i < n; ++i) hid.push_back(int32_t(b + i));
       Step s;
       s.add_mtp(st, toks, hid, int32_t(n));
+      s.head_vocab = head_vocab;
       std::vector<float> l(size_t(n * V));
       be.finish(forward(be, s), StepOutputs{l.data(), nullptr});
       out.insert(out.end(), l.begin(), l.end());
@@ -181,6 +184,31 @@ inline std::pair<std::vector<float>, std::vector<float>> mtp_after_commit(Backen
     be.finish(forward(be, s), StepOutputs{out->data(), nullptr});
   }
   return {la, lb};
+}
+
+// MTP logits rows [rows, V] with a draft head of n ids (Step::head_vocab) against the same rows with every id:
+// ids below n within tol·RMS of the full row, the rest -inf; `cut` false (a head the backend cannot cut, EXL3):
+// every id as the full row.
+inline void expect_draft_head(const std::vector<float>& full, const std::vector<float>& part, int64_t V, int64_t n,
+                              bool cut, double tol, const std::string& what) {
+  ASSERT_EQ(full.size(), part.size()) << what;
+  for (size_t r = 0; r < full.size() / size_t(V); ++r) {
+    const float* f = full.data() + r * size_t(V);
+    const float* p = part.data() + r * size_t(V);
+    double ss = 0, worst = 0;
+    for (int64_t i = 0; i < V; ++i) ss += double(f[i]) * f[i];
+    const double rms = std::sqrt(ss / double(V));
+    int64_t bad_tail = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      if (cut && i >= n) {
+        bad_tail += !(std::isinf(p[i]) && p[i] < 0);
+        continue;
+      }
+      worst = std::max(worst, std::fabs(double(p[i]) - f[i]) / rms);
+    }
+    EXPECT_LE(worst, tol) << what << " row " << r;
+    EXPECT_EQ(bad_tail, 0) << what << " row " << r << ": ids past the draft head are not -inf";
+  }
 }
 
 }  // namespace lily::test_support

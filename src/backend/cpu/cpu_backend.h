@@ -6,6 +6,7 @@
 // latest MTP step. Steps run synchronously: end() returns with the outputs computed.
 #pragma once
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,6 +101,9 @@ class CpuBackend final : public Backend {
   CpuOptions opt_;
   std::vector<int32_t> tokens_, hidden_src_;
   bool mtp_ = false;  // the current step runs the MTP block
+  int64_t head_vocab_ = 0;  // the step's Step::head_vocab
+  // lm_head views of the first n rows (MTP steps with a head_vocab), by n
+  mutable std::map<int64_t, Linear> head_prefix_;
   std::vector<Group> groups_;
   std::vector<int64_t> pos_;  // per row
   int64_t T_ = 0;

@@ -115,12 +115,15 @@ void CudaBackend::head() {
     gather_rows(x_, H, d_out_rows(), O_, H, u_, H, stream_);
     xr = u_;
   }
+  // an MTP step's draft head over ids [0, head_vocab_) (the first rows of an affine or bf16 lm_head), the rest -inf
+  const int hv = head_vocab_ > 0 && head_vocab_ < V && !lm_head_.exl3 ? head_vocab_ : V;
   if (O_ <= fuse_rows()) {
-    linear(lm_head_, V, H, xr, H, O_, logits_, V, false, stream_, norm, eps);
+    linear(lm_head_, hv, H, xr, H, O_, logits_, V, false, stream_, norm, eps);
   } else {
     rmsnorm(xr, H, norm, O_, H, eps, u_, H, stream_);  // in place when gathered (row by row)
-    linear(lm_head_, V, H, u_, H, O_, logits_, V, false, stream_);
+    linear(lm_head_, hv, H, u_, H, O_, logits_, V, false, stream_);
   }
+  if (hv < V) fill_cols(logits_, V, O_, hv, V, -INFINITY, stream_);
   // the drawn ids: into ids_dev_ (copied to the host in end()) and each group's fed word
   if (kind_ == 1)
     argmax(logits_, S_, V, ids_dev_, small_, stream_, d_i32(lay_.sample_src), d_i32(lay_.sample_fed), fed_);

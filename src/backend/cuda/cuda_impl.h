@@ -179,9 +179,10 @@ DescLayout desc_layout(int T, int G, int O, int S, int n_attn_short, int n_attn_
 struct GraphKey {
   int slot = -1, T = 0, G = 0, bucket = 0, O = 0, S = 0, kind = 0;
   bool tail = true, mtp = false, keep = false;
+  int head_vocab = 0;  // an MTP step's Step::head_vocab
   bool operator<(const GraphKey& o) const {
-    return std::tie(slot, T, G, bucket, O, S, kind, tail, mtp, keep) <
-           std::tie(o.slot, o.T, o.G, o.bucket, o.O, o.S, o.kind, o.tail, o.mtp, o.keep);
+    return std::tie(slot, T, G, bucket, O, S, kind, tail, mtp, keep, head_vocab) <
+           std::tie(o.slot, o.T, o.G, o.bucket, o.O, o.S, o.kind, o.tail, o.mtp, o.keep, o.head_vocab);
   }
 };
 constexpr int kMaxGraphRows = 64;  // steps of more rows run uncaptured
@@ -368,6 +369,7 @@ class CudaBackend final : public Backend {
   int T_ = 0, O_ = 0, S_ = 0;  // rows, rows whose logits are computed, rows whose ids are drawn
   int kind_ = 0;               // GraphKey::kind
   bool mtp_ = false;           // an MTP step (Step::mtp)
+  int head_vocab_ = 0;         // its Step::head_vocab
   bool keep_ = false;          // a main step of which some group keeps its hidden rows
   int n_attn_short_ = 0, n_attn_short_rows_ = 0, n_gdn_short_ = 0, n_gdn_short_rows_ = 0;
   int nsplit_short_ = 1;       // attention split of the short launch

@@ -183,6 +183,7 @@ void CudaBackend::begin(const Step& step) {
   step.validate(c.vocab);
   if (step.mtp) w_->require_mtp();  // names the missing tensors
   mtp_ = step.mtp;
+  head_vocab_ = step.mtp ? step.head_vocab : 0;
   keep_ = false;
   const AttnDev* attn0 = nullptr;
   const GdnDev* gdn0 = nullptr;
@@ -282,7 +283,7 @@ void CudaBackend::begin(const Step& step) {
   const bool graph = recording_ || (opt_.graphs && !opt_.profile && uniform && T_ <= kMaxGraphRows);
   if (graph) {
     const int b = bucket_for(ctx_all);
-    graph_key_ = GraphKey{-1, T_, G, b, O_, S_, kind_, out_tail_, mtp_, keep_};
+    graph_key_ = GraphKey{-1, T_, G, b, O_, S_, kind_, out_tail_, mtp_, keep_, head_vocab_};
     ctx_short = int64_t(256) << b;
   }
   size_t work = 0;

@@ -113,6 +113,12 @@ __global__ void gather_kernel(const float* __restrict__ x, int64_t ldx, const in
   for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = xr[i];
 }
 
+__global__ void fill_cols_kernel(float* __restrict__ y, int64_t ld, int c0, int c1, float v) {
+  pdl_entry();
+  float* r = y + int64_t(blockIdx.y) * ld;
+  for (int c = c0 + int(blockIdx.x * blockDim.x + threadIdx.x); c < c1; c += int(gridDim.x * blockDim.x)) r[c] = v;
+}
+
 __global__ void advance_kernel(int64_t* pos, int T) {
   pdl_entry();
   *pos += T;
@@ -180,6 +186,12 @@ void argmax(const float* logits, int rows, int V, int32_t* out, void* scratch, c
 void gather_rows(const float* x, int64_t ldx, const int32_t* rows, int n, int H, float* y, int64_t ldy, cudaStream_t s) {
   if (n <= 0) return;
   launch_pdl(gather_kernel, dim3(unsigned(n)), dim3(256), 0, s, x, ldx, rows, H, y, ldy);
+  LILY_CU_LAUNCH();
+}
+
+void fill_cols(float* y, int64_t ld, int rows, int c0, int c1, float v, cudaStream_t s) {
+  if (rows <= 0 || c1 <= c0) return;
+  launch_pdl(fill_cols_kernel, dim3(std::min(cdiv(c1 - c0, 256), 256u), unsigned(rows)), dim3(256), 0, s, y, ld, c0, c1, v);
   LILY_CU_LAUNCH();
 }
 

@@ -178,6 +178,8 @@ void argmax(const float* logits, int rows, int V, int32_t* out, void* scratch, c
             const int32_t* row_index = nullptr, const int32_t* fed_slot = nullptr, int32_t* fed = nullptr);
 // *pos += T.
 void advance_pos(int64_t* pos, int T, cudaStream_t s);
+// y[r, c] = v for rows r < rows and columns c0 <= c < c1 (row stride ld).
+void fill_cols(float* y, int64_t ld, int rows, int c0, int c1, float v, cudaStream_t s);
 // y[i, :] = x[rows[i], :] for i < n (H floats per row; rows on the device).
 void gather_rows(const float* x, int64_t ldx, const int32_t* rows, int n, int H, float* y, int64_t ldy, cudaStream_t s);
 
