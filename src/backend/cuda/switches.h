@@ -76,16 +76,16 @@ struct KernelSwitches {
   // ... for EXL3 weights (their norms do not fuse, exl3_rows and the grouped EXL3 experts): 6. On the H100 from 3
   // rows, verify 3 / 4 rows took 9.35 / 9.89 ms against 5.96 / 7.40 and 4 streams 412 against 518 tok/s.
   int rows_min_exl3 = 6;
-  // The multi-row kernel's weight chunks in flight per lane (2 or 4 register buffers; 8-bit weights keep 2), and its k split: the
-  // fewest warps per row group whose grid reaches rows_waves blocks per SM (8: many small blocks; fewer keeps
-  // each warp streaming longer, which a deeper pipeline needs).
+  // The multi-row kernel's weight chunks in flight per lane (2 or 4 register buffers; 8-bit weights keep 2), and
+  // its k split: the fewest warps per row group whose grid reaches rows_waves blocks per SM (8: many small blocks;
+  // fewer keeps each warp streaming longer, which a deeper pipeline needs).
   int rows_depth = 2;
   int rows_waves = 8;
-  bool rows_half = false;
+  bool rows_half = false;  // ... and a dense matrix below that grid at the largest split takes 16 rows a warp, not 32
   // Attention of a step of 2-8 rows of one sequence whose G·T packed rows exceed the decode kernel's 8 (a
   // verification) runs the decode kernel with a block per kDecRows / G tokens (each reads the keys, from L2 after
   // the first) instead of the prompt kernel's one 64-row tile per KV head.
-  bool attn_token_blocks = false;  // ... and a dense matrix below that grid at the largest split takes 16 rows a warp, not 32
+  bool attn_token_blocks = false;
 };
 
 // Process-wide: the last values set apply to every launch that follows.
