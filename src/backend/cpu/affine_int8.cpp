@@ -320,8 +320,8 @@ void run_blocks(const quant::AffineWeight& w, const Quantised& qa, int64_t T, fl
   const Acts& a = qa.a;
   const int R = rows_per_block(isa);
   const int64_t out = w.out, ld = a.gp + 16, row_bytes = w.row_words * 4;
-  thread_local std::vector<float> sb;
-  sb.assign(size_t(2 * 4 * ld), 0.0f);  // padding past the groups stays zero
+  thread_local std::vector<float> sb;  // [4][ld] scales, then [4][ld] biases: load_row_params_plain zero-pads each row
+  if (sb.size() < size_t(2 * 4 * ld)) sb.resize(size_t(2 * 4 * ld));
   KArgs k;
   k.s = sb.data();
   k.b = sb.data() + 4 * ld;
