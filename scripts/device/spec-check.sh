@@ -15,7 +15,7 @@
 # Runs the bundle of scripts/device/bundle.sh (carry it; DEVBIN names it, default .devbin). The goldens come
 # from tests/data/golden of the tree (LILY_GOLDEN_EXTRA). Everything goes to stdout; logs under $OUT.
 # Env: LILY_TEST_FILTER, SKIP_TESTS=1, TEST_TIMEOUT (100 s), PRESETS (qwen3.5-35b-a3b), ACC, DEPTHS (1,2,3,auto),
-# TOKENS (64), REPEATS (2), BUDGET (240 s), NEED (150 s).
+# TOKENS (64), REPEATS (2), BUDGET (240 s), NEED (150 s), SPEC_VOCAB (0: every id), OPTS (--cuda-opt name=value list).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 START=$(date +%s)
@@ -60,6 +60,8 @@ stamp() { while IFS= read -r l; do printf '%4d s  %s\n' $(( $(date +%s) - S )) "
 SB=""; command -v stdbuf > /dev/null && SB="stdbuf -oL"  # tr line-buffered into the stamps
 ACC=${ACC:-0.86,1.0,0.5,0.7,0.95}  # the first one also drives the cost table's runs
 DEPTHS=${DEPTHS:-1,2,3,auto}
+CUDA_OPTS=""
+for kv in ${OPTS:-}; do CUDA_OPTS="$CUDA_OPTS --cuda-opt $kv"; done
 : > "$OUT/bench-rc.txt"
 NAMES=""
 first=1
@@ -76,7 +78,7 @@ for P in ${PRESETS:-qwen3.5-35b-a3b}; do
   S=$(date +%s)
   timeout -k 5 "$L" "$D/lily" bench --synth "$P" --format affine4 --backend cuda --prefill 256 --decode-context 4096 \
     --repeats "${REPEATS:-2}" --decode-tokens "${TOKENS:-64}" --stream-context 4096 --spec mtp --acceptance "$ACC" \
-    --spec-depth "$DEPTHS" --json > "$OUT/$N.json" 2> >($SB tr '\r' '\n' | stamp > "$OUT/$N.txt")
+    --spec-depth "$DEPTHS" --spec-vocab "${SPEC_VOCAB:-0}" $CUDA_OPTS --json > "$OUT/$N.json" 2> >($SB tr '\r' '\n' | stamp > "$OUT/$N.txt")
   RC=$?
   sleep 1  # the stamping loop drains
   echo "$N rc=$RC ($(( $(date +%s) - S )) s)" | tee -a "$OUT/bench-rc.txt"

@@ -162,7 +162,7 @@ TEST(CudaOps, AttentionDecodeMatchesReference) {
   run_attn_case(2, 2, 64, 16, {8, 5}, 3, rng, 3001);
 }
 
-// Steps of 2-8 rows of one sequence beyond the decode kernel's 8 packed rows on that kernel, a z-block per
+// Steps of 2-4 rows of one sequence beyond the decode kernel's 8 packed rows on that kernel, a z-block per
 // 8 / G tokens (KernelSwitches::attn_token_blocks): G 8 (a block per token), G 4 (2 tokens, the last block
 // short at odd T), G 2 (4 tokens); after a prompt, at 4K keys, with split counts 1 and 7 and the chosen one.
 TEST(CudaOps, AttentionTokenBlocksMatchReference) {

@@ -130,10 +130,10 @@ const std::vector<Field>& fields() {
        }},
       {"rows_waves", "the multi-row products split k until their grid reaches this many blocks per SM (1..16, default 8)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_waves = parse_int_in("rows_waves", v, 1, 16); }},
-      {"rows_half", "dense multi-row products too small for rows_waves at every k split take 16 rows a warp (default off)",
+      {"rows_half", "multi-row products of up to 8 rows too small for rows_waves at every k split take 16 rows a warp (default on)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_half = parse_bool("rows_half", v); }},
-      {"attn_token_blocks", "attention of 2-8 rows of one sequence beyond the decode kernel's 8 packed rows runs it per "
-                            "token block, not the prompt kernel (default off)",
+      {"attn_token_blocks", "attention of 2-4 rows of one sequence beyond the decode kernel's 8 packed rows runs it per "
+                            "token block, not the prompt kernel (default on)",
        [](CudaOptions& o, const std::string& v) { o.kernels.attn_token_blocks = parse_bool("attn_token_blocks", v); }},
       {"rows_min", "the multi-row products take steps of at least this many rows (3..33, default 3)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_min = parse_int_in("rows_min", v, 3, 33); }},
