@@ -303,13 +303,11 @@ void init_attn_kernels() {
 }
 
 namespace {
-// Tokens per z-block when a few-row step of one sequence (G·T > kDecRows, T <= kTokenBlocksMax) runs the
+// Tokens per z-block when a few-row step of one sequence (G·T > kDecRows, T <= kAttnTokenBlocksMax) runs the
 // decode kernel per token block (KernelSwitches::attn_token_blocks): kDecRows / G; 0 when it does not.
-// 4: on the H100 at 4K keys verify 2 / 3 rows −2%, 4 rows level, 8 rows +2% (each block re-reads the keys).
-constexpr int kTokenBlocksMax = 4;
 int token_block_rows(const AttnDev& a, int T) {
   const int G = a.Hq / a.Hkv;
-  if (!kernel_switches().attn_token_blocks || int64_t(G) * T <= kDecRows || T > kTokenBlocksMax || G > kDecRows ||
+  if (!kernel_switches().attn_token_blocks || int64_t(G) * T <= kDecRows || T > kAttnTokenBlocksMax || G > kDecRows ||
       !attn_decode_covers(a.hd))
     return 0;
   return kDecRows / G;

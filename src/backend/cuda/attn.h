@@ -23,6 +23,10 @@ size_t attn_q_bytes(const AttnDev& a, int T);
 size_t attn_partials_bytes(const AttnDev& a, int T, int nsplit);
 // Packed rows (G·T for a group of T rows, G = Hq / Hkv) up to which a group takes the decode kernel.
 constexpr int kAttnDecodeRows = 8;
+// Rows up to which a step of one sequence beyond kAttnDecodeRows packed rows runs the decode kernel per token
+// block (KernelSwitches::attn_token_blocks). 4: on the H100 at 4K keys verify 2 / 3 rows −2%, 4 rows level,
+// 8 rows +2% (each block re-reads the keys).
+constexpr int kAttnTokenBlocksMax = 4;
 // True when the decode kernel runs head_dim hd on this device (attn_decode_groups needs it).
 bool attn_decode_covers(int hd);
 
