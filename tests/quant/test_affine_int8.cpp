@@ -193,7 +193,7 @@ TEST(AffineInt8, KernelsMatchScalarAndExactWithinBound) {
 }
 
 // A token's outputs do not depend on the tokens it runs with: row t of a T-token product equals that token's
-// one-token product bit for bit, for every kernel; on AVX-512 the gemv and tile forms agree bit for bit.
+// one-token product bit for bit, for every kernel; each ISA's row and tile forms agree bit for bit.
 TEST(AffineInt8, RowsDoNotDependOnTheBatch) {
   std::mt19937 rng(23);
   struct Shape { int64_t out, in; };
@@ -217,12 +217,52 @@ TEST(AffineInt8, RowsDoNotDependOnTheBatch) {
               ASSERT_EQ(0, std::memcmp(one.data(), y.data() + t * s.out, one.size() * 4))
                   << kn.name() << " " << bits << "-bit g" << g << " " << s.out << "x" << s.in << " T" << T << " row " << t;
             }
-            if (kn.isa != cpu::Int8Isa::Avx512Vnni) continue;
-            if (first.empty()) first = y;
-            else ASSERT_EQ(first, y) << "avx512 rows vs tiles " << bits << "-bit g" << g << " " << s.out << "x" << s.in << " T" << T;
+            if (kn.tiling == cpu::Int8Tiling::Rows) first = y;  // kernels(): an ISA's rows, then its tiles
+            else ASSERT_EQ(first, y) << kn.name() << " vs rows " << bits << "-bit g" << g << " " << s.out << "x" << s.in << " T" << T;
           }
         }
       }
+}
+
+// Tiles against the same ISA's rows (bit for bit) and the scalar kernel at awkward sizes: token counts around
+// the tiles' passes, row counts off the 8- and 16-row tiles, inputs of one block, of a lone last block and
+// past a 1024-input span; Auto equals both forms.
+TEST(AffineInt8, TilesMatchRowsAtAwkwardSizes) {
+  std::mt19937 rng(31);
+  struct Shape { int64_t out, in; };
+  const Shape shapes[] = {{1, 32}, {7, 64}, {9, 96}, {13, 160}, {23, 1056}};
+  int checked = 0;
+  for (const auto isa : isas()) {
+    if (!cpu::int8_tiles_available(isa)) continue;
+    for (const auto& s : shapes)
+      for (int bits : {4, 8})
+        for (int g : {32, 64, 128}) {
+          if (s.in % g) continue;
+          auto wf = randn(size_t(s.out * s.in), rng, 0.05f);
+          auto q = affine_quantize(wf.data(), s.out, s.in, bits, g, g == 64 ? DType::F16 : DType::BF16);
+          auto w = q.view();
+          for (int64_t T : {1, 2, 3, 5, 16, 17, 63, 64, 65, 129}) {
+            if (s.in > 1024 && T > 65) continue;
+            auto x = randn(size_t(T * s.in), rng);
+            const size_t n = size_t(T * s.out);
+            std::vector<float> yr(n), yt(n), ya(n), ys(n);
+            cpu::affine_matmul_int8(w, x.data(), T, yr.data(), isa, cpu::Int8Tiling::Rows);
+            cpu::affine_matmul_int8(w, x.data(), T, yt.data(), isa, cpu::Int8Tiling::Tiles);
+            cpu::affine_matmul_int8(w, x.data(), T, ya.data(), isa, cpu::Int8Tiling::Auto);
+            cpu::affine_matmul_int8(w, x.data(), T, ys.data(), cpu::Int8Isa::Scalar);
+            const std::string what = std::string(cpu::int8_isa_name(isa)) + " " + std::to_string(bits) + "-bit g" +
+                                     std::to_string(g) + " " + std::to_string(s.out) + "x" + std::to_string(s.in) +
+                                     " T" + std::to_string(T);
+            ASSERT_EQ(0, std::memcmp(yr.data(), yt.data(), n * 4)) << what << " rows vs tiles";
+            ASSERT_EQ(0, std::memcmp(yr.data(), ya.data(), n * 4)) << what << " rows vs auto";
+            const auto mag = abs_products(w, x.data(), T);
+            for (size_t i = 0; i < n; ++i) ASSERT_NEAR(yt[i], ys[i], 2e-6 * mag[i] + 1e-6) << what << " at " << i;
+            ++checked;
+          }
+        }
+  }
+  if (checked == 0) GTEST_SKIP() << "no tile kernel on this CPU";
+  EXPECT_GT(checked, 100);
 }
 
 TEST(AffineInt8, SimdQuantiserMatchesPlain) {

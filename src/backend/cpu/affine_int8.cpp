@@ -99,8 +99,9 @@ struct KArgs {
   int64_t ld = 0;
   const Acts* a = nullptr;
   int64_t in = 0, gs = 0;
-  int gshift = 0;             // log2(gs): the kernels' group index of input i is i >> gshift
-  int32_t lane_grp[16] = {};  // group (relative to a step's first) of each int32 lane: (l / rep) · 32 / gs
+  int gshift = 0;                           // log2(gs): the kernels' group index of input i is i >> gshift
+  const float* s4 = nullptr;                // 4-bit: [in/32][4] block scales of rows 0-3 (row 0 repeated if alone)
+  const float* b4 = nullptr;                // 4-bit: [groups][4] biases, likewise
 };
 
 // Scalar kernel: integer block sums in int32, float accumulation in double. One row, all tokens.
@@ -180,9 +181,10 @@ LILY_INT8_ZMM_END
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avxvnni")
 namespace ymm_vnni {
-constexpr int kRows = 2;
+constexpr int kRows = 4;
 #define LILY_YMM_VNNI 1
 #include "backend/cpu/affine_int8_ymm.inc"
+#include "backend/cpu/affine_int8_ymm_tiles.inc"
 #undef LILY_YMM_VNNI
 }  // namespace ymm_vnni
 #pragma GCC pop_options
@@ -190,9 +192,10 @@ constexpr int kRows = 2;
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace ymm_avx2 {
-constexpr int kRows = 2;
+constexpr int kRows = 4;
 #define LILY_YMM_VNNI 0
 #include "backend/cpu/affine_int8_ymm.inc"
+#include "backend/cpu/affine_int8_ymm_tiles.inc"
 #undef LILY_YMM_VNNI
 }  // namespace ymm_avx2
 #pragma GCC pop_options
@@ -234,6 +237,27 @@ void load_row_params_plain(const quant::AffineWeight& w, int64_t o0, int n, int6
     std::fill(br + G, br + ld, 0.0f);
   }
 }
+
+#if LILY_X86
+// KArgs::s4 ([in/32][4], per block) and KArgs::b4 ([groups][4]) from the [4][ld] scales and biases of
+// load_row_params_plain (each row zero-padded past its groups); a lone row (rr 1) fills all four columns.
+__attribute__((target("avx2"))) void params_quads(const float* s, const float* b, int64_t ld, int rr, int64_t G,
+                                                  int64_t per, float* s4, float* b4) {
+  const int64_t r1 = rr > 1 ? 1 : 0, r2 = rr > 1 ? 2 : 0, r3 = rr > 1 ? 3 : 0;
+  for (int64_t g = 0; g < G; g += 4) {
+    __m128 vs[4] = {_mm_loadu_ps(s + g), _mm_loadu_ps(s + r1 * ld + g), _mm_loadu_ps(s + r2 * ld + g),
+                    _mm_loadu_ps(s + r3 * ld + g)};
+    __m128 vb[4] = {_mm_loadu_ps(b + g), _mm_loadu_ps(b + r1 * ld + g), _mm_loadu_ps(b + r2 * ld + g),
+                    _mm_loadu_ps(b + r3 * ld + g)};
+    _MM_TRANSPOSE4_PS(vs[0], vs[1], vs[2], vs[3]);
+    _MM_TRANSPOSE4_PS(vb[0], vb[1], vb[2], vb[3]);
+    for (int64_t j = 0; j < 4 && g + j < G; ++j) {
+      _mm_storeu_ps(b4 + 4 * (g + j), vb[j]);
+      for (int64_t i = 0; i < per; ++i) _mm_storeu_ps(s4 + 4 * ((g + j) * per + i), vs[j]);
+    }
+  }
+}
+#endif
 
 }  // namespace
 
@@ -320,9 +344,16 @@ void run_blocks(const quant::AffineWeight& w, const Quantised& qa, int64_t T, fl
   const Acts& a = qa.a;
   const int R = rows_per_block(isa);
   const int64_t out = w.out, ld = a.gp + 16, row_bytes = w.row_words * 4;
-  thread_local std::vector<float> sb;  // [4][ld] scales, then [4][ld] biases: load_row_params_plain zero-pads each row
-  if (sb.size() < size_t(2 * 4 * ld)) sb.resize(size_t(2 * 4 * ld));
+  // [4][ld] scales, [4][ld] biases (load_row_params_plain zero-pads each row), then s4 and b4 (KArgs)
+  thread_local std::vector<float> sb;
+  const int64_t nb = w.in / 32, G = w.groups();
+  if (sb.size() < size_t(8 * ld + 4 * nb + 4 * G)) sb.resize(size_t(8 * ld + 4 * nb + 4 * G));
+  float* s4 = sb.data() + 8 * ld;
+  float* b4 = s4 + 4 * nb;
+  [[maybe_unused]] const bool quads = w.bits == 4 && isa != Int8Isa::Scalar;  // the 4-bit ymm kernel reads s4 / b4
   KArgs k;
+  k.s4 = s4;
+  k.b4 = b4;
   k.s = sb.data();
   k.b = sb.data() + 4 * ld;
   k.ld = ld;
@@ -330,13 +361,15 @@ void run_blocks(const quant::AffineWeight& w, const Quantised& qa, int64_t T, fl
   k.in = w.in;
   k.gs = w.group_size;
   k.gshift = w.group_size == 32 ? 5 : w.group_size == 64 ? 6 : 7;
-  for (int l = 0; l < 16; ++l) k.lane_grp[l] = int32_t((l / (w.bits == 4 ? 4 : 8)) * 32 / w.group_size);
   for (int64_t blk = b0; blk < b1; ++blk) {
     const int64_t o0 = blk * R;
     const int n = int(std::min<int64_t>(R, out - o0));
     for (int r0 = 0; r0 < n;) {
       const int rr = (n == R) ? R : 1;  // full block, or the last rows one at a time
       load_row_params_plain(w, o0 + r0, rr, ld, sb.data(), sb.data() + 4 * ld);
+#if LILY_X86
+      if (quads) params_quads(k.s, k.b, ld, rr, G, w.group_size / 32, s4, b4);
+#endif
       for (int r = 0; r < rr; ++r)
         k.w[r] = reinterpret_cast<const uint8_t*>(w.packed) + (o0 + r0 + r) * row_bytes;
       float* yo = y + o0 + r0;
@@ -352,6 +385,24 @@ void run_blocks(const quant::AffineWeight& w, const Quantised& qa, int64_t T, fl
   }
 }
 
+// Tiles of tile_rows_ymm rows [b0, b1) of a 4-bit product on the ymm ISAs (affine_int8_ymm_tiles.inc).
+#if LILY_X86
+constexpr int tile_rows_ymm = ymm_avx2::kTileRows8;
+#else
+constexpr int tile_rows_ymm = 1;
+#endif
+void run_tiles_ymm(const quant::AffineWeight& w, const Acts& a, float* y, Int8Isa isa, int64_t b0, int64_t b1) {
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const int64_t o0 = blk * tile_rows_ymm;
+#if LILY_X86
+    if (isa == Int8Isa::AvxVnni) ymm_vnni::tile_rows8(w, a, o0, y + o0, w.out);
+    else ymm_avx2::tile_rows8(w, a, o0, y + o0, w.out);
+#else
+    (void)w, (void)a, (void)y, (void)isa, (void)o0;
+#endif
+  }
+}
+
 void check_job(const quant::AffineWeight& w, Int8Isa isa) {
   LILY_CHECK(affine_int8_supported(w), "int8 affine path: unsupported bits {} / group {} / in {}", w.bits,
              w.group_size, w.in);
@@ -360,7 +411,7 @@ void check_job(const quant::AffineWeight& w, Int8Isa isa) {
 
 }  // namespace
 
-bool int8_tiles_available(Int8Isa isa) { return isa == Int8Isa::Avx512Vnni && int8_isa_available(isa); }
+bool int8_tiles_available(Int8Isa isa) { return isa != Int8Isa::Scalar && int8_isa_available(isa); }
 
 void affine_matmul_int8(const quant::AffineWeight& w, const float* x, int64_t T, float* y, Int8Isa isa,
                         Int8Tiling tiling) {
@@ -393,9 +444,11 @@ void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa, Int8Ti
       quantise(*jb.w, jb.x, jb.T, isa, *pool_q[size_t(used)]);
       qi[j] = used++;
     }
-    tiles[j] = int8_tiles_available(isa) &&
+    // the ymm tiles take 4-bit weights only (8-bit codes would saturate maddubs); 8-bit runs the row kernels
+    tiles[j] = int8_tiles_available(isa) && (isa == Int8Isa::Avx512Vnni || jb.w->bits == 4) &&
                (tiling == Int8Tiling::Tiles || (tiling == Int8Tiling::Auto && jb.T >= kInt8TileMinTokens));
-    start[j + 1] = start[j] + (jb.w->out + R - 1) / R;
+    const int Rj = tiles[j] && isa != Int8Isa::Avx512Vnni ? tile_rows_ymm : R;
+    start[j + 1] = start[j] + (jb.w->out + Rj - 1) / Rj;
     madds += jb.w->out * jb.w->in * jb.T;
   }
   const int64_t nblk = start[jobs.size()];
@@ -418,6 +471,8 @@ void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa, Int8Ti
             const int64_t o0 = blk * int8_detail::kTileRows;
             int8_detail::tile_rows_avx512(*jb.w, a, o0, jb.y + o0, jb.w->out);
           }
+      } else if (tiles[j]) {
+        run_tiles_ymm(*jb.w, qs[size_t(qi[j])]->a, jb.y, isa, b - start[j], e - start[j]);
       } else {
         run_blocks(*jb.w, *qs[size_t(qi[j])], jb.T, jb.y, isa, b - start[j], e - start[j]);
       }

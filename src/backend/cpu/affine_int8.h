@@ -10,13 +10,15 @@
 //
 // Kernels: AVX-512 VNNI (zmm, blocks of 16 weight rows: from the packed rows for 1–2 tokens at a time, and
 // for many tokens as tiles, the codes of 16 rows unpacked once into a u8 tile and run against up to 12
-// tokens: affine_int8_gemv.cpp, affine_int8_tiles.cpp), AVX-VNNI and AVX2 (ymm, 2 rows × 2 tokens), and a
-// scalar one (any machine; the reference the others are tested against: same quantised activations, same
+// tokens: affine_int8_gemv.cpp, affine_int8_tiles.cpp), AVX-VNNI and AVX2 (ymm: 4 rows × 2 tokens from the
+// packed rows, 8-bit in row pairs, and for many tokens of 4-bit weights tiles of 8 rows unpacked once and run
+// against up to 5 tokens: affine_int8_ymm.inc, affine_int8_ymm_tiles.inc; 8-bit runs the row kernel), and
+// a scalar one (any machine; the reference the others are tested against: same quantised activations, same
 // integer sums, only the float summation order differs). The best kernel is picked at run time from the
 // CPU's features, whatever flags the binary was built with. Every kernel computes each output with one
 // arithmetic whatever the number of tokens, so a token's row does not depend on the rows it runs with
-// (the AVX-512 ones: one exact integer sum per input block, folded in block order, then the bias term;
-// the two AVX-512 forms give identical results).
+// (the AVX-512 ones and the 4-bit ymm ones: one exact integer sum per input block, folded in block order,
+// and the bias term; rows and tiles of one ISA give identical results).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -34,8 +36,9 @@ Int8Isa int8_isa_best();
 // bits 4 or 8, group size 32/64/128, in % 32 == 0.
 bool affine_int8_supported(const quant::AffineWeight& w);
 
-// Row kernels or tiles: Auto takes tiles from kInt8TileMinTokens tokens on where the ISA has them;
-// Tiles on an ISA without them is an error (int8_tiles_available). Results are the same either way.
+// Row kernels or tiles: Auto takes tiles from kInt8TileMinTokens tokens on where the ISA has them (the ymm
+// ISAs: 4-bit weights); Tiles on an ISA without them is an error (int8_tiles_available). Results are the
+// same either way.
 enum class Int8Tiling { Auto, Rows, Tiles };
 constexpr int64_t kInt8TileMinTokens = 5;
 bool int8_tiles_available(Int8Isa isa);
