@@ -116,10 +116,11 @@ void run_gemv_case(int bits, int gs, int out, int in, int slots, bool swiglu, bo
   double worst = 0;
   for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]) / std::max(mag[i], 1e-30));
   EXPECT_LT(worst, 1e-5) << "bits " << bits << " gs " << gs << " " << out << "x" << in << " slots " << slots;
-  if (ref.size() >= 16)
+  if (ref.size() >= 16) {
     EXPECT_LT(rel_err(got, ref), 2e-5) << "bits " << bits << " gs " << gs << " " << out << "x" << in << " slots " << slots
                                            << (swiglu ? " swiglu" : "") << (norm ? " norm" : "") << (acc ? " acc" : "")
                                            << " (rpw " << g.rpw << " lpr " << g.lpr << " ks " << g.ks << ")";
+  }
 }
 
 TEST(CudaGemv, EveryLaunchShapeMatchesReference) {

@@ -7,6 +7,7 @@
 #ifndef LILY_HAVE_CUDA
 TEST(CudaRows, NotBuilt) { GTEST_SKIP() << "built without the CUDA backend"; }
 #else
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -104,17 +105,26 @@ struct RowsSwitches {
 
 }  // namespace
 
-// The kernel's pipeline settings (KernelSwitches::rows_depth, rows_waves, rows_half): the default, a deeper
-// register ring, fewer k splits (chunk counts per warp not a multiple of the depth), 16 rows a warp.
+// The kernel's pipeline settings (KernelSwitches::rows_depth, rows_waves, rows_half, rows_stage,
+// rows_depth_staged, rows_pipe): the defaults (staged), unstaged, a deeper register ring (unstaged; staged from
+// 16 rows), fewer k splits (chunk counts per warp not a multiple of the depth), 16 rows a warp, the shared-memory
+// ring of the staged 4-bit products.
 struct Pipeline {
   int depth, waves;
   bool half;
+  int stage, depth_staged;
+  bool pipe;
 };
-const Pipeline kPipelines[] = {{2, 8, false}, {4, 8, false}, {4, 2, false}, {4, 1, false}, {4, 8, true}, {2, 16, true}};
+const Pipeline kPipelines[] = {{2, 8, false, 2, 2, false}, {2, 8, false, 0, 2, false}, {4, 8, false, 0, 2, false},
+                               {4, 2, false, 2, 4, false}, {4, 1, false, 0, 2, false}, {4, 8, true, 0, 2, false},
+                               {2, 16, true, 2, 4, false}, {2, 8, false, 2, 2, true},  {2, 1, true, 2, 2, true}};
 cu::KernelSwitches with_pipeline(cu::KernelSwitches k, const Pipeline& p) {
   k.rows_depth = p.depth;
   k.rows_waves = p.waves;
   k.rows_half = p.half;
+  k.rows_stage = p.stage;
+  k.rows_depth_staged = p.depth_staged;
+  k.rows_pipe = p.pipe;
   return k;
 }
 
@@ -156,7 +166,7 @@ TEST(CudaRows, DenseProductsMatchReference) {
             // errors of its two products (silu(g)·u), so its bound is twice the plain one.
             EXPECT_LT(rel_err(dy.down(), ref), variant == 2 ? 2e-5 : 1e-5)
                 << W.name << " " << out << "x" << in << " T=" << T << " variant " << variant << " depth " << pl.depth
-                << " waves " << pl.waves << " half " << pl.half;
+                << " waves " << pl.waves << " half " << pl.half << " stage " << pl.stage << "/" << pl.depth_staged << " pipe " << pl.pipe;
           }
   }
 }
@@ -233,16 +243,84 @@ TEST(CudaRows, ExpertTilesMatchReference) {
         auto x = randn(size_t(NX) * in, rng);
         Dev<float> dx(x), dy(size_t(n) * ny);
         dy.poison();
-        ASSERT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, dg.p, dy.p, ny, false, I, dt.p, dn.p, max_tiles, n, nullptr));
+        ASSERT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, dg.p, dy.p, ny, false, I, dt.p, dn.p, max_tiles, n, nullptr,
+                                     nullptr, 1e-6f, NX));
         std::vector<double> ref;
         for (int p = 0; p < n; ++p) {
           auto r = ref_row(W, expert_of[size_t(p)], x.data() + size_t(gather[size_t(p)]) * in, out, I);
           ref.insert(ref.end(), r.begin(), r.end());
         }
         EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << W.name << " swiglu " << I << " depth " << pl.depth << " waves " << pl.waves
-                                            << " half " << pl.half;
+                                            << " half " << pl.half << " stage " << pl.stage << "/" << pl.depth_staged << " pipe " << pl.pipe;
       }
   }
+}
+
+// The staging pass (KernelSwitches::rows_stage) changes no bit: dense products of 1..32 rows in every variant
+// (plain, accumulate, SwiGLU, RMSNorm inside; staged at depth 2 and 4 and through the shared-memory ring) and
+// expert tiles gathered from token rows, staged and not.
+TEST(CudaRows, StagedRowsGiveTheSameBits) {
+  LILY_REQUIRE_GPU();
+  std::mt19937 rng(16);
+  auto run = [&](int stage, auto&& product, int depth = 2, bool pipe = false) {
+    SwitchesScope scope([&](cu::KernelSwitches& k) {
+      k.rows_stage = stage;
+      k.rows_depth_staged = depth;
+      k.rows_pipe = pipe;
+    });
+    return product();
+  };
+  for (auto [out, in] : {std::pair<int, int>{130, 2048}, {64, 576}, {48, 64}})
+    for (const RowsWeights& W : all_formats(1, out, in, rng))
+      for (int T : kTs)
+        for (int variant = 0; variant < 4; ++variant) {
+          const int I = variant == 2 ? out / 2 : 0, ny = I > 0 ? I : out;
+          const auto x = randn(size_t(T) * in, rng), y0 = randn(size_t(T) * ny, rng), nw = randn(size_t(in), rng);
+          Dev<float> dx(x), dnw(nw);
+          auto product = [&] {
+            Dev<float> dy(y0);
+            EXPECT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, nullptr, dy.p, ny, variant == 1, I, nullptr, nullptr, 0, T,
+                                         nullptr, variant == 3 ? dnw.p : nullptr, 1e-6f));
+            return dy.down();
+          };
+          const auto plain = run(0, product), staged = run(2, product), deep = run(2, product, 4),
+                     piped = run(2, product, 2, true);
+          ASSERT_EQ(plain.size(), staged.size());
+          EXPECT_EQ(0, std::memcmp(plain.data(), staged.data(), plain.size() * sizeof(float)))
+              << W.name << " " << out << "x" << in << " T=" << T << " variant " << variant;
+          EXPECT_EQ(0, std::memcmp(plain.data(), deep.data(), plain.size() * sizeof(float)))
+              << W.name << " " << out << "x" << in << " T=" << T << " variant " << variant << " depth 4";
+          EXPECT_EQ(0, std::memcmp(plain.data(), piped.data(), plain.size() * sizeof(float)))
+              << W.name << " " << out << "x" << in << " T=" << T << " variant " << variant << " shared-memory ring";
+        }
+  // expert tiles: 20 slots of 6 token rows over 4 experts (one chosen by none), the last tile dead
+  const int E = 4, out = 96, in = 1024, NX = 6;
+  std::vector<int32_t> gather, tiles;
+  const int per_expert[E] = {3, 0, cu::kRowsTile + 4, 5};
+  for (int e = 0; e < E; ++e) {
+    const int row0 = int(gather.size());
+    for (int i = 0; i < per_expert[e]; ++i) gather.push_back(int32_t(rng() % NX));
+    for (int i = 0; i < per_expert[e]; i += cu::kRowsTile)
+      tiles.insert(tiles.end(), {e, row0 + i, std::min(cu::kRowsTile, per_expert[e] - i)});
+  }
+  const int n = int(gather.size()), live = int(tiles.size()) / 3, max_tiles = live + 1;
+  tiles.resize(size_t(3) * max_tiles, 0);
+  Dev<int32_t> dg(gather), dt(tiles), dn(std::vector<int32_t>{live});
+  for (const RowsWeights& W : all_formats(E, out, in, rng))
+    for (int I : {0, out / 2}) {
+      const int ny = I > 0 ? I : out;
+      Dev<float> dx(randn(size_t(NX) * in, rng));
+      auto product = [&] {
+        Dev<float> dy(size_t(n) * ny);
+        dy.poison();
+        EXPECT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, dg.p, dy.p, ny, false, I, dt.p, dn.p, max_tiles, n, nullptr,
+                                     nullptr, 1e-6f, NX));
+        return dy.down();
+      };
+      const auto plain = run(0, product), staged = run(1, product), piped = run(1, product, 2, true);
+      EXPECT_EQ(0, std::memcmp(plain.data(), staged.data(), plain.size() * sizeof(float))) << W.name << " swiglu " << I;
+      EXPECT_EQ(0, std::memcmp(plain.data(), piped.data(), plain.size() * sizeof(float))) << W.name << " swiglu " << I << " ring";
+    }
 }
 
 TEST(CudaRows, DeclinesWhatItDoesNotCover) {

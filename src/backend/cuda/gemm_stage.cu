@@ -130,7 +130,7 @@ void launch_stage_perm(int perm_bits, const float* x, int64_t ldx, int in, const
 }
 
 // ---- buffers per (device, stream, slot): `fixed` (reserved, never moves) and `grown` (larger products) ----
-enum Slot { kScales = 0, kStageScales = 1, kStage = 2, kSlots = 3 };
+enum Slot { kScales = 0, kStageScales = 1, kStage = 2, kRowsStage = 3, kSlots = 4 };
 struct Buf {
   void* p = nullptr;
   size_t cap = 0;
@@ -180,12 +180,16 @@ void* buffer(cudaStream_t s, Slot slot, size_t bytes) {
 
 void reserve_gemm_stage(cudaStream_t s, int64_t rows, int64_t in) {
   rows = std::max<int64_t>(rows, 1);
-  const size_t sizes[kSlots] = {4 * size_t(rows), 4 * size_t(rows), 2 * size_t(rows) * size_t((in + 63) / 64 * 64)};
+  const size_t in64 = size_t((in + 63) / 64 * 64);
+  const size_t sizes[kSlots] = {4 * size_t(rows), 4 * size_t(rows), 2 * size_t(rows) * in64,
+                                4 * size_t(rows) * (in64 + in64 / 64)};
   std::lock_guard<std::mutex> lock(registry().mu);
   Entry& e = entry(s);
   for (int i = 0; i < kSlots; ++i)
     if (e.fixed[i].cap < sizes[i]) regrow(e.fixed[i], sizes[i]);
 }
+
+void* rows_stage_buffer(cudaStream_t s, size_t bytes) { return buffer(s, kRowsStage, bytes); }
 
 RowScales row_scales(const float* x, int64_t ldx, int in, const int32_t* gather, const int32_t* tiles,
                      const int32_t* n_tiles, int max_tiles, int T, int x_rows, cudaStream_t s) {

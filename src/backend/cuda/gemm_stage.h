@@ -41,6 +41,10 @@ StagedRows stage_rows(bool fp16, const float* x, int64_t ldx, int in, const int3
 // products grow a second set outside captures (inside one they fail naming this call).
 void reserve_gemm_stage(cudaStream_t s, int64_t rows, int64_t in);
 
+// The stream's buffer of the multi-row products' staging pass (rows_stage.h), under the same rules: reserved
+// by reserve_gemm_stage for rows x in (4 bytes an element and one float a 64-wide chunk).
+void* rows_stage_buffer(cudaStream_t s, size_t bytes);
+
 #ifdef __CUDACC__
 __device__ __forceinline__ float row_scale_of(const RowScales& rs, int src, int r) {
   return __ldg(rs.s + (rs.by_src ? src : r));

@@ -18,11 +18,16 @@
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/rows.h"
+#include "backend/cuda/rows_frag.cuh"
+#include "backend/cuda/rows_stage.h"
 
 namespace lily::cuda {
 namespace {
 
 constexpr int kWarps = 8;
+// PIPE (4-bit, staged): stages of a warp's shared-memory ring, bytes of one chunk of one weight row
+constexpr int kPipe = 6;
+constexpr int kPipeRowBytes = 32;
 
 __device__ __forceinline__ uint2 ld_stream2(const void* p) {
   uint2 v;
@@ -34,16 +39,6 @@ __device__ __forceinline__ uint4 ld_stream4(const void* p) {
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
-}
-
-__device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
-
-// (v0, v1) -> bf16 pair hi (v0 in the low half) and the remainders lo = bf16(v - hi).
-__device__ __forceinline__ void split_pair(float v0, float v1, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
-  const float2 hf = __bfloat1622float2(h);
-  hi = bf2_bits(h);
-  lo = bf2_bits(__floats2bfloat162_rn(v0 - hf.x, v1 - hf.y));
 }
 
 // Codes enter the MMA centred, q - 2^(bits-1), exact in bf16; the fold then adds (b + 2^(bits-1)·s)·Σx, which
@@ -87,15 +82,23 @@ struct WChunk {
 // MODE 0 bf16, 4 / 8 affine bits. NF n8 fragments (8·NF activation rows). SWI: m16 tile 0 gate rows, 1 the
 // matching up rows; output silu(gate)·up. NB register buffers of weight chunks: NB − 1 chunks in flight per
 // lane while one is consumed. MT m16 tiles per warp (2; 1 halves a warp's rows, doubling the blocks of a
-// small matrix; SwiGLU needs 2).
-template <int MODE, int NF, bool SWI, int NB, int MT>
+// small matrix; SwiGLU needs 2). STG: the activation rows come staged (rows_stage.h: xs words, sxs sums per
+// chunk, any norm already applied), indexed like x; x and norm_w are then unused. PIPE (MODE 4 with STG): each
+// warp copies its chunks' codes into a ring of kPipe shared-memory stages (cp.async, 16-byte pieces, kPipe − 1
+// chunks in flight) and reads its fragments from there; scales stay one chunk ahead in registers. Same bits.
+template <int MODE, int NF, bool SWI, int NB, int MT, bool STG, bool PIPE = false>
 __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     rows_kernel(const Mat W, int in, int nrows, const float* __restrict__ x, int64_t ldx,
                 const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy, bool accumulate, int swiglu_I,
                 const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks,
-                const float* __restrict__ norm_w, float eps) {
+                const float* __restrict__ norm_w, float eps, const uint32_t* __restrict__ xs,
+                const float* __restrict__ sxs) {
   static_assert(!SWI || MT == 2, "SwiGLU: tile 0 gate rows, tile 1 up rows");
-  extern __shared__ float red[];  // [kWarps][MT·NF·4][32] when ks > 1
+  static_assert(!PIPE || (MODE == 4 && STG && NB == 2), "the ring takes staged 4-bit products, two register buffers");
+  // PIPE: [kWarps][kPipe][16·MT rows][kPipeRowBytes] code stages first; then, when ks > 1, red [kWarps][MT·NF·4][32]
+  constexpr int kStageBytes = 16 * MT * kPipeRowBytes;
+  extern __shared__ __align__(16) uint8_t dsm[];
+  float* red = reinterpret_cast<float*>(dsm + (PIPE ? size_t(kWarps) * kPipe * kStageBytes : 0));
   __shared__ float inv_s[8 * NF];  // norm_w: 1 / rms of each activation row of the block
   constexpr int NACC = MT * NF * 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
@@ -120,6 +123,18 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       else wr[mt][h] = min(rb + 16 * mt + g + 8 * h, nrows - 1);  // rows past the end repeat, never written
     }
   const int nch = in / 64, gpr = MODE == 0 ? 0 : in / W.gs;
+  auto load_sb = [&](WChunk<MODE, MT>& Wc, int ch) {
+    if constexpr (MODE != 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t gi = int64_t(e) * W.sstride + wr[mt][h] * gpr + (ch * 64) / W.gs;
+          Wc.s[mt][h] = bf(__ldg(W.s + gi));
+          Wc.b[mt][h] = bf(__ldg(W.b + gi)) + kCodeOffset<MODE> * Wc.s[mt][h];  // the centred codes' bias
+        }
+    }
+  };
   auto load = [&](WChunk<MODE, MT>& Wc, int ch) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -137,30 +152,74 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
           Wc.w[mt][h][0] = v0.x; Wc.w[mt][h][1] = v0.y; Wc.w[mt][h][2] = v0.z; Wc.w[mt][h][3] = v0.w;
           Wc.w[mt][h][4] = v1.x; Wc.w[mt][h][5] = v1.y; Wc.w[mt][h][6] = v1.z; Wc.w[mt][h][7] = v1.w;
         }
-        if constexpr (MODE != 0) {
-          const int64_t gi = int64_t(e) * W.sstride + wr[mt][h] * gpr + (ch * 64) / W.gs;
-          Wc.s[mt][h] = bf(__ldg(W.s + gi));
-          Wc.b[mt][h] = bf(__ldg(W.b + gi)) + kCodeOffset<MODE> * Wc.s[mt][h];  // the centred codes' bias
-        }
+      }
+    load_sb(Wc, ch);
+  };
+  // PIPE: the warp's codes of chunk ch into stage st (row r = 16·mt + 8·h + g of the warp, 2 pieces of 16 bytes;
+  // lane L copies pieces L, L + 32, ...), and a lane's fragment words from a stage
+  uint8_t* wst = dsm + size_t(warp) * kPipe * kStageBytes;
+  auto copy = [&](int ch, int st) {
+    const uint32_t dst = smem_u32(wst + st * kStageBytes);
+#pragma unroll
+    for (int pc = lane; pc < 32 * MT; pc += 32) {
+      const int r = pc >> 1, part = pc & 1;
+      int64_t row;
+      if constexpr (SWI) row = min(rb + (r & 15), nrows - 1) + int64_t(r >> 4) * swiglu_I;
+      else row = min(rb + r, nrows - 1);
+      cp_async16(dst + uint32_t(pc * 16),
+                 reinterpret_cast<const uint8_t*>(W.q + int64_t(e) * W.qstride + row * W.row_words) + ch * 32 + 16 * part,
+                 true);
+    }
+  };
+  auto fill = [&](WChunk<MODE, MT>& Wc, int st) {
+    const uint8_t* b = wst + st * kStageBytes;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint2 v = *reinterpret_cast<const uint2*>(b + (16 * mt + 8 * h + g) * kPipeRowBytes + 8 * c);
+        Wc.w[mt][h][0] = v.x;
+        Wc.w[mt][h][1] = v.y;
       }
   };
   WChunk<MODE, MT> buf[NB];
   const int c0 = kq;
+  if constexpr (PIPE) {
 #pragma unroll
-  for (int b = 0; b < NB - 1; ++b)
-    if (c0 + b * ks < nch) load(buf[b], c0 + b * ks);
+    for (int q = 0; q < kPipe - 1; ++q) {
+      if (c0 + q * ks < nch) copy(c0 + q * ks, q);
+      cp_async_commit();
+    }
+    if (c0 < nch) load_sb(buf[0], c0);
+  } else {
+#pragma unroll
+    for (int b = 0; b < NB - 1; ++b)
+      if (c0 + b * ks < nch) load(buf[b], c0 + b * ks);
+  }
   if (!tiles) grid_dependency_wait();
   // activation rows of this lane's B fragments (row g of fragment f); null: padding
   const float* xr[NF];
+  const uint4* xq[NF];       // STG: this lane's words of its row (chunk 0)
+  const float* sq[NF][2];    // STG: Σx per chunk of activation rows 8f + 2c and 8f + 2c + 1 (the C columns)
 #pragma unroll
   for (int f = 0; f < NF; ++f) {
     const int n = 8 * f + g;
-    xr[f] = n < count ? x + int64_t(gather ? gather[row0 + n] : row0 + n) * ldx + 16 * c : nullptr;
+    const int64_t src = n < count ? int64_t(gather ? gather[row0 + n] : row0 + n) : -1;
+    if constexpr (STG) {
+      xq[f] = src >= 0 ? reinterpret_cast<const uint4*>(xs + src * in) + 4 * c : nullptr;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int m = 8 * f + 2 * c + i;
+        sq[f][i] = m < count ? sxs + int64_t(gather ? gather[row0 + m] : row0 + m) * nch : nullptr;
+      }
+    } else {
+      xr[f] = src >= 0 ? x + src * ldx + 16 * c : nullptr;
+    }
   }
   // RMSNorm of the activation rows inside the product: a warp per row sums its squares once, the chunks
   // then scale each element by 1/rms · norm_w as they read it
   float inv[NF];
-  if (norm_w) {
+  if (!STG && norm_w) {
     for (int n = warp; n < min(count, 8 * NF); n += kWarps) {
       const float* row = x + int64_t(gather ? gather[row0 + n] : row0 + n) * ldx;
       float ss = 0.f;
@@ -188,20 +247,15 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float4 X[NF][2];
+      if constexpr (!STG) {
 #pragma unroll
-      for (int f = 0; f < NF; ++f) {
-        const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-        X[f][0] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half)) : z;
-        X[f][1] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half + 4)) : z;
-        if (norm_w) {
-          const float* nw = norm_w + ch * 64 + 16 * c + 8 * half;
-          const float4 w0 = __ldg(reinterpret_cast<const float4*>(nw)), w1 = __ldg(reinterpret_cast<const float4*>(nw + 4));
-          const float iv = inv[f];
-          X[f][0] = make_float4(X[f][0].x * iv * w0.x, X[f][0].y * iv * w0.y, X[f][0].z * iv * w0.z, X[f][0].w * iv * w0.w);
-          X[f][1] = make_float4(X[f][1].x * iv * w1.x, X[f][1].y * iv * w1.y, X[f][1].z * iv * w1.z, X[f][1].w * iv * w1.w);
+        for (int f = 0; f < NF; ++f) {
+          const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+          X[f][0] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half)) : z;
+          X[f][1] = xr[f] ? __ldg(reinterpret_cast<const float4*>(xr[f] + ch * 64 + 8 * half + 4)) : z;
+          if (norm_w) rows_norm8(X[f][0], X[f][1], inv[f], norm_w + ch * 64 + 16 * c + 8 * half);
+          if constexpr (MODE != 0) sx[f] += rows_sum8(X[f][0], X[f][1]);
         }
-        if constexpr (MODE != 0)
-          sx[f] += ((X[f][0].x + X[f][0].y) + (X[f][0].z + X[f][0].w)) + ((X[f][1].x + X[f][1].y) + (X[f][1].z + X[f][1].w));
       }
 #pragma unroll
       for (int sub = 0; sub < 2; ++sub) {
@@ -209,15 +263,11 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
         uint32_t bh[NF][2], bl[NF][2];
 #pragma unroll
         for (int f = 0; f < NF; ++f) {
-          const float* X0 = reinterpret_cast<const float*>(&X[f][0]);
-          const float* X1 = reinterpret_cast<const float*>(&X[f][1]);
-          if constexpr (MODE == 4) {  // pairs (i, i + 4): elements (2·sub, 2·sub + 4), (2·sub + 1, 2·sub + 5)
-            split_pair(X0[2 * sub], X1[2 * sub], bh[f][0], bl[f][0]);
-            split_pair(X0[2 * sub + 1], X1[2 * sub + 1], bh[f][1], bl[f][1]);
-          } else {  // element order: step s reads elements 4s .. 4s + 3
-            const float* Xs = sub ? X1 : X0;
-            split_pair(Xs[0], Xs[1], bh[f][0], bl[f][0]);
-            split_pair(Xs[2], Xs[3], bh[f][1], bl[f][1]);
+          if constexpr (STG) {
+            const uint4 q = xq[f] ? __ldg(xq[f] + 16 * ch + s) : make_uint4(0u, 0u, 0u, 0u);
+            bh[f][0] = q.x; bh[f][1] = q.y; bl[f][0] = q.z; bl[f][1] = q.w;
+          } else {
+            rows_bfrag<MODE == 4 ? 4 : 0>(X[f][0], X[f][1], sub, bh[f], bl[f]);
           }
         }
 #pragma unroll
@@ -255,10 +305,17 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       // Σx of activation rows 2c and 2c + 1 of each fragment (the C columns of this lane)
 #pragma unroll
       for (int f = 0; f < NF; ++f) {
-        float v = sx[f];
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);  // lanes 4n .. 4n + 3: Σx of row n
-        const float s0 = __shfl_sync(0xffffffffu, v, 8 * c), s1 = __shfl_sync(0xffffffffu, v, 8 * c + 4);
+        float s0, s1;
+        if constexpr (STG) {
+          s0 = sq[f][0] ? __ldg(sq[f][0] + ch) : 0.f;
+          s1 = sq[f][1] ? __ldg(sq[f][1] + ch) : 0.f;
+        } else {
+          float v = sx[f];
+          v += __shfl_xor_sync(0xffffffffu, v, 1);
+          v += __shfl_xor_sync(0xffffffffu, v, 2);  // lanes 4n .. 4n + 3: Σx of row n
+          s0 = __shfl_sync(0xffffffffu, v, 8 * c);
+          s1 = __shfl_sync(0xffffffffu, v, 8 * c + 4);
+        }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           acc[mt][f][0] += Wc.s[mt][0] * tmp[mt][f][0] + Wc.b[mt][0] * s0;
@@ -269,15 +326,36 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       }
     }
   };
-  // a ring of NB register buffers (unrolled, so every index is static): before consuming chunk i, the load of
-  // chunk i + NB − 1 is issued into the buffer chunk i − 1 freed
-  for (int ch = c0; ch < nch; ch += NB * ks) {
+  if constexpr (PIPE) {
+    // chunk number it (ch = c0 + it·ks) sits in stage it % kPipe; before consuming it, the chunk kPipe − 1 ahead
+    // goes into the stage every lane finished reading one iteration ago
+    auto step = [&](WChunk<MODE, MT>& cur, WChunk<MODE, MT>& nxt, int ch, int it) {
+      __syncwarp();
+      const int ca = ch + (kPipe - 1) * ks;
+      if (ca < nch) copy(ca, (it + kPipe - 1) % kPipe);
+      cp_async_commit();
+      if (ch + ks < nch) load_sb(nxt, ch + ks);
+      cp_async_wait<kPipe - 1>();
+      __syncwarp();
+      fill(cur, it % kPipe);
+      consume(cur, ch);
+    };
+    int it = 0;
+    for (int ch = c0; ch < nch; ch += 2 * ks, it += 2) {
+      step(buf[0], buf[1], ch, it);
+      if (ch + ks < nch) step(buf[1], buf[0], ch + ks, it + 1);
+    }
+  } else {
+    // a ring of NB register buffers (unrolled, so every index is static): before consuming chunk i, the load of
+    // chunk i + NB − 1 is issued into the buffer chunk i − 1 freed
+    for (int ch = c0; ch < nch; ch += NB * ks) {
 #pragma unroll
-    for (int b = 0; b < NB; ++b) {
-      const int cc = ch + b * ks;
-      if (cc < nch) {
-        if (cc + (NB - 1) * ks < nch) load(buf[(b + NB - 1) % NB], cc + (NB - 1) * ks);
-        consume(buf[b], cc);
+      for (int b = 0; b < NB; ++b) {
+        const int cc = ch + b * ks;
+        if (cc < nch) {
+          if (cc + (NB - 1) * ks < nch) load(buf[(b + NB - 1) % NB], cc + (NB - 1) * ks);
+          consume(buf[b], cc);
+        }
       }
     }
   }
@@ -329,32 +407,53 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
 template <int MODE, int NF, bool SWI, int MT>
 void launch(dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
             const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
-            const int32_t* n_tiles, int T, const float* norm_w, float eps) {
-  const size_t smem = ks > 1 ? sizeof(float) * size_t(kWarps) * MT * NF * 4 * 32 : 0;
-  PdlLaunch L(grid, dim3(32 * kWarps), smem, s);
-  auto* k = rows_kernel<MODE, NF, SWI, 2, MT>;
+            const int32_t* n_tiles, int T, const float* norm_w, float eps, const RowsStaged& st) {
+  const size_t red = ks > 1 ? sizeof(float) * size_t(kWarps) * MT * NF * 4 * 32 : 0;
+  if constexpr (MODE == 4) {
+    if (st.x && kernel_switches().rows_pipe) {  // staged 4-bit rows through the shared-memory ring
+      constexpr size_t stages = size_t(kWarps) * kPipe * 16 * MT * kPipeRowBytes;
+      constexpr size_t max_smem = stages + sizeof(float) * size_t(kWarps) * MT * NF * 4 * 32;
+      auto* kp = rows_kernel<MODE, NF, SWI, 2, MT, true, true>;
+      static const bool attr = [&] {
+        LILY_CU(cudaFuncSetAttribute(kp, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)));
+        return true;
+      }();
+      (void)attr;
+      PdlLaunch L(grid, dim3(32 * kWarps), stages + red, s);
+      LILY_CU(cudaLaunchKernelEx(&L.cfg, kp, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles,
+                                 T, ks, nullptr, eps, st.x, st.sx));
+      return;
+    }
+  }
+  PdlLaunch L(grid, dim3(32 * kWarps), red, s);
+  auto* k = rows_kernel<MODE, NF, SWI, 2, MT, false>;
   if constexpr (MODE != 8)  // 8-bit chunks at depth 4 spill at two blocks per SM
-    if (kernel_switches().rows_depth >= 4) k = rows_kernel<MODE, NF, SWI, 4, MT>;
+    if (kernel_switches().rows_depth >= 4) k = rows_kernel<MODE, NF, SWI, 4, MT, false>;
+  if (st.x) {  // staged rows: steps of 9-32 rows (one block an SM, registers to spare) may take depth 4
+    k = rows_kernel<MODE, NF, SWI, 2, MT, true>;
+    if constexpr (NF >= 2)
+      if (kernel_switches().rows_depth_staged >= 4) k = rows_kernel<MODE, NF, SWI, 4, MT, true>;
+  }
   LILY_CU(cudaLaunchKernelEx(&L.cfg, k, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T,
-                             ks, norm_w, eps));
+                             ks, st.x ? nullptr : norm_w, eps, st.x, st.sx));
 }
 
 template <int MODE, bool SWI, int MT>
 void launch_nf(int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
                const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
-               const int32_t* n_tiles, int T, const float* norm_w, float eps) {
-  if (nf == 1) launch<MODE, 1, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
-  else if (nf == 2) launch<MODE, 2, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
-  else launch<MODE, 4, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+               const int32_t* n_tiles, int T, const float* norm_w, float eps, const RowsStaged& st) {
+  if (nf == 1) launch<MODE, 1, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st);
+  else if (nf == 2) launch<MODE, 2, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st);
+  else launch<MODE, 4, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st);
 }
 
 template <int MODE>
 void launch_mode(bool swi, int mt, int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows,
                  const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy, bool accumulate,
-                 int swiglu_I, const int32_t* tiles, const int32_t* n_tiles, int T, const float* norm_w, float eps) {
-  if (swi) launch_nf<MODE, true, 2>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
-  else if (mt == 1) launch_nf<MODE, false, 1>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
-  else launch_nf<MODE, false, 2>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps);
+                 int swiglu_I, const int32_t* tiles, const int32_t* n_tiles, int T, const float* norm_w, float eps, const RowsStaged& st) {
+  if (swi) launch_nf<MODE, true, 2>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st);
+  else if (mt == 1) launch_nf<MODE, false, 1>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st);
+  else launch_nf<MODE, false, 2>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st);
 }
 
 }  // namespace
@@ -369,7 +468,7 @@ bool rows_covers(const Mat& W, int in) {
 
 bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
                   int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles, const int32_t* n_tiles,
-                  int max_tiles, int T, cudaStream_t s, const float* norm_w, float eps) {
+                  int max_tiles, int T, cudaStream_t s, const float* norm_w, float eps, int x_rows) {
   if (!rows_covers(W, in) || ldx % 4 != 0 || !aligned16(x) || (norm_w && !aligned16(norm_w))) return false;
   if (!tiles && (T < 1 || T > kRowsMax)) return false;
   const int nrows = swiglu_I > 0 ? swiglu_I : out;
@@ -399,10 +498,15 @@ bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, co
   }
   const dim3 grid(unsigned(cdiv(nrows, int64_t(kWarps / ks) * rw)), unsigned(tiles ? max_tiles : 1));
   const int mode = W.affine ? W.bits : 0;
+  // the activation rows split once for all blocks (rows_stage.h): the rows x holds, T without a gather
+  RowsStaged st;
+  const int stage = kernel_switches().rows_stage, src_rows = gather ? x_rows : T;
+  if ((tiles ? stage >= 1 : stage >= 2) && src_rows > 0)
+    st = rows_stage(mode == 4 ? 4 : 0, x, ldx, in, src_rows, norm_w, eps, s);
   switch (mode) {
-    case 0: launch_mode<0>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
-    case 4: launch_mode<4>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
-    default: launch_mode<8>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps); break;
+    case 0: launch_mode<0>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st); break;
+    case 4: launch_mode<4>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st); break;
+    default: launch_mode<8>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st); break;
   }
   LILY_CU_LAUNCH();
   return true;

@@ -255,7 +255,7 @@ void moe(const MoeDev& m, const float* u, int T, float* x, void* scratch, cudaSt
     const int mt = max_tiles_for(m, T, tr);
     if (rows) {
       if (!rows_product(m.gate_up, 2 * m.I, H, u, H, sc.sorted_tok, sc.h, m.I, false, m.I, sc.tiles, sc.n_tiles, mt, n,
-                        s) ||
+                        s, nullptr, 1e-6f, T) ||
           !rows_product(m.down, H, m.I, sc.h, m.I, nullptr, sc.yb, H, false, 0, sc.tiles, sc.n_tiles, mt, n, s))
         fail_internal("moe: the multi-row expert product declined an input it covers");
     } else if (wg) {

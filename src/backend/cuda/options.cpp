@@ -132,6 +132,18 @@ const std::vector<Field>& fields() {
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_waves = parse_int_in("rows_waves", v, 1, 16); }},
       {"rows_half", "multi-row products of up to 8 rows too small for rows_waves at every k split take 16 rows a warp (default on)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_half = parse_bool("rows_half", v); }},
+      {"rows_stage", "the multi-row products' activation rows split into their bf16 hi/lo operands once by a staging "
+                     "pass: 0 off, 1 the grouped experts, 2 also the dense products (default 2)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.rows_stage = parse_int_in("rows_stage", v, 0, 2); }},
+      {"rows_depth_staged", "weight chunks in flight per lane in the staged multi-row products of 9-32 rows (2 or 4, "
+                            "default 2)",
+       [](CudaOptions& o, const std::string& v) {
+         o.kernels.rows_depth_staged = parse_int_in("rows_depth_staged", v, 2, 4);
+         if (o.kernels.rows_depth_staged == 3) fail("--cuda-opt rows_depth_staged: 2 or 4, not 3");
+       }},
+      {"rows_pipe", "the staged multi-row products stream weights through a cp.async ring of shared-memory stages per "
+                    "warp (default off)",
+       [](CudaOptions& o, const std::string& v) { o.kernels.rows_pipe = parse_bool("rows_pipe", v); }},
       {"attn_token_blocks", "attention of 2-4 rows of one sequence beyond the decode kernel's 8 packed rows runs it per "
                             "token block, not the prompt kernel (default on)",
        [](CudaOptions& o, const std::string& v) { o.kernels.attn_token_blocks = parse_bool("attn_token_blocks", v); }},

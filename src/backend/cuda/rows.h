@@ -25,10 +25,12 @@ bool rows_covers(const Mat& W, int in);
 // kRowsTile rows; tiles == null: dense, rows [0, T) for T <= kRowsMax. swiglu_I > 0: W holds gate rows
 // [0, I) and up rows [I, 2I), y[r, j] = silu(gate_j · x) · (up_j · x) for j < I (out ignored).
 // x rows 16-byte aligned (ldx % 4 == 0). norm_w: each x row RMS-normalised (· norm_w, eps) as it is read.
-// Returns false, launching nothing, when the product is not covered.
+// x_rows: with a gather, the rows of x it may name (0: unknown, no staging pass); KernelSwitches::rows_stage
+// then stages x first (rows_stage.h: same bits). Returns false, launching nothing, when the product is not covered.
 bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, const int32_t* gather, float* y,
                   int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles, const int32_t* n_tiles,
-                  int max_tiles, int T, cudaStream_t s, const float* norm_w = nullptr, float eps = 1e-6f);
+                  int max_tiles, int T, cudaStream_t s, const float* norm_w = nullptr, float eps = 1e-6f,
+                  int x_rows = 0);
 
 // Dense product of T rows through rows_product (EXL3: exl3_rows, no SwiGLU, no fused norm) when
 // KernelSwitches takes T (max(3, rows_min or rows_min_exl3) <= T <= rows_dense) and the format is covered; false otherwise
