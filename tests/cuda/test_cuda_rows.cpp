@@ -114,10 +114,12 @@ struct Pipeline {
   bool half;
   int stage, depth_staged;
   bool pipe;
+  int split = 1;
 };
-const Pipeline kPipelines[] = {{2, 8, false, 2, 2, false}, {2, 8, false, 0, 2, false}, {4, 8, false, 0, 2, false},
-                               {4, 2, false, 2, 4, false}, {4, 1, false, 0, 2, false}, {4, 8, true, 0, 2, false},
-                               {2, 16, true, 2, 4, false}, {2, 8, false, 2, 2, true},  {2, 1, true, 2, 2, true}};
+const Pipeline kPipelines[] = {{2, 8, false, 2, 2, false},    {2, 8, false, 0, 2, false},   {4, 8, false, 0, 2, false},
+                               {4, 2, false, 2, 4, false},    {4, 1, false, 0, 2, false},   {4, 8, true, 0, 2, false},
+                               {2, 16, true, 2, 4, false},    {2, 8, false, 2, 2, true},    {2, 1, true, 2, 2, true},
+                               {2, 8, false, 2, 2, false, 4}, {2, 16, true, 0, 2, false, 2}, {2, 8, true, 2, 4, true, 4}};
 cu::KernelSwitches with_pipeline(cu::KernelSwitches k, const Pipeline& p) {
   k.rows_depth = p.depth;
   k.rows_waves = p.waves;
@@ -125,6 +127,7 @@ cu::KernelSwitches with_pipeline(cu::KernelSwitches k, const Pipeline& p) {
   k.rows_stage = p.stage;
   k.rows_depth_staged = p.depth_staged;
   k.rows_pipe = p.pipe;
+  k.rows_split = p.split;
   return k;
 }
 
@@ -166,7 +169,7 @@ TEST(CudaRows, DenseProductsMatchReference) {
             // errors of its two products (silu(g)·u), so its bound is twice the plain one.
             EXPECT_LT(rel_err(dy.down(), ref), variant == 2 ? 2e-5 : 1e-5)
                 << W.name << " " << out << "x" << in << " T=" << T << " variant " << variant << " depth " << pl.depth
-                << " waves " << pl.waves << " half " << pl.half << " stage " << pl.stage << "/" << pl.depth_staged << " pipe " << pl.pipe;
+                << " waves " << pl.waves << " half " << pl.half << " stage " << pl.stage << "/" << pl.depth_staged << " pipe " << pl.pipe << " split " << pl.split;
           }
   }
 }
@@ -192,26 +195,30 @@ TEST(CudaRows, LinearTakesRowsBetweenTwoAndTheSwitch) {
     }
 }
 
-// A row's result is the same bits whichever rows share the product (2, 9 or 32 rows; other inputs).
+// A row's result is the same bits whichever rows share the product (2, 9 or 32 rows; other inputs), also with
+// k split over blocks.
 TEST(CudaRows, RowBitsIndependentOfTheOtherRows) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(13);
   const int out = 200, in = 1024;
-  for (const RowsWeights& W : all_formats(1, out, in, rng)) {
-    auto x32 = randn(size_t(32) * in, rng);
-    auto first = [&](int T, bool other) {
-      auto x = x32;
-      if (other)
-        for (size_t i = size_t(2) * in; i < x.size(); ++i) x[i] = -x[i] * 0.5f;
-      Dev<float> dx(std::vector<float>(x.begin(), x.begin() + std::ptrdiff_t(size_t(T) * in))), dy(size_t(T) * out);
-      EXPECT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, nullptr, dy.p, out, false, 0, nullptr, nullptr, 0, T, nullptr));
-      auto y = dy.down();
-      return std::vector<float>(y.begin(), y.begin() + 2 * out);
-    };
-    const auto a = first(2, false);
-    EXPECT_EQ(first(9, false), a) << W.name;
-    EXPECT_EQ(first(32, false), a) << W.name;
-    EXPECT_EQ(first(32, true), a) << W.name;
+  for (int split : {1, 4}) {
+    for (const RowsWeights& W : all_formats(1, out, in, rng)) {
+      SwitchesScope scope([&](cu::KernelSwitches& k) { k.rows_split = split; });
+      auto x32 = randn(size_t(32) * in, rng);
+      auto first = [&](int T, bool other) {
+        auto x = x32;
+        if (other)
+          for (size_t i = size_t(2) * in; i < x.size(); ++i) x[i] = -x[i] * 0.5f;
+        Dev<float> dx(std::vector<float>(x.begin(), x.begin() + std::ptrdiff_t(size_t(T) * in))), dy(size_t(T) * out);
+        EXPECT_TRUE(cu::rows_product(W.m, out, in, dx.p, in, nullptr, dy.p, out, false, 0, nullptr, nullptr, 0, T, nullptr));
+        auto y = dy.down();
+        return std::vector<float>(y.begin(), y.begin() + 2 * out);
+      };
+      const auto a = first(2, false);
+      EXPECT_EQ(first(9, false), a) << W.name;
+      EXPECT_EQ(first(32, false), a) << W.name;
+      EXPECT_EQ(first(32, true), a) << W.name;
+    }
   }
 }
 
@@ -251,7 +258,7 @@ TEST(CudaRows, ExpertTilesMatchReference) {
           ref.insert(ref.end(), r.begin(), r.end());
         }
         EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << W.name << " swiglu " << I << " depth " << pl.depth << " waves " << pl.waves
-                                            << " half " << pl.half << " stage " << pl.stage << "/" << pl.depth_staged << " pipe " << pl.pipe;
+                                            << " half " << pl.half << " stage " << pl.stage << "/" << pl.depth_staged << " pipe " << pl.pipe << " split " << pl.split;
       }
   }
 }

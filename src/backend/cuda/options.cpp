@@ -144,6 +144,12 @@ const std::vector<Field>& fields() {
       {"rows_pipe", "the staged multi-row products stream weights through a cp.async ring of shared-memory stages per "
                     "warp (default off)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_pipe = parse_bool("rows_pipe", v); }},
+      {"rows_split", "dense multi-row products too small for rows_waves also split k over up to this many blocks "
+                     "(1 off, 2 or 4; default 1)",
+       [](CudaOptions& o, const std::string& v) {
+         o.kernels.rows_split = parse_int_in("rows_split", v, 1, 4);
+         if (o.kernels.rows_split == 3) fail("--cuda-opt rows_split: 1, 2 or 4, not 3");
+       }},
       {"attn_token_blocks", "attention of 2-4 rows of one sequence beyond the decode kernel's 8 packed rows runs it per "
                             "token block, not the prompt kernel (default on)",
        [](CudaOptions& o, const std::string& v) { o.kernels.attn_token_blocks = parse_bool("attn_token_blocks", v); }},
