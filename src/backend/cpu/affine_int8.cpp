@@ -100,8 +100,6 @@ struct KArgs {
   const Acts* a = nullptr;
   int64_t in = 0, gs = 0;
   int gshift = 0;                           // log2(gs): the kernels' group index of input i is i >> gshift
-  const float* s4 = nullptr;                // 4-bit: [in/32][4] block scales of rows 0-3 (row 0 repeated if alone)
-  const float* b4 = nullptr;                // 4-bit: [groups][4] biases, likewise
 };
 
 // Scalar kernel: integer block sums in int32, float accumulation in double. One row, all tokens.
@@ -179,12 +177,70 @@ void quantize_token(const float* xt, int64_t in, int bits, int64_t gs, int8_t* q
 LILY_INT8_ZMM_END
 
 #pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace ymm_quant {
+
+// quantize_token for AVX2 hosts without AVX-512: the plain loop's per-element float operations (same codes
+// and block scales); the group sums Σx are added in 8 lanes, then across them.
+void quantize_token(const float* xt, int64_t in, int bits, int64_t gs, int8_t* qt, float* dt, float* st) {
+  const int rep = bits == 4 ? 4 : 8;
+  const __m256 signm = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // dwords of the two packs back in input order
+  // per 128-bit lane: the 8 even bytes, then the 8 odd ones
+  const __m256i eo = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12,
+                                      14, 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int64_t b = 0; b < in / 32; ++b) {
+    const float* xb = xt + b * 32;
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(signm, v[i]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int k = 0; k < rep; ++k) dt[b * rep + k] = d;
+    __m256i I[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 u = _mm256_mul_ps(v[i], _mm256_set1_ps(id));
+      I[i] = _mm256_cvttps_epi32(_mm256_add_ps(u, _mm256_or_ps(_mm256_and_ps(u, signm), half)));  // half away from 0
+    }
+    // |I| ≤ 127: the saturating packs are exact
+    const __m256i q = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(I[0], I[1]), _mm256_packs_epi32(I[2], I[3])), order);
+    if (bits == 8) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qt + b * 32), q);
+      continue;
+    }
+    // the block's evens go to cb + o/2, its odds to cb + w/2 + o/2 (o: the block's offset in its chunk)
+    const auto [cb, w] = int8_detail::chunk4(b * 32, in);
+    const int64_t o = b * 32 - cb;
+    const __m256i e = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, eo), 0xD8);  // [16 evens | 16 odds]
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qt + cb + o / 2), _mm256_castsi256_si128(e));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qt + cb + w / 2 + o / 2), _mm256_extracti128_si256(e, 1));
+  }
+  for (int64_t g = 0; g < in / gs; ++g) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < gs; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(xt + g * gs + i));
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    st[g] = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+  }
+}
+
+}  // namespace ymm_quant
+#pragma GCC pop_options
+
+#pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avxvnni")
 namespace ymm_vnni {
 constexpr int kRows = 4;
 #define LILY_YMM_VNNI 1
 #include "backend/cpu/affine_int8_ymm.inc"
 #include "backend/cpu/affine_int8_ymm_tiles.inc"
+#include "backend/cpu/affine_int8_ymm_gemv.inc"
 #undef LILY_YMM_VNNI
 }  // namespace ymm_vnni
 #pragma GCC pop_options
@@ -196,6 +252,7 @@ constexpr int kRows = 4;
 #define LILY_YMM_VNNI 0
 #include "backend/cpu/affine_int8_ymm.inc"
 #include "backend/cpu/affine_int8_ymm_tiles.inc"
+#include "backend/cpu/affine_int8_ymm_gemv.inc"
 #undef LILY_YMM_VNNI
 }  // namespace ymm_avx2
 #pragma GCC pop_options
@@ -238,26 +295,6 @@ void load_row_params_plain(const quant::AffineWeight& w, int64_t o0, int n, int6
   }
 }
 
-#if LILY_X86
-// KArgs::s4 ([in/32][4], per block) and KArgs::b4 ([groups][4]) from the [4][ld] scales and biases of
-// load_row_params_plain (each row zero-padded past its groups); a lone row (rr 1) fills all four columns.
-__attribute__((target("avx2"))) void params_quads(const float* s, const float* b, int64_t ld, int rr, int64_t G,
-                                                  int64_t per, float* s4, float* b4) {
-  const int64_t r1 = rr > 1 ? 1 : 0, r2 = rr > 1 ? 2 : 0, r3 = rr > 1 ? 3 : 0;
-  for (int64_t g = 0; g < G; g += 4) {
-    __m128 vs[4] = {_mm_loadu_ps(s + g), _mm_loadu_ps(s + r1 * ld + g), _mm_loadu_ps(s + r2 * ld + g),
-                    _mm_loadu_ps(s + r3 * ld + g)};
-    __m128 vb[4] = {_mm_loadu_ps(b + g), _mm_loadu_ps(b + r1 * ld + g), _mm_loadu_ps(b + r2 * ld + g),
-                    _mm_loadu_ps(b + r3 * ld + g)};
-    _MM_TRANSPOSE4_PS(vs[0], vs[1], vs[2], vs[3]);
-    _MM_TRANSPOSE4_PS(vb[0], vb[1], vb[2], vb[3]);
-    for (int64_t j = 0; j < 4 && g + j < G; ++j) {
-      _mm_storeu_ps(b4 + 4 * (g + j), vb[j]);
-      for (int64_t i = 0; i < per; ++i) _mm_storeu_ps(s4 + 4 * ((g + j) * per + i), vs[j]);
-    }
-  }
-}
-#endif
 
 }  // namespace
 
@@ -315,11 +352,12 @@ struct Quantised {
 void quantise(const quant::AffineWeight& w, const float* x, int64_t T, Int8Isa isa, Quantised& out) {
   Acts& acts = out.a;
   prepare_acts(T, w.in, w.bits, w.group_size, acts);
-  // The activations are quantised the same way whichever kernel runs (the AVX-512 quantiser gives the
+  // The activations are quantised the same way whichever kernel runs (the AVX-512 and AVX2 quantisers give the
   // plain one's codes and scales), so the kernels can be compared on identical inputs.
   static const bool zmm_quant = int8_isa_available(Int8Isa::Avx512Vnni);
+  static const bool ymm_quant = !zmm_quant && int8_isa_available(Int8Isa::Avx2);
   out.pos.clear();
-  if (w.bits == 4 && (!zmm_quant || isa == Int8Isa::Scalar)) {
+  if (w.bits == 4 && ((!zmm_quant && !ymm_quant) || isa == Int8Isa::Scalar)) {
     out.pos.resize(size_t(w.in));
     for (int64_t i = 0; i < w.in; ++i) out.pos[size_t(i)] = pos4(i, w.in);
   }
@@ -332,28 +370,26 @@ void quantise(const quant::AffineWeight& w, const float* x, int64_t T, Int8Isa i
       zmm::quantize_token(x + t * w.in, w.in, w.bits, w.group_size, qt, dt, st);
       continue;
     }
+    if (ymm_quant) {
+      ymm_quant::quantize_token(x + t * w.in, w.in, w.bits, w.group_size, qt, dt, st);
+      continue;
+    }
 #endif
     quantize_token_plain(x + t * w.in, w.in, w.bits, w.group_size, out.pos.data(), qt, dt, st);
   }
 }
 
-// Row blocks [b0, b1) (R = rows_per_block(isa) rows each) of y[T, w.out] = x · Wᵀ: the ymm and scalar
+// Row blocks [b0, b1) (R = rows_per_block(isa) rows each) of y[T, w.out] = x · Wᵀ: the ymm 8-bit and scalar
 // kernels (AVX-512 VNNI runs its own: gemv_blocks_avx512 / tile_rows_avx512).
 void run_blocks(const quant::AffineWeight& w, const Quantised& qa, int64_t T, float* y, Int8Isa isa, int64_t b0,
                 int64_t b1) {
   const Acts& a = qa.a;
   const int R = rows_per_block(isa);
   const int64_t out = w.out, ld = a.gp + 16, row_bytes = w.row_words * 4;
-  // [4][ld] scales, [4][ld] biases (load_row_params_plain zero-pads each row), then s4 and b4 (KArgs)
+  // [4][ld] scales, [4][ld] biases (load_row_params_plain zero-pads each row)
   thread_local std::vector<float> sb;
-  const int64_t nb = w.in / 32, G = w.groups();
-  if (sb.size() < size_t(8 * ld + 4 * nb + 4 * G)) sb.resize(size_t(8 * ld + 4 * nb + 4 * G));
-  float* s4 = sb.data() + 8 * ld;
-  float* b4 = s4 + 4 * nb;
-  [[maybe_unused]] const bool quads = w.bits == 4 && isa != Int8Isa::Scalar;  // the 4-bit ymm kernel reads s4 / b4
+  if (sb.size() < size_t(8 * ld)) sb.resize(size_t(8 * ld));
   KArgs k;
-  k.s4 = s4;
-  k.b4 = b4;
   k.s = sb.data();
   k.b = sb.data() + 4 * ld;
   k.ld = ld;
@@ -367,16 +403,13 @@ void run_blocks(const quant::AffineWeight& w, const Quantised& qa, int64_t T, fl
     for (int r0 = 0; r0 < n;) {
       const int rr = (n == R) ? R : 1;  // full block, or the last rows one at a time
       load_row_params_plain(w, o0 + r0, rr, ld, sb.data(), sb.data() + 4 * ld);
-#if LILY_X86
-      if (quads) params_quads(k.s, k.b, ld, rr, G, w.group_size / 32, s4, b4);
-#endif
       for (int r = 0; r < rr; ++r)
         k.w[r] = reinterpret_cast<const uint8_t*>(w.packed) + (o0 + r0 + r) * row_bytes;
       float* yo = y + o0 + r0;
       switch (isa) {
 #if LILY_X86
-        case Int8Isa::AvxVnni: ymm_vnni::run_block(w.bits, rr, k, T, yo, out); break;
-        case Int8Isa::Avx2: ymm_avx2::run_block(w.bits, rr, k, T, yo, out); break;
+        case Int8Isa::AvxVnni: ymm_vnni::run_block8(rr, k, T, yo, out); break;
+        case Int8Isa::Avx2: ymm_avx2::run_block8(rr, k, T, yo, out); break;
 #endif
         default: scalar_row(w.bits, k, T, yo, out, qa.pos.data()); break;
       }
@@ -385,22 +418,26 @@ void run_blocks(const quant::AffineWeight& w, const Quantised& qa, int64_t T, fl
   }
 }
 
-// Tiles of tile_rows_ymm rows [b0, b1) of a 4-bit product on the ymm ISAs (affine_int8_ymm_tiles.inc).
+// 8-row blocks [b0, b1) of a 4-bit product on the ymm ISAs: tiles (affine_int8_ymm_tiles.inc) or the
+// decode kernel (affine_int8_ymm_gemv.inc).
 #if LILY_X86
-constexpr int tile_rows_ymm = ymm_avx2::kTileRows8;
+constexpr int rows8_ymm = ymm_avx2::kTileRows8;
+static_assert(ymm_avx2::kGemvRows8 == rows8_ymm);
 #else
-constexpr int tile_rows_ymm = 1;
+constexpr int rows8_ymm = 1;
 #endif
-void run_tiles_ymm(const quant::AffineWeight& w, const Acts& a, float* y, Int8Isa isa, int64_t b0, int64_t b1) {
+void run_ymm8(const quant::AffineWeight& w, const Acts& a, float* y, Int8Isa isa, bool tiles, int64_t b0, int64_t b1) {
+#if LILY_X86
+  const bool vnni = isa == Int8Isa::AvxVnni;
+  if (!tiles) return vnni ? ymm_vnni::gemv_rows8(w, a, b0, b1, y, w.out) : ymm_avx2::gemv_rows8(w, a, b0, b1, y, w.out);
   for (int64_t blk = b0; blk < b1; ++blk) {
-    const int64_t o0 = blk * tile_rows_ymm;
-#if LILY_X86
-    if (isa == Int8Isa::AvxVnni) ymm_vnni::tile_rows8(w, a, o0, y + o0, w.out);
+    const int64_t o0 = blk * rows8_ymm;
+    if (vnni) ymm_vnni::tile_rows8(w, a, o0, y + o0, w.out);
     else ymm_avx2::tile_rows8(w, a, o0, y + o0, w.out);
-#else
-    (void)w, (void)a, (void)y, (void)isa, (void)o0;
-#endif
   }
+#else
+  (void)w, (void)a, (void)y, (void)isa, (void)tiles, (void)b0, (void)b1;
+#endif
 }
 
 void check_job(const quant::AffineWeight& w, Int8Isa isa) {
@@ -427,6 +464,7 @@ void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa, Int8Ti
   std::vector<int> qi(jobs.size(), -1);
   std::vector<int64_t> start(jobs.size() + 1, 0);  // first global block of each job
   std::vector<char> tiles(jobs.size(), 0);           // job runs as tiles of kTileRows rows
+  std::vector<char> gemv8(jobs.size(), 0);           // job runs the ymm 8-row decode kernel
   const int R = rows_per_block(isa);
   int used = 0;
   int64_t madds = 0;
@@ -447,7 +485,9 @@ void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa, Int8Ti
     // the ymm tiles take 4-bit weights only (8-bit codes would saturate maddubs); 8-bit runs the row kernels
     tiles[j] = int8_tiles_available(isa) && (isa == Int8Isa::Avx512Vnni || jb.w->bits == 4) &&
                (tiling == Int8Tiling::Tiles || (tiling == Int8Tiling::Auto && jb.T >= kInt8TileMinTokens));
-    const int Rj = tiles[j] && isa != Int8Isa::Avx512Vnni ? tile_rows_ymm : R;
+    // 4-bit rows on the ymm ISAs: the 8-row decode kernel (affine_int8_ymm_gemv.inc)
+    gemv8[j] = !tiles[j] && jb.w->bits == 4 && (isa == Int8Isa::Avx2 || isa == Int8Isa::AvxVnni);
+    const int Rj = (tiles[j] && isa != Int8Isa::Avx512Vnni) || gemv8[j] ? rows8_ymm : R;
     start[j + 1] = start[j] + (jb.w->out + Rj - 1) / Rj;
     madds += jb.w->out * jb.w->in * jb.T;
   }
@@ -471,8 +511,8 @@ void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa, Int8Ti
             const int64_t o0 = blk * int8_detail::kTileRows;
             int8_detail::tile_rows_avx512(*jb.w, a, o0, jb.y + o0, jb.w->out);
           }
-      } else if (tiles[j]) {
-        run_tiles_ymm(*jb.w, qs[size_t(qi[j])]->a, jb.y, isa, b - start[j], e - start[j]);
+      } else if (tiles[j] || gemv8[j]) {
+        run_ymm8(*jb.w, qs[size_t(qi[j])]->a, jb.y, isa, tiles[j], b - start[j], e - start[j]);
       } else {
         run_blocks(*jb.w, *qs[size_t(qi[j])], jb.T, jb.y, isa, b - start[j], e - start[j]);
       }
@@ -486,8 +526,9 @@ void affine_int8_quantize_row(const float* x, int64_t in, int bits, int group_si
   LILY_CHECK((bits == 4 || bits == 8) && in % 32 == 0 && in % group_size == 0, "bad int8 quantiser shape");
 #if LILY_X86
   if (simd) {
-    LILY_CHECK(int8_isa_available(Int8Isa::Avx512Vnni), "the AVX-512 quantiser needs AVX-512 VNNI");
-    return zmm::quantize_token(x, in, bits, group_size, q, d, xsum);
+    if (int8_isa_available(Int8Isa::Avx512Vnni)) return zmm::quantize_token(x, in, bits, group_size, q, d, xsum);
+    LILY_CHECK(int8_isa_available(Int8Isa::Avx2), "the SIMD quantisers need AVX2 or AVX-512 VNNI");
+    return ymm_quant::quantize_token(x, in, bits, group_size, q, d, xsum);
   }
 #else
   LILY_CHECK(!simd, "no SIMD quantiser on this architecture");

@@ -10,9 +10,10 @@
 //
 // Kernels: AVX-512 VNNI (zmm, blocks of 16 weight rows: from the packed rows for 1–2 tokens at a time, and
 // for many tokens as tiles, the codes of 16 rows unpacked once into a u8 tile and run against up to 12
-// tokens: affine_int8_gemv.cpp, affine_int8_tiles.cpp), AVX-VNNI and AVX2 (ymm: 4 rows × 2 tokens from the
-// packed rows, 8-bit in row pairs, and for many tokens of 4-bit weights tiles of 8 rows unpacked once and run
-// against up to 5 tokens: affine_int8_ymm.inc, affine_int8_ymm_tiles.inc; 8-bit runs the row kernel), and
+// tokens: affine_int8_gemv.cpp, affine_int8_tiles.cpp), AVX-VNNI and AVX2 (ymm: 4-bit blocks of 8 rows
+// from the packed rows for 1–2 tokens at a time, and for many tokens tiles of 8 rows unpacked once and run
+// against up to 5 tokens: affine_int8_ymm_gemv.inc, affine_int8_ymm_tiles.inc; 8-bit in row pairs from the
+// packed rows: affine_int8_ymm.inc), and
 // a scalar one (any machine; the reference the others are tested against: same quantised activations, same
 // integer sums, only the float summation order differs). The best kernel is picked at run time from the
 // CPU's features, whatever flags the binary was built with. Every kernel computes each output with one
@@ -63,7 +64,7 @@ void affine_matmul_int8_batch(std::span<const Int8Job> jobs, Int8Isa isa, Int8Ti
 inline void affine_matmul_int8_batch(std::span<const Int8Job> jobs) { affine_matmul_int8_batch(jobs, int8_isa_best()); }
 
 // One activation row in the kernels' layout (q [in], d [in/32 · (bits == 4 ? 4 : 8)], xsum [in/group_size])
-// by the plain quantiser or (simd) the AVX-512 one; they must agree (tests).
+// by the plain quantiser or (simd) the AVX-512 one, else the AVX2 one; they must agree (tests).
 void affine_int8_quantize_row(const float* x, int64_t in, int bits, int group_size, bool simd, int8_t* q, float* d,
                               float* xsum);
 

@@ -120,11 +120,11 @@ void CpuBackend::gdn_mixer(int layer) {
   c_.resize(static_cast<size_t>(T * Hv * dv));  // z
   d_.resize(static_cast<size_t>(T * Hv * 2));   // b | a per row
   e_.resize(static_cast<size_t>(T * Hv * dv));  // core output
-  mm(G.in_qkv, u_.data(), T, a_.data(), kProdGdnIn, T);
-  mm(G.in_z, u_.data(), T, c_.data(), kProdGdnIn, T);
   std::vector<float> bb(static_cast<size_t>(T * Hv)), aa(static_cast<size_t>(T * Hv));
-  mm(G.in_b, u_.data(), T, bb.data(), kProdGdnIn, T);
-  mm(G.in_a, u_.data(), T, aa.data(), kProdGdnIn, T);
+  // one batch: the input quantised once, one hand-off to the threads (decode runs hundreds of products a token)
+  mm_batch({{&G.in_qkv, u_.data(), T, a_.data()}, {&G.in_z, u_.data(), T, c_.data()}, {&G.in_b, u_.data(), T, bb.data()},
+            {&G.in_a, u_.data(), T, aa.data()}},
+           std::vector<uint32_t>(4, kProdGdnIn));
 
   // Conv per group over its sequence's carried rows; a tentative group keeps the state after every row
   // (version j + 1 after row j, the current version untouched).
@@ -208,9 +208,8 @@ void CpuBackend::attn_mixer(int layer) {
   a_.resize(static_cast<size_t>(T * Hq * 2 * hd));
   b_.resize(static_cast<size_t>(T * kvw));
   c_.resize(static_cast<size_t>(T * kvw));
-  mm(A.q, u_.data(), T, a_.data(), kProdAttnIn, T);
-  mm(A.k, u_.data(), T, b_.data(), kProdAttnIn, T);
-  mm(A.v, u_.data(), T, c_.data(), kProdAttnIn, T);
+  mm_batch({{&A.q, u_.data(), T, a_.data()}, {&A.k, u_.data(), T, b_.data()}, {&A.v, u_.data(), T, c_.data()}},
+           std::vector<uint32_t>(3, kProdAttnIn));
 
   // q/k RMSNorm per head over hd, then partial RoPE; append k, v to the cache.
   e_.resize(static_cast<size_t>(T * Hq * hd));  // q, then attention output
