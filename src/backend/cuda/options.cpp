@@ -34,6 +34,13 @@ int parse_int_in(const std::string& name, const std::string& v, int lo, int hi) 
   return x;
 }
 
+// A power of two in lo..hi (pipeline depths, split counts).
+int parse_pow2_in(const std::string& name, const std::string& v, int lo, int hi) {
+  const int x = parse_int_in(name, v, lo, hi);
+  if ((x & (x - 1)) != 0) fail("--cuda-opt {}={}: must be a power of two in {}..{}", name, v, lo, hi);
+  return x;
+}
+
 cuda::GemmPrec parse_precision(const std::string& v) {
   if (v == "bf16") return cuda::GemmPrec::kBf16;
   if (v == "fp16") return cuda::GemmPrec::kFp16;
@@ -124,10 +131,7 @@ const std::vector<Field>& fields() {
       {"rows_min_exl3", "the multi-row products of EXL3 weights take steps of at least this many rows (3..33, default 6)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_min_exl3 = parse_int_in("rows_min_exl3", v, 3, 33); }},
       {"rows_depth", "weight chunks in flight per lane in the multi-row products (2 or 4, default 2)",
-       [](CudaOptions& o, const std::string& v) {
-         o.kernels.rows_depth = parse_int_in("rows_depth", v, 2, 4);
-         if (o.kernels.rows_depth == 3) fail("--cuda-opt rows_depth: 2 or 4, not 3");
-       }},
+       [](CudaOptions& o, const std::string& v) { o.kernels.rows_depth = parse_pow2_in("rows_depth", v, 2, 4); }},
       {"rows_waves", "the multi-row products split k until their grid reaches this many blocks per SM (1..16, default 8)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_waves = parse_int_in("rows_waves", v, 1, 16); }},
       {"rows_half", "multi-row products of up to 8 rows too small for rows_waves at every k split take 16 rows a warp (default on)",
@@ -138,18 +142,14 @@ const std::vector<Field>& fields() {
       {"rows_depth_staged", "weight chunks in flight per lane in the staged multi-row products of 9-32 rows (2 or 4, "
                             "default 2)",
        [](CudaOptions& o, const std::string& v) {
-         o.kernels.rows_depth_staged = parse_int_in("rows_depth_staged", v, 2, 4);
-         if (o.kernels.rows_depth_staged == 3) fail("--cuda-opt rows_depth_staged: 2 or 4, not 3");
+         o.kernels.rows_depth_staged = parse_pow2_in("rows_depth_staged", v, 2, 4);
        }},
       {"rows_pipe", "the staged multi-row products stream weights through a cp.async ring of shared-memory stages per "
                     "warp (default off)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_pipe = parse_bool("rows_pipe", v); }},
       {"rows_split", "dense multi-row products too small for rows_waves also split k over up to this many blocks "
                      "(1 off, 2 or 4; default 1)",
-       [](CudaOptions& o, const std::string& v) {
-         o.kernels.rows_split = parse_int_in("rows_split", v, 1, 4);
-         if (o.kernels.rows_split == 3) fail("--cuda-opt rows_split: 1, 2 or 4, not 3");
-       }},
+       [](CudaOptions& o, const std::string& v) { o.kernels.rows_split = parse_pow2_in("rows_split", v, 1, 4); }},
       {"attn_token_blocks", "attention of 2-4 rows of one sequence beyond the decode kernel's 8 packed rows runs it per "
                             "token block, not the prompt kernel (default on)",
        [](CudaOptions& o, const std::string& v) { o.kernels.attn_token_blocks = parse_bool("attn_token_blocks", v); }},
