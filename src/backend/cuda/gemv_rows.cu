@@ -393,7 +393,8 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     // the row group's partial sums of this block into part[z][group][lane][NACC]; the last of the kb blocks to
     // arrive adds them in z order (the same bits whichever block arrives last) and finishes, then re-arms cnt
     const int grp = int(blockIdx.x) * (kWarps / ks) + mg, ngroups = int(gridDim.x) * (kWarps / ks);
-    float4* mine = reinterpret_cast<float4*>(part + ((int64_t(blockIdx.z) * ngroups + grp) * 32 + lane) * NACC);
+    auto slot = [&](int z) { return reinterpret_cast<float4*>(part + ((int64_t(z) * ngroups + grp) * 32 + lane) * NACC); };
+    float4* mine = slot(int(blockIdx.z));
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -408,9 +409,9 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int f = 0; f < NF; ++f) {
-        float4 t = __ldcg(reinterpret_cast<const float4*>(part + ((int64_t(0) * ngroups + grp) * 32 + lane) * NACC) + mt * NF + f);
+        float4 t = __ldcg(slot(0) + mt * NF + f);
         for (int z = 1; z < kb; ++z) {
-          const float4 p = __ldcg(reinterpret_cast<const float4*>(part + ((int64_t(z) * ngroups + grp) * 32 + lane) * NACC) + mt * NF + f);
+          const float4 p = __ldcg(slot(z) + mt * NF + f);
           t.x += p.x; t.y += p.y; t.z += p.z; t.w += p.w;
         }
         acc[mt][f][0] = t.x; acc[mt][f][1] = t.y; acc[mt][f][2] = t.z; acc[mt][f][3] = t.w;
