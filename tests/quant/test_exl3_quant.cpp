@@ -64,6 +64,89 @@ TEST(Exl3Quant, TileMseMeetsBounds) {
     }
 }
 
+namespace {
+
+// Plain Viterbi over all 65536 states with backpointers: the optimum over the positions order[0..255]
+// under the same edge constraints as the encoder's (s_first >> K == start_edge, s_last's low 16 − K bits ==
+// end_edge; −1 = free). Returns the path's squared error.
+double viterbi_ref(const float* v, const int* order, const float* lut, int K, int start_edge, int end_edge,
+                   uint16_t* states) {
+  const uint32_t NE = 1u << (16 - K), NK = 1u << K;
+  std::vector<float> c(65536), cn(65536);
+  std::vector<uint16_t> back(size_t(256) * 65536);
+  for (uint32_t s = 0; s < 65536; ++s) {
+    const double d = double(lut[s]) - v[order[0]];
+    c[s] = start_edge >= 0 && (s >> K) != uint32_t(start_edge) ? 1e30f : float(d * d);
+  }
+  for (int i = 1; i < 256; ++i) {
+    for (uint32_t s = 0; s < 65536; ++s) {
+      const uint32_t e = s >> K;  // the predecessor's low bits
+      float best = 3e30f;
+      uint32_t arg = e;
+      for (uint32_t hi = 0; hi < NK; ++hi) {
+        const uint32_t p = (hi << (16 - K)) | e;
+        if (c[p] < best) {
+          best = c[p];
+          arg = p;
+        }
+      }
+      const double d = double(lut[s]) - v[order[i]];
+      cn[s] = best + float(d * d);
+      back[size_t(i) * 65536 + s] = uint16_t(arg);
+    }
+    std::swap(c, cn);
+  }
+  uint32_t s = 0;
+  float bc = 3e30f;
+  for (uint32_t t = 0; t < 65536; ++t)
+    if ((end_edge < 0 || (t & (NE - 1)) == uint32_t(end_edge)) && c[t] < bc) {
+      bc = c[t];
+      s = t;
+    }
+  for (int i = 255; i >= 0; --i) {
+    states[order[i]] = uint16_t(s);
+    if (i) s = back[size_t(i) * 65536 + s];
+  }
+  double err = 0;
+  for (int t = 0; t < 256; ++t) err += (double(lut[states[t]]) - v[t]) * (double(lut[states[t]]) - v[t]);
+  return err;
+}
+
+}  // namespace
+
+TEST(Exl3Quant, TileEncoderMatchesPlainViterbi) {
+  // The encoder's two passes (exl3_quant.cpp): an unconstrained Viterbi over the tile rotated by 128, then one
+  // over the tile in order whose first and last states are tied to the edge the first pass chose at position 0.
+  // Each pass is an exact optimum, so the encoder's error equals the plain DP's up to float rounding. Both
+  // inner-loop layouts run: K <= 3 (register minima over target blocks) and K >= 4 (edges into memory).
+  int plain[256], rotated[256];
+  for (int i = 0; i < 256; ++i) {
+    plain[i] = i;
+    rotated[i] = (i + 128) % 256;
+  }
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.2437f);
+  ViterbiScratch S;
+  const std::pair<Exl3Codebook, int> cases[] = {{Exl3Codebook::Mcg, 1}, {Exl3Codebook::Mcg, 2}, {Exl3Codebook::Mcg, 3},
+                                                {Exl3Codebook::Mcg, 4}, {Exl3Codebook::Mul1, 2}, {Exl3Codebook::Mul1, 5}};
+  for (auto [cb, K] : cases) {
+    const float* lut = exl3_lut(cb);
+    {
+      float v[256];
+      for (auto& x : v) x = nd(rng);
+      uint16_t fast[256], first[256], ref[256];
+      const double e_fast = exl3_encode_tile(v, K, cb, fast, S);
+      viterbi_ref(v, rotated, lut, K, -1, -1, first);
+      const int edge = int(first[0] >> K);
+      const double e_ref = viterbi_ref(v, plain, lut, K, edge, edge, ref);
+      EXPECT_NEAR(e_fast, e_ref, 1e-5 * e_ref) << exl3_codebook_name(cb) << " K=" << K;
+      int same = 0;
+      for (int t = 0; t < 256; ++t) same += fast[t] == ref[t];
+      EXPECT_GE(same, 250) << exl3_codebook_name(cb) << " K=" << K << ": paths differ beyond near-ties";
+    }
+  }
+}
+
 TEST(Exl3Quant, TilesPerSecond) {
   double secs = 0;
   for (int K : {2, 4, 6}) {

@@ -54,30 +54,19 @@ float viterbi(const float* v, const int* order, const float* lut, int start_edge
     const float d = lut[s] - v[order[0]];
     return start_edge >= 0 && (s >> K) != uint32_t(start_edge) ? kInf : d * d;
   };
-  typedef float v8 __attribute__((vector_size(32)));  // GCC vector extension: any x86 width
+  typedef float v8 __attribute__((vector_size(32)));  // GCC vector extension: one AVX register
   // m_{i+1}[e'] = min over states s with low bits e' of (err_i(s) + m_i[s >> K]); costs are never stored.
+  // K <= 3: the states with low bits in the block [q·2^K, (q+1)·2^K) are s = (h << E) | (q << K) | c: their
+  // predecessor edge is q + h·NQ and their codebook entries lut[(q << K) + h·NE + c]. So each target block is a
+  // register min over h, stored once; U independent accumulators hide the min's latency, and 8 / 2^K blocks
+  // share one vector when K < 3 (their codebook entries are contiguous). K >= 4: that order reads 2^K codebook
+  // streams NE floats apart (same L1 sets), so the loop runs over edges instead and updates each edge's
+  // 2^K contiguous targets in memory.
   auto step = [&](const float* __restrict m, float* __restrict mn, float x) {
-    for (uint32_t e = 0; e < NE; ++e) mn[e] = kInf * 2;
+    constexpr uint32_t NQ = NE >> K;
     const v8 xv = {x, x, x, x, x, x, x, x};
     if constexpr (K >= 4) {
-      typedef float v16 __attribute__((vector_size(64)));
-      const v16 xw = {x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
-      for (uint32_t e = 0; e < NE; ++e) {
-        const float mv = m[e];
-        const v16 mvv = {mv, mv, mv, mv, mv, mv, mv, mv, mv, mv, mv, mv, mv, mv, mv, mv};
-        const float* l = lut + (e << K);
-        float* t = mn + ((e << K) & (NE - 1));
-        for (uint32_t c = 0; c < NK; c += 16) {
-          v16 lv, tv;
-          std::memcpy(&lv, l + c, sizeof lv);
-          std::memcpy(&tv, t + c, sizeof tv);
-          const v16 d = lv - xw;
-          const v16 val = d * d + mvv;
-          tv = val < tv ? val : tv;
-          std::memcpy(t + c, &tv, sizeof tv);
-        }
-      }
-    } else if constexpr (K == 3) {
+      for (uint32_t e = 0; e < NE; ++e) mn[e] = kInf * 2;
       for (uint32_t e = 0; e < NE; ++e) {
         const float mv = m[e];
         const v8 mvv = {mv, mv, mv, mv, mv, mv, mv, mv};
@@ -94,27 +83,38 @@ float viterbi(const float* v, const int* order, const float* lut, int start_edge
         }
       }
     } else {
-      // 8 / 2^K consecutive edges at once: their 8 successor states and targets are contiguous.
-      constexpr uint32_t G = 8 / NK;
-      for (uint32_t e = 0; e < NE; e += G) {
-        v8 lv, tv;
+      constexpr uint32_t G = K == 3 ? 1 : 8 / NK;  // target blocks a vector covers
+      constexpr uint32_t U = 4;                    // vectors in flight
+      static_assert(NQ % (G * U) == 0);
+      for (uint32_t q0 = 0; q0 < NQ; q0 += G * U) {
+        v8 acc[U];
+        for (uint32_t u = 0; u < U; ++u) acc[u] = v8{} + kInf * 2;
+        for (uint32_t h = 0; h < NK; ++h) {
+          for (uint32_t u = 0; u < U; ++u) {
+            const uint32_t q = q0 + u * G;
+            const float* mp = m + q + h * NQ;
+            v8 mvv;
+            if constexpr (G == 1) {
+              mvv = v8{} + mp[0];
+            } else {
 #if defined(__AVX2__)
-        // in-register broadcast of the G minima (a lane-by-lane build goes through the stack and stalls)
-        const __m128 raw = G == 4 ? _mm_loadu_ps(m + e) : _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(m + e)));
-        const __m256i idx = _mm256_setr_epi32(0 / NK, 1 / NK, 2 / NK, 3 / NK, 4 / NK, 5 / NK, 6 / NK, 7 / NK);
-        const v8 mvv = (v8)_mm256_permutevar8x32_ps(_mm256_castps128_ps256(raw), idx);
+              // in-register broadcast of the G minima (a lane-by-lane build goes through the stack and stalls)
+              const __m128 raw =
+                  G == 4 ? _mm_loadu_ps(mp) : _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(mp)));
+              const __m256i idx = _mm256_setr_epi32(0 / NK, 1 / NK, 2 / NK, 3 / NK, 4 / NK, 5 / NK, 6 / NK, 7 / NK);
+              mvv = (v8)_mm256_permutevar8x32_ps(_mm256_castps128_ps256(raw), idx);
 #else
-        v8 mvv;
-        for (int c = 0; c < 8; ++c) mvv[c] = m[e + uint32_t(c) / NK];
+              for (int c = 0; c < 8; ++c) mvv[c] = mp[uint32_t(c) / NK];
 #endif
-        const float* l = lut + (e << K);
-        float* t = mn + ((e << K) & (NE - 1));
-        std::memcpy(&lv, l, sizeof lv);
-        std::memcpy(&tv, t, sizeof tv);
-        const v8 d = lv - xv;
-        const v8 val = d * d + mvv;
-        tv = val < tv ? val : tv;
-        std::memcpy(t, &tv, sizeof tv);
+            }
+            v8 lv;
+            std::memcpy(&lv, lut + (q << K) + h * NE, sizeof lv);
+            const v8 d = lv - xv;
+            const v8 val = d * d + mvv;
+            acc[u] = val < acc[u] ? val : acc[u];
+          }
+        }
+        for (uint32_t u = 0; u < U; ++u) std::memcpy(mn + ((q0 + u * G) << K), &acc[u], sizeof(v8));
       }
     }
   };
