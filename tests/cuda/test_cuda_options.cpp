@@ -27,28 +27,26 @@ void expect_error(const std::string& opt, const std::string& needle) {
 TEST(CudaOptions, MultiRowSwitches) {
   lily::CudaOptions o;
   lily::set_cuda_option(o, "rows_stage=1");
-  lily::set_cuda_option(o, "rows_depth_staged=4");
-  lily::set_cuda_option(o, "rows_pipe=on");
-  lily::set_cuda_option(o, "rows_split", "4");
-  lily::set_cuda_option(o, "rows_depth=4");
+  lily::set_cuda_option(o, "rows_half=off");
+  lily::set_cuda_option(o, "rows_depth", "4");
+  lily::set_cuda_option(o, "rows_waves=3");
   EXPECT_EQ(o.kernels.rows_stage, 1);
-  EXPECT_EQ(o.kernels.rows_depth_staged, 4);
-  EXPECT_TRUE(o.kernels.rows_pipe);
-  EXPECT_EQ(o.kernels.rows_split, 4);
+  EXPECT_FALSE(o.kernels.rows_half);
   EXPECT_EQ(o.kernels.rows_depth, 4);
+  EXPECT_EQ(o.kernels.rows_waves, 3);
   // the defaults the H100 measurements chose
   const lily::CudaOptions d;
   EXPECT_EQ(d.kernels.rows_stage, 2);
-  EXPECT_EQ(d.kernels.rows_split, 1);
-  EXPECT_FALSE(d.kernels.rows_pipe);
+  EXPECT_TRUE(d.kernels.rows_half);
+  EXPECT_EQ(d.kernels.rows_depth, 2);
 }
 
 TEST(CudaOptions, BadValuesNameTheOption) {
-  expect_error("rows_split=3", "rows_split=3: must be a power of two in 1..4");
-  expect_error("rows_depth_staged=3", "rows_depth_staged=3: must be a power of two");
+  expect_error("rows_depth=3", "rows_depth=3: must be a power of two");
   expect_error("rows_depth=8", "rows_depth=8: must be in 2..4");
   expect_error("rows_stage=3", "rows_stage=3: must be in 0..2");
-  expect_error("rows_pipe=maybe", "rows_pipe=maybe");
-  expect_error("rows_split=x", "rows_split=x: expected an integer");
+  expect_error("rows_half=maybe", "rows_half=maybe");
+  expect_error("rows_waves=x", "rows_waves=x: expected an integer");
+  expect_error("rows_pipe=1", "rows_pipe");
 }
 #endif

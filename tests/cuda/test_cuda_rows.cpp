@@ -105,29 +105,21 @@ struct RowsSwitches {
 
 }  // namespace
 
-// The kernel's pipeline settings (KernelSwitches::rows_depth, rows_waves, rows_half, rows_stage,
-// rows_depth_staged, rows_pipe): the defaults (staged), unstaged, a deeper register ring (unstaged; staged from
-// 16 rows), fewer k splits (chunk counts per warp not a multiple of the depth), 16 rows a warp, the shared-memory
-// ring of the staged 4-bit products.
+// The kernel's pipeline settings (KernelSwitches::rows_depth, rows_waves, rows_half, rows_stage): the defaults
+// (staged), unstaged, a deeper register ring (unstaged), fewer k splits (chunk counts per warp not a multiple of
+// the depth), 16 rows a warp.
 struct Pipeline {
   int depth, waves;
   bool half;
-  int stage, depth_staged;
-  bool pipe;
-  int split = 1;
+  int stage;
 };
-const Pipeline kPipelines[] = {{2, 8, false, 2, 2, false},    {2, 8, false, 0, 2, false},   {4, 8, false, 0, 2, false},
-                               {4, 2, false, 2, 4, false},    {4, 1, false, 0, 2, false},   {4, 8, true, 0, 2, false},
-                               {2, 16, true, 2, 4, false},    {2, 8, false, 2, 2, true},    {2, 1, true, 2, 2, true},
-                               {2, 8, false, 2, 2, false, 4}, {2, 16, true, 0, 2, false, 2}, {2, 8, true, 2, 4, true, 4}};
+const Pipeline kPipelines[] = {{2, 8, false, 2}, {2, 8, false, 0}, {4, 8, false, 0}, {4, 2, false, 2},
+                               {4, 1, false, 0}, {4, 8, true, 0},  {2, 16, true, 2}, {2, 1, true, 2}};
 cu::KernelSwitches with_pipeline(cu::KernelSwitches k, const Pipeline& p) {
   k.rows_depth = p.depth;
   k.rows_waves = p.waves;
   k.rows_half = p.half;
   k.rows_stage = p.stage;
-  k.rows_depth_staged = p.depth_staged;
-  k.rows_pipe = p.pipe;
-  k.rows_split = p.split;
   return k;
 }
 
@@ -169,7 +161,7 @@ TEST(CudaRows, DenseProductsMatchReference) {
             // errors of its two products (silu(g)·u), so its bound is twice the plain one.
             EXPECT_LT(rel_err(dy.down(), ref), variant == 2 ? 2e-5 : 1e-5)
                 << W.name << " " << out << "x" << in << " T=" << T << " variant " << variant << " depth " << pl.depth
-                << " waves " << pl.waves << " half " << pl.half << " stage " << pl.stage << "/" << pl.depth_staged << " pipe " << pl.pipe << " split " << pl.split;
+                << " waves " << pl.waves << " half " << pl.half << " stage " << pl.stage;
           }
   }
 }
@@ -195,15 +187,13 @@ TEST(CudaRows, LinearTakesRowsBetweenTwoAndTheSwitch) {
     }
 }
 
-// A row's result is the same bits whichever rows share the product (2, 9 or 32 rows; other inputs), also with
-// k split over blocks.
+// A row's result is the same bits whichever rows share the product (2, 9 or 32 rows; other inputs).
 TEST(CudaRows, RowBitsIndependentOfTheOtherRows) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(13);
   const int out = 200, in = 1024;
-  for (int split : {1, 4}) {
+  {
     for (const RowsWeights& W : all_formats(1, out, in, rng)) {
-      SwitchesScope scope([&](cu::KernelSwitches& k) { k.rows_split = split; });
       auto x32 = randn(size_t(32) * in, rng);
       auto first = [&](int T, bool other) {
         auto x = x32;
@@ -258,23 +248,18 @@ TEST(CudaRows, ExpertTilesMatchReference) {
           ref.insert(ref.end(), r.begin(), r.end());
         }
         EXPECT_LT(rel_err(dy.down(), ref), 1e-5) << W.name << " swiglu " << I << " depth " << pl.depth << " waves " << pl.waves
-                                            << " half " << pl.half << " stage " << pl.stage << "/" << pl.depth_staged << " pipe " << pl.pipe << " split " << pl.split;
+                                            << " half " << pl.half << " stage " << pl.stage;
       }
   }
 }
 
 // The staging pass (KernelSwitches::rows_stage) changes no bit: dense products of 1..32 rows in every variant
-// (plain, accumulate, SwiGLU, RMSNorm inside; staged at depth 2 and 4 and through the shared-memory ring) and
-// expert tiles gathered from token rows, staged and not.
+// (plain, accumulate, SwiGLU, RMSNorm inside) and expert tiles gathered from token rows, staged and not.
 TEST(CudaRows, StagedRowsGiveTheSameBits) {
   LILY_REQUIRE_GPU();
   std::mt19937 rng(16);
-  auto run = [&](int stage, auto&& product, int depth = 2, bool pipe = false) {
-    SwitchesScope scope([&](cu::KernelSwitches& k) {
-      k.rows_stage = stage;
-      k.rows_depth_staged = depth;
-      k.rows_pipe = pipe;
-    });
+  auto run = [&](int stage, auto&& product) {
+    SwitchesScope scope([&](cu::KernelSwitches& k) { k.rows_stage = stage; });
     return product();
   };
   for (auto [out, in] : {std::pair<int, int>{130, 2048}, {64, 576}, {48, 64}})
@@ -290,15 +275,10 @@ TEST(CudaRows, StagedRowsGiveTheSameBits) {
                                          nullptr, variant == 3 ? dnw.p : nullptr, 1e-6f));
             return dy.down();
           };
-          const auto plain = run(0, product), staged = run(2, product), deep = run(2, product, 4),
-                     piped = run(2, product, 2, true);
+          const auto plain = run(0, product), staged = run(2, product);
           ASSERT_EQ(plain.size(), staged.size());
           EXPECT_EQ(0, std::memcmp(plain.data(), staged.data(), plain.size() * sizeof(float)))
               << W.name << " " << out << "x" << in << " T=" << T << " variant " << variant;
-          EXPECT_EQ(0, std::memcmp(plain.data(), deep.data(), plain.size() * sizeof(float)))
-              << W.name << " " << out << "x" << in << " T=" << T << " variant " << variant << " depth 4";
-          EXPECT_EQ(0, std::memcmp(plain.data(), piped.data(), plain.size() * sizeof(float)))
-              << W.name << " " << out << "x" << in << " T=" << T << " variant " << variant << " shared-memory ring";
         }
   // expert tiles: 20 slots of 6 token rows over 4 experts (one chosen by none), the last tile dead
   const int E = 4, out = 96, in = 1024, NX = 6;
@@ -324,9 +304,8 @@ TEST(CudaRows, StagedRowsGiveTheSameBits) {
                                      nullptr, 1e-6f, NX));
         return dy.down();
       };
-      const auto plain = run(0, product), staged = run(1, product), piped = run(1, product, 2, true);
+      const auto plain = run(0, product), staged = run(1, product);
       EXPECT_EQ(0, std::memcmp(plain.data(), staged.data(), plain.size() * sizeof(float))) << W.name << " swiglu " << I;
-      EXPECT_EQ(0, std::memcmp(plain.data(), piped.data(), plain.size() * sizeof(float))) << W.name << " swiglu " << I << " ring";
     }
 }
 

@@ -130,7 +130,7 @@ void launch_stage_perm(int perm_bits, const float* x, int64_t ldx, int in, const
 }
 
 // ---- buffers per (device, stream, slot): `fixed` (reserved, never moves) and `grown` (larger products) ----
-enum Slot { kScales = 0, kStageScales = 1, kStage = 2, kRowsStage = 3, kRowsPart = 4, kRowsCount = 5, kSlots = 6 };
+enum Slot { kScales = 0, kStageScales = 1, kStage = 2, kRowsStage = 3, kSlots = 4 };
 struct Buf {
   void* p = nullptr;
   size_t cap = 0;
@@ -158,7 +158,6 @@ void regrow(Buf& b, size_t bytes) {
   b.p = nullptr;
   b.cap = 0;
   LILY_CU(cudaMalloc(&b.p, bytes));
-  LILY_CU(cudaMemset(b.p, 0, bytes));  // the split products' counters start at zero
   b.cap = bytes;
 }
 
@@ -183,8 +182,7 @@ void reserve_gemm_stage(cudaStream_t s, int64_t rows, int64_t in) {
   rows = std::max<int64_t>(rows, 1);
   const size_t in64 = size_t((in + 63) / 64 * 64);
   const size_t sizes[kSlots] = {4 * size_t(rows), 4 * size_t(rows), 2 * size_t(rows) * in64,
-                                4 * size_t(rows) * (in64 + in64 / 64), 4 * size_t(kRowsSplitFloats),
-                                4 * size_t(kRowsSplitCounters)};
+                                4 * size_t(rows) * (in64 + in64 / 64)};
   std::lock_guard<std::mutex> lock(registry().mu);
   Entry& e = entry(s);
   for (int i = 0; i < kSlots; ++i)
@@ -192,8 +190,6 @@ void reserve_gemm_stage(cudaStream_t s, int64_t rows, int64_t in) {
 }
 
 void* rows_stage_buffer(cudaStream_t s, size_t bytes) { return buffer(s, kRowsStage, bytes); }
-float* rows_split_partials(cudaStream_t s) { return static_cast<float*>(buffer(s, kRowsPart, 4 * size_t(kRowsSplitFloats))); }
-int* rows_split_counters(cudaStream_t s) { return static_cast<int*>(buffer(s, kRowsCount, 4 * size_t(kRowsSplitCounters))); }
 
 RowScales row_scales(const float* x, int64_t ldx, int in, const int32_t* gather, const int32_t* tiles,
                      const int32_t* n_tiles, int max_tiles, int T, int x_rows, cudaStream_t s) {

@@ -45,13 +45,6 @@ void reserve_gemm_stage(cudaStream_t s, int64_t rows, int64_t in);
 // by reserve_gemm_stage for rows x in (4 bytes an element and one float a 64-wide chunk).
 void* rows_stage_buffer(cudaStream_t s, size_t bytes);
 
-// The stream's partial sums (kRowsSplitFloats) and arrival counters (kRowsSplitCounters, zero between launches)
-// of the multi-row products split over several blocks along k; allocated with the reservation above.
-constexpr int64_t kRowsSplitFloats = int64_t(1) << 21;
-constexpr int64_t kRowsSplitCounters = int64_t(1) << 14;
-float* rows_split_partials(cudaStream_t s);
-int* rows_split_counters(cudaStream_t s);
-
 #ifdef __CUDACC__
 __device__ __forceinline__ float row_scale_of(const RowScales& rs, int src, int r) {
   return __ldg(rs.s + (rs.by_src ? src : r));

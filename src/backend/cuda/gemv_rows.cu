@@ -26,16 +26,6 @@ namespace lily::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-// PIPE (4-bit, staged): stages of a warp's shared-memory ring, bytes of one chunk of one weight row
-constexpr int kPipe = 6;
-constexpr int kPipeRowBytes = 32;
-
-// Dense products split over kb blocks along k (KernelSwitches::rows_split): their partial sums and arrival counters.
-struct SplitK {
-  int kb = 1;
-  float* part = nullptr;
-  int* cnt = nullptr;
-};
 
 __device__ __forceinline__ uint2 ld_stream2(const void* p) {
   uint2 v;
@@ -91,22 +81,16 @@ struct WChunk {
 // matching up rows; output silu(gate)·up. NB register buffers of weight chunks: NB − 1 chunks in flight per
 // lane while one is consumed. MT m16 tiles per warp (2; 1 halves a warp's rows, doubling the blocks of a
 // small matrix; SwiGLU needs 2). STG: the activation rows come staged (rows_stage.h: xs words, sxs sums per
-// chunk, any norm already applied), indexed like x; x and norm_w are then unused. PIPE (MODE 4 with STG): each
-// warp copies its chunks' codes into a ring of kPipe shared-memory stages (cp.async, 16-byte pieces, kPipe − 1
-// chunks in flight) and reads its fragments from there; scales stay one chunk ahead in registers. Same bits.
-template <int MODE, int NF, bool SWI, int NB, int MT, bool STG, bool PIPE = false>
+// chunk, any norm already applied), indexed like x; x and norm_w are then unused.
+template <int MODE, int NF, bool SWI, int NB, int MT, bool STG>
 __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
     rows_kernel(const Mat W, int in, int nrows, const float* __restrict__ x, int64_t ldx,
                 const int32_t* __restrict__ gather, float* __restrict__ y, int64_t ldy, bool accumulate, int swiglu_I,
                 const int32_t* __restrict__ tiles, const int32_t* __restrict__ n_tiles, int T, int ks,
                 const float* __restrict__ norm_w, float eps, const uint32_t* __restrict__ xs,
-                const float* __restrict__ sxs, int kb, float* __restrict__ part, int* __restrict__ cnt) {
+                const float* __restrict__ sxs) {
   static_assert(!SWI || MT == 2, "SwiGLU: tile 0 gate rows, tile 1 up rows");
-  static_assert(!PIPE || (MODE == 4 && STG && NB == 2), "the ring takes staged 4-bit products, two register buffers");
-  // PIPE: [kWarps][kPipe][16·MT rows][kPipeRowBytes] code stages first; then, when ks > 1, red [kWarps][MT·NF·4][32]
-  constexpr int kStageBytes = 16 * MT * kPipeRowBytes;
-  extern __shared__ __align__(16) uint8_t dsm[];
-  float* red = reinterpret_cast<float*>(dsm + (PIPE ? size_t(kWarps) * kPipe * kStageBytes : 0));
+  extern __shared__ __align__(16) float red[];  // ks > 1: [kWarps][MT·NF·4][32], the k groups' partial sums
   __shared__ float inv_s[8 * NF];  // norm_w: 1 / rms of each activation row of the block
   constexpr int NACC = MT * NF * 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
@@ -163,48 +147,11 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       }
     load_sb(Wc, ch);
   };
-  // PIPE: the warp's codes of chunk ch into stage st (row r = 16·mt + 8·h + g of the warp, 2 pieces of 16 bytes;
-  // lane L copies pieces L, L + 32, ...), and a lane's fragment words from a stage
-  uint8_t* wst = dsm + size_t(warp) * kPipe * kStageBytes;
-  auto copy = [&](int ch, int st) {
-    const uint32_t dst = smem_u32(wst + st * kStageBytes);
-#pragma unroll
-    for (int pc = lane; pc < 32 * MT; pc += 32) {
-      const int r = pc >> 1, part = pc & 1;
-      int64_t row;
-      if constexpr (SWI) row = min(rb + (r & 15), nrows - 1) + int64_t(r >> 4) * swiglu_I;
-      else row = min(rb + r, nrows - 1);
-      cp_async16(dst + uint32_t(pc * 16),
-                 reinterpret_cast<const uint8_t*>(W.q + int64_t(e) * W.qstride + row * W.row_words) + ch * 32 + 16 * part,
-                 true);
-    }
-  };
-  auto fill = [&](WChunk<MODE, MT>& Wc, int st) {
-    const uint8_t* b = wst + st * kStageBytes;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint2 v = *reinterpret_cast<const uint2*>(b + (16 * mt + 8 * h + g) * kPipeRowBytes + 8 * c);
-        Wc.w[mt][h][0] = v.x;
-        Wc.w[mt][h][1] = v.y;
-      }
-  };
   WChunk<MODE, MT> buf[NB];
-  // chunks of warp kq in block z of the kb blocks splitting k (dense products): c0 + j·kst
-  const int kst = ks * kb, c0 = int(blockIdx.z) * ks + kq;
-  if constexpr (PIPE) {
+  // warp kq's chunks: kq, kq + ks, ...
 #pragma unroll
-    for (int q = 0; q < kPipe - 1; ++q) {
-      if (c0 + q * kst < nch) copy(c0 + q * kst, q);
-      cp_async_commit();
-    }
-    if (c0 < nch) load_sb(buf[0], c0);
-  } else {
-#pragma unroll
-    for (int b = 0; b < NB - 1; ++b)
-      if (c0 + b * kst < nch) load(buf[b], c0 + b * kst);
-  }
+  for (int b = 0; b < NB - 1; ++b)
+    if (kq + b * ks < nch) load(buf[b], kq + b * ks);
   if (!tiles) grid_dependency_wait();
   // activation rows of this lane's B fragments (row g of fragment f); null: padding
   const float* xr[NF];
@@ -335,36 +282,15 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       }
     }
   };
-  if constexpr (PIPE) {
-    // chunk number it (ch = c0 + it·ks) sits in stage it % kPipe; before consuming it, the chunk kPipe − 1 ahead
-    // goes into the stage every lane finished reading one iteration ago
-    auto step = [&](WChunk<MODE, MT>& cur, WChunk<MODE, MT>& nxt, int ch, int it) {
-      __syncwarp();
-      const int ca = ch + (kPipe - 1) * kst;
-      if (ca < nch) copy(ca, (it + kPipe - 1) % kPipe);
-      cp_async_commit();
-      if (ch + kst < nch) load_sb(nxt, ch + kst);
-      cp_async_wait<kPipe - 1>();
-      __syncwarp();
-      fill(cur, it % kPipe);
-      consume(cur, ch);
-    };
-    int it = 0;
-    for (int ch = c0; ch < nch; ch += 2 * kst, it += 2) {
-      step(buf[0], buf[1], ch, it);
-      if (ch + kst < nch) step(buf[1], buf[0], ch + kst, it + 1);
-    }
-  } else {
-    // a ring of NB register buffers (unrolled, so every index is static): before consuming chunk i, the load of
-    // chunk i + NB − 1 is issued into the buffer chunk i − 1 freed
-    for (int ch = c0; ch < nch; ch += NB * kst) {
+  // a ring of NB register buffers (unrolled, so every index is static): before consuming chunk i, the load of
+  // chunk i + NB − 1 is issued into the buffer chunk i − 1 freed
+  for (int ch = kq; ch < nch; ch += NB * ks) {
 #pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        const int cc = ch + b * kst;
-        if (cc < nch) {
-          if (cc + (NB - 1) * kst < nch) load(buf[(b + NB - 1) % NB], cc + (NB - 1) * kst);
-          consume(buf[b], cc);
-        }
+    for (int b = 0; b < NB; ++b) {
+      const int cc = ch + b * ks;
+      if (cc < nch) {
+        if (cc + (NB - 1) * ks < nch) load(buf[(b + NB - 1) % NB], cc + (NB - 1) * ks);
+        consume(buf[b], cc);
       }
     }
   }
@@ -388,35 +314,6 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
           for (int q = 1; q < ks; ++q) t += red[(int64_t(warp + q) * NACC + (mt * NF + f) * 4 + i) * 32 + lane];
           acc[mt][f][i] = t;
         }
-  }
-  if (kb > 1) {
-    // the row group's partial sums of this block into part[z][group][lane][NACC]; the last of the kb blocks to
-    // arrive adds them in z order (the same bits whichever block arrives last) and finishes, then re-arms cnt
-    const int grp = int(blockIdx.x) * (kWarps / ks) + mg, ngroups = int(gridDim.x) * (kWarps / ks);
-    auto slot = [&](int z) { return reinterpret_cast<float4*>(part + ((int64_t(z) * ngroups + grp) * 32 + lane) * NACC); };
-    float4* mine = slot(int(blockIdx.z));
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int f = 0; f < NF; ++f) mine[mt * NF + f] = make_float4(acc[mt][f][0], acc[mt][f][1], acc[mt][f][2], acc[mt][f][3]);
-    __threadfence();
-    __syncwarp();
-    int prev = 0;
-    if (lane == 0) prev = atomicAdd(cnt + grp, 1);
-    if (__shfl_sync(0xffffffffu, prev, 0) != kb - 1) return;
-    __threadfence();
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int f = 0; f < NF; ++f) {
-        float4 t = __ldcg(slot(0) + mt * NF + f);
-        for (int z = 1; z < kb; ++z) {
-          const float4 p = __ldcg(slot(z) + mt * NF + f);
-          t.x += p.x; t.y += p.y; t.z += p.z; t.w += p.w;
-        }
-        acc[mt][f][0] = t.x; acc[mt][f][1] = t.y; acc[mt][f][2] = t.z; acc[mt][f][3] = t.w;
-      }
-    if (lane == 0) cnt[grp] = 0;
   }
   // C fragment: acc[mt][f][i] is weight row g + 8·(i / 2) of tile mt, activation row 8f + 2c + i % 2
 #pragma unroll
@@ -445,56 +342,34 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
 template <int MODE, int NF, bool SWI, int MT>
 void launch(dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
             const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
-            const int32_t* n_tiles, int T, const float* norm_w, float eps, const RowsStaged& st,
-            const SplitK& sk) {
+            const int32_t* n_tiles, int T, const float* norm_w, float eps, const RowsStaged& st) {
   const size_t red = ks > 1 ? sizeof(float) * size_t(kWarps) * MT * NF * 4 * 32 : 0;
-  if constexpr (MODE == 4) {
-    if (st.x && kernel_switches().rows_pipe) {  // staged 4-bit rows through the shared-memory ring
-      constexpr size_t stages = size_t(kWarps) * kPipe * 16 * MT * kPipeRowBytes;
-      constexpr size_t max_smem = stages + sizeof(float) * size_t(kWarps) * MT * NF * 4 * 32;
-      auto* kp = rows_kernel<MODE, NF, SWI, 2, MT, true, true>;
-      static const bool attr = [&] {
-        LILY_CU(cudaFuncSetAttribute(kp, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)));
-        return true;
-      }();
-      (void)attr;
-      PdlLaunch L(grid, dim3(32 * kWarps), stages + red, s);
-      LILY_CU(cudaLaunchKernelEx(&L.cfg, kp, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles,
-                                 T, ks, nullptr, eps, st.x, st.sx, sk.kb, sk.part, sk.cnt));
-      return;
-    }
-  }
   PdlLaunch L(grid, dim3(32 * kWarps), red, s);
   auto* k = rows_kernel<MODE, NF, SWI, 2, MT, false>;
   if constexpr (MODE != 8)  // 8-bit chunks at depth 4 spill at two blocks per SM
     if (kernel_switches().rows_depth >= 4) k = rows_kernel<MODE, NF, SWI, 4, MT, false>;
-  if (st.x) {  // staged rows: steps of 9-32 rows (one block an SM, registers to spare) may take depth 4
-    k = rows_kernel<MODE, NF, SWI, 2, MT, true>;
-    if constexpr (NF >= 2)
-      if (kernel_switches().rows_depth_staged >= 4) k = rows_kernel<MODE, NF, SWI, 4, MT, true>;
-  }
+  if (st.x) k = rows_kernel<MODE, NF, SWI, 2, MT, true>;
   LILY_CU(cudaLaunchKernelEx(&L.cfg, k, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T,
-                             ks, st.x ? nullptr : norm_w, eps, st.x, st.sx, sk.kb, sk.part, sk.cnt));
+                             ks, st.x ? nullptr : norm_w, eps, st.x, st.sx));
 }
 
 template <int MODE, bool SWI, int MT>
 void launch_nf(int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows, const float* x, int64_t ldx,
                const int32_t* gather, float* y, int64_t ldy, bool accumulate, int swiglu_I, const int32_t* tiles,
-               const int32_t* n_tiles, int T, const float* norm_w, float eps, const RowsStaged& st,
-            const SplitK& sk) {
-  if (nf == 1) launch<MODE, 1, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st, sk);
-  else if (nf == 2) launch<MODE, 2, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st, sk);
-  else launch<MODE, 4, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st, sk);
+               const int32_t* n_tiles, int T, const float* norm_w, float eps, const RowsStaged& st) {
+  if (nf == 1) launch<MODE, 1, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st);
+  else if (nf == 2) launch<MODE, 2, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st);
+  else launch<MODE, 4, SWI, MT>(grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st);
 }
 
 template <int MODE>
 void launch_mode(bool swi, int mt, int nf, dim3 grid, int ks, cudaStream_t s, const Mat& W, int in, int nrows,
                  const float* x, int64_t ldx, const int32_t* gather, float* y, int64_t ldy, bool accumulate,
-                 int swiglu_I, const int32_t* tiles, const int32_t* n_tiles, int T, const float* norm_w, float eps, const RowsStaged& st,
-            const SplitK& sk) {
-  if (swi) launch_nf<MODE, true, 2>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st, sk);
-  else if (mt == 1) launch_nf<MODE, false, 1>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st, sk);
-  else launch_nf<MODE, false, 2>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st, sk);
+                 int swiglu_I, const int32_t* tiles, const int32_t* n_tiles, int T, const float* norm_w, float eps,
+                 const RowsStaged& st) {
+  if (swi) launch_nf<MODE, true, 2>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st);
+  else if (mt == 1) launch_nf<MODE, false, 1>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st);
+  else launch_nf<MODE, false, 2>(nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st);
 }
 
 }  // namespace
@@ -529,12 +404,6 @@ bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, co
     while (ks < kWarps && blocks(ks) < target && nch / (2 * ks) >= 2) ks *= 2;
   };
   split();
-  // a dense matrix too small for the target even at ks = 8: its k also split over kb blocks (rows_split), chosen
-  // from the shape at 32 rows a warp so that a row's bits do not depend on T; each warp keeps >= 2 chunks
-  SplitK sk;
-  if (!tiles)
-    while (sk.kb * 2 <= kernel_switches().rows_split && blocks(ks) * sk.kb * 2 <= target && nch / (ks * sk.kb * 2) >= 2)
-      sk.kb *= 2;
   // a matrix too small for the target even split over every warp: one m16 tile a warp (rows_half), in steps of
   // up to 8 rows (on the H100, 16 streams lost 2% with it)
   int mt = 2;
@@ -543,14 +412,8 @@ bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, co
     rw = 16;
     split();
   }
-  const int64_t gx = cdiv(nrows, int64_t(kWarps / ks) * rw), groups_k = gx * (kWarps / ks);
-  // the scratch bounds (partials of kb blocks × groups × 32 lanes × mt·nf·4 floats): past them, no split
-  if (groups_k > kRowsSplitCounters || sk.kb * groups_k * 32 * (mt * nf * 4) > kRowsSplitFloats) sk.kb = 1;
-  if (sk.kb > 1) {
-    sk.part = rows_split_partials(s);
-    sk.cnt = rows_split_counters(s);
-  }
-  const dim3 grid(unsigned(gx), unsigned(tiles ? max_tiles : 1), unsigned(sk.kb));
+  const int64_t gx = cdiv(nrows, int64_t(kWarps / ks) * rw);
+  const dim3 grid(unsigned(gx), unsigned(tiles ? max_tiles : 1));
   const int mode = W.affine ? W.bits : 0;
   // the activation rows split once for all blocks (rows_stage.h): the rows x holds, T without a gather
   RowsStaged st;
@@ -558,9 +421,9 @@ bool rows_product(const Mat& W, int out, int in, const float* x, int64_t ldx, co
   if ((tiles ? stage >= 1 : stage >= 2) && src_rows > 0)
     st = rows_stage(mode == 4 ? 4 : 0, x, ldx, in, src_rows, norm_w, eps, s);
   switch (mode) {
-    case 0: launch_mode<0>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st, sk); break;
-    case 4: launch_mode<4>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st, sk); break;
-    default: launch_mode<8>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st, sk); break;
+    case 0: launch_mode<0>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st); break;
+    case 4: launch_mode<4>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st); break;
+    default: launch_mode<8>(swi, mt, nf, grid, ks, s, W, in, nrows, x, ldx, gather, y, ldy, accumulate, swiglu_I, tiles, n_tiles, T, norm_w, eps, st); break;
   }
   LILY_CU_LAUNCH();
   return true;

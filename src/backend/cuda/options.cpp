@@ -139,17 +139,6 @@ const std::vector<Field>& fields() {
       {"rows_stage", "the multi-row products' activation rows split into their bf16 hi/lo operands once by a staging "
                      "pass: 0 off, 1 the grouped experts, 2 also the dense products (default 2)",
        [](CudaOptions& o, const std::string& v) { o.kernels.rows_stage = parse_int_in("rows_stage", v, 0, 2); }},
-      {"rows_depth_staged", "weight chunks in flight per lane in the staged multi-row products of 9-32 rows (2 or 4, "
-                            "default 2)",
-       [](CudaOptions& o, const std::string& v) {
-         o.kernels.rows_depth_staged = parse_pow2_in("rows_depth_staged", v, 2, 4);
-       }},
-      {"rows_pipe", "the staged multi-row products stream weights through a cp.async ring of shared-memory stages per "
-                    "warp (default off)",
-       [](CudaOptions& o, const std::string& v) { o.kernels.rows_pipe = parse_bool("rows_pipe", v); }},
-      {"rows_split", "dense multi-row products too small for rows_waves also split k over up to this many blocks "
-                     "(1 off, 2 or 4; default 1)",
-       [](CudaOptions& o, const std::string& v) { o.kernels.rows_split = parse_pow2_in("rows_split", v, 1, 4); }},
       {"attn_token_blocks", "attention of 2-4 rows of one sequence beyond the decode kernel's 8 packed rows runs it per "
                             "token block, not the prompt kernel (default on)",
        [](CudaOptions& o, const std::string& v) { o.kernels.attn_token_blocks = parse_bool("attn_token_blocks", v); }},

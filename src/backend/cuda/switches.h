@@ -90,16 +90,6 @@ struct KernelSwitches {
   // chunk: 0 off, 1 the grouped experts, 2 also the dense products. Same bits either way. 2: on the H100
   // 16 / 32 streams +6%, 4 / 8 streams +2%, verify 4 / 8 rows −2 / −1.4%, one row level (1: 16 streams +4.5%).
   int rows_stage = 2;
-  // Weight chunks in flight per lane (2 or 4) of the staged products of 9-32 rows (16-32 activation rows a
-  // block: one block an SM, so a deeper register ring costs no occupancy); rows_depth above is the unstaged one.
-  int rows_depth_staged = 2;
-  // The staged products stream their weight codes through a ring of shared-memory stages per warp (cp.async,
-  // several chunks in flight without the registers of a deeper register ring) instead of register buffers.
-  bool rows_pipe = false;
-  // Dense multi-row products whose grid stays below rows_waves blocks an SM at 8 warps along k also split k over
-  // up to this many blocks (1 off, 2, 4): partial sums in scratch, added in block order by the last block to
-  // arrive (deterministic). For the small out projections: 2048 outputs at 16 rows are 64 blocks.
-  int rows_split = 1;
   // Attention of a step of 2-4 rows of one sequence whose G·T packed rows exceed the decode kernel's 8 (a
   // verification) runs the decode kernel with a block per kDecRows / G tokens (each reads the keys, from L2 after
   // the first) instead of the prompt kernel's one 64-row tile per KV head: on the H100 verify 2 / 3 rows −2%.
