@@ -64,8 +64,11 @@ void ThreadPool::run_chunks() {
     {
       std::lock_guard lk(mu_);
       if (next_ >= n_) return;
+      // guided: a share of what is left, at least chunk_ (the grain), so the last chunks are small and the
+      // threads finish together; the boundaries depend only on n and the grain, never on which thread asks
+      const int64_t left = n_ - next_, share = (left + 2 * size() - 1) / (2 * size());
       b = next_;
-      e = next_ = std::min(n_, next_ + chunk_);
+      e = next_ = next_ + std::min(left, std::max(chunk_, share));
       fn = fn_;
     }
     try {
@@ -118,8 +121,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
   bool wake;
   {
     std::lock_guard lk(mu_);
-    int64_t parts = int64_t(size()) * 4;
-    chunk_ = std::max(grain, (n + parts - 1) / parts);
+    chunk_ = grain;
     fn_ = &fn;
     n_ = n;
     next_ = 0;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -348,6 +349,40 @@ TEST(ThreadPool, ManySmallJobsSleepAndTwoCallers) {
   t1.join();
   t2.join();
   EXPECT_EQ(total.load(), 2 * 2000 * 10);
+}
+
+// Guided chunks: every index once, every chunk but the last at least the grain, the same boundaries on every
+// call (they depend on n and the grain only), and the last chunks no larger than the first.
+TEST(ThreadPool, GuidedChunksKeepTheGrainAndFixedBoundaries) {
+  ThreadPool pool(2);
+  for (int64_t n : {1, 5, 17, 100, 1153})
+    for (int64_t grain : {1, 3, 8, 64}) {
+      std::vector<std::pair<int64_t, int64_t>> first;
+      for (int rep = 0; rep < 3; ++rep) {
+        std::mutex mu;
+        std::vector<std::pair<int64_t, int64_t>> chunks;
+        pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
+          std::lock_guard lk(mu);
+          chunks.push_back({b, e});
+        });
+        std::sort(chunks.begin(), chunks.end());
+        int64_t at = 0;
+        for (const auto& [b, e] : chunks) {
+          ASSERT_EQ(b, at) << "n " << n << " grain " << grain;
+          if (e < n) {
+            EXPECT_GE(e - b, std::min(grain, n)) << "n " << n << " grain " << grain;
+          }
+          at = e;
+        }
+        ASSERT_EQ(at, n);
+        EXPECT_LE(chunks.back().second - chunks.back().first, chunks.front().second - chunks.front().first);
+        if (rep == 0) {
+          first = chunks;
+        } else {
+          EXPECT_EQ(chunks, first) << "n " << n << " grain " << grain;
+        }
+      }
+    }
 }
 
 TEST(ThreadPool, NestedCallsRunInline) {
