@@ -313,13 +313,13 @@ void CpuBackend::ffn(int layer) {
   struct Run {
     const Expert* ex;
     int64_t e, n;     // expert (-1: shared), rows
-    size_t x, gu, y;  // offsets: rows in xin (routed), rows·I in g / up, rows·H in y
+    size_t x, gu, y;  // offsets: rows in xin (routed, fewer than T rows), rows·I in g / up, rows·H in y
   };
   std::vector<Run> runs;
   size_t nx = 0, ngu = 0, ny = 0;
   auto add = [&](const Expert& ex, int64_t e, int64_t n) {
     runs.push_back({&ex, e, n, nx, ngu, ny});
-    if (e >= 0) nx += size_t(n * H);
+    if (e >= 0 && n < T) nx += size_t(n * H);
     ngu += size_t(n * ex.gate.out);
     ny += size_t(n * H);
   };
@@ -332,8 +332,9 @@ void CpuBackend::ffn(int layer) {
   std::vector<MatJob> jobs;
   std::vector<uint32_t> cls;  // each job's product class
   for (const Run& r : runs) {
+    // an expert that every row routes to reads u_ itself (rows are added in order): one input, quantised once
     const float* xr = u_.data();
-    if (r.e >= 0) {
+    if (r.e >= 0 && r.n < T) {
       const auto& rows = assigned[size_t(r.e)];
       for (int64_t i = 0; i < r.n; ++i)
         std::memcpy(xin.data() + r.x + size_t(i * H), u_.data() + rows[size_t(i)].first * H, size_t(H) * 4);
@@ -402,6 +403,7 @@ void CpuBackend::head() {
     rms_norm(x + (g.rows - g.out_rows) * H, norm, g.out_rows, H, eps, h.data() + r * H);
     r += g.out_rows;
   }
+  out_.swap(spare_);
   out_.assign(static_cast<size_t>(rows * cfg.vocab), 0.0f);
   if (rows == 0) return;
   const int64_t Vr = w_->lm_head.out, v0 = w_->vocab0;  // a rank's vocabulary rows (all, unsplit)
@@ -439,7 +441,7 @@ uint64_t CpuBackend::end() {
     states += g.st->nbytes();
   }
   size_t cur = (x_.capacity() + u_.capacity() + a_.capacity() + b_.capacity() + c_.capacity() + d_.capacity() +
-                e_.capacity() + out_.capacity()) * sizeof(float) + states;
+                e_.capacity() + out_.capacity() + spare_.capacity()) * sizeof(float) + states;
   peak_ = std::max(peak_, cur);
   groups_.clear();
   const uint64_t t = next_ticket_++;
@@ -453,6 +455,7 @@ void CpuBackend::finish(uint64_t ticket, const StepOutputs& out) {
     throw InternalError("CpuBackend::finish: ticket " + std::to_string(ticket) + " is not the oldest unfinished step");
   const std::vector<float>& l = done_.front().second;
   if (out.logits) std::copy(l.begin(), l.end(), out.logits);
+  if (l.capacity() <= size_t(8 * w_->cfg.vocab)) spare_ = std::move(done_.front().second);  // decode-sized only
   done_.pop_front();
 }
 

@@ -112,6 +112,7 @@ class CpuBackend final : public Backend {
   // outputs of ended steps not yet finished: (ticket, logits rows)
   std::deque<std::pair<uint64_t, std::vector<float>>> done_;
   std::vector<float> out_;
+  std::vector<float> spare_;  // a finished step's logits buffer, reused by the next head() (no fresh pages a step)
   uint64_t next_ticket_ = 1;
   size_t peak_ = 0;
   bool rank_mode_ = false;
