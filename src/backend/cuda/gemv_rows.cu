@@ -15,7 +15,6 @@
 #include <algorithm>
 
 #include "backend/cuda/device_info.h"
-#include "backend/cuda/gemm_stage.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/rows.h"
