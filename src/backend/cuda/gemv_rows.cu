@@ -37,6 +37,22 @@ __device__ __forceinline__ uint4 ld_stream4(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+// Staged activation words and sums (read by every block, so L1 may keep them): predicated loads, zeros where
+// !ok, with no branch, so that the compiler can issue them all ahead of their use.
+__device__ __forceinline__ uint4 ld_x4_if(const void* p, bool ok) {
+  uint4 v;
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
+      " mov.b32 %3, 0;\n @q ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n}"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "r"(int(ok)));
+  return v;
+}
+__device__ __forceinline__ float ld_f_if(const float* p, bool ok) {
+  float v;
+  asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n mov.b32 %0, 0;\n @q ld.global.nc.f32 %0, [%1];\n}"
+               : "=f"(v) : "l"(p), "r"(int(ok)));
+  return v;
+}
 
 // Codes enter the MMA centred, q - 2^(bits-1), exact in bf16; the fold then adds (b + 2^(bits-1)·s)·Σx, which
 // keeps s·Σq·x and b·Σx from cancelling (MLX biases sit near -2^(bits-1)·s).
@@ -68,12 +84,16 @@ __device__ __forceinline__ void zero(float (&a)[MT][NF][4]) {
       for (int i = 0; i < 4; ++i) a[mt][f][i] = 0.f;
 }
 
-// One chunk's weights of a lane: rows (mt, h) = m16 tile mt, row g + 8h.
-template <int MODE, int MT>
+// One chunk's operands of a lane: weight rows (mt, h) = m16 tile mt, row g + 8h; staged products also the
+// chunk's B fragments (xf[f][s]: k16 step s of fragment f) and Σx of the lane's two C columns per fragment,
+// loaded with the weights, a chunk ahead of their use.
+template <int MODE, int MT, int NF>
 struct WChunk {
   static constexpr int WORDS = MODE == 4 ? 2 : MODE == 8 ? 4 : 8;
   uint32_t w[MT][2][WORDS];
   float s[MT][2], b[MT][2];
+  uint4 xf[NF][4];
+  float xs[NF][2];
 };
 
 // MODE 0 bf16, 4 / 8 affine bits. NF n8 fragments (8·NF activation rows). SWI: m16 tile 0 gate rows, 1 the
@@ -92,6 +112,9 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
   extern __shared__ __align__(16) float red[];  // ks > 1: [kWarps][MT·NF·4][32], the k groups' partial sums
   __shared__ float inv_s[8 * NF];  // norm_w: 1 / rms of each activation row of the block
   constexpr int NACC = MT * NF * 4;
+  // staged fragments a chunk ahead, with the weights, where the registers allow (32 rows would need ~150 more,
+  // 8-bit at two blocks an SM spills); otherwise each k16 step loads its own
+  constexpr bool XPF = STG && NF <= 2 && !(MODE == 8 && NF == 1);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int mg = warp / ks, kq = warp % ks;
   allow_dependent_launch();
@@ -113,20 +136,21 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       if constexpr (SWI) wr[mt][h] = min(rb + g + 8 * h, nrows - 1) + mt * swiglu_I;
       else wr[mt][h] = min(rb + 16 * mt + g + 8 * h, nrows - 1);  // rows past the end repeat, never written
     }
-  const int nch = in / 64, gpr = MODE == 0 ? 0 : in / W.gs;
-  auto load_sb = [&](WChunk<MODE, MT>& Wc, int ch) {
+  // groups per row; gs / 64 is a power of two (rows_covers), so a chunk's group is a shift
+  const int nch = in / 64, gpr = MODE == 0 ? 0 : in / W.gs, gshift = MODE == 0 ? 0 : __ffs(W.gs / 64) - 1;
+  auto load_sb = [&](WChunk<MODE, MT, NF>& Wc, int ch) {
     if constexpr (MODE != 0) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int64_t gi = int64_t(e) * W.sstride + wr[mt][h] * gpr + (ch * 64) / W.gs;
+          const int64_t gi = int64_t(e) * W.sstride + wr[mt][h] * gpr + (ch >> gshift);
           Wc.s[mt][h] = bf(__ldg(W.s + gi));
           Wc.b[mt][h] = bf(__ldg(W.b + gi)) + kCodeOffset<MODE> * Wc.s[mt][h];  // the centred codes' bias
         }
     }
   };
-  auto load = [&](WChunk<MODE, MT>& Wc, int ch) {
+  auto load_w = [&](WChunk<MODE, MT, NF>& Wc, int ch) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -146,31 +170,55 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       }
     load_sb(Wc, ch);
   };
-  WChunk<MODE, MT> buf[NB];
+  WChunk<MODE, MT, NF> buf[NB];
   // warp kq's chunks: kq, kq + ks, ...
 #pragma unroll
   for (int b = 0; b < NB - 1; ++b)
-    if (kq + b * ks < nch) load(buf[b], kq + b * ks);
+    if (kq + b * ks < nch) load_w(buf[b], kq + b * ks);
   if (!tiles) grid_dependency_wait();
   // activation rows of this lane's B fragments (row g of fragment f); null: padding
   const float* xr[NF];
-  const uint4* xq[NF];       // STG: this lane's words of its row (chunk 0)
+  const uint4* xq[NF];       // STG: this lane's words of its row (chunk 0); xok: the row exists
   const float* sq[NF][2];    // STG: Σx per chunk of activation rows 8f + 2c and 8f + 2c + 1 (the C columns)
+  bool xok[NF], sok[NF][2];
 #pragma unroll
   for (int f = 0; f < NF; ++f) {
     const int n = 8 * f + g;
     const int64_t src = n < count ? int64_t(gather ? gather[row0 + n] : row0 + n) : -1;
     if constexpr (STG) {
-      xq[f] = src >= 0 ? reinterpret_cast<const uint4*>(xs + src * in) + 4 * c : nullptr;
+      xok[f] = src >= 0;
+      xq[f] = reinterpret_cast<const uint4*>(xs + (xok[f] ? src : 0) * in) + 4 * c;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int m = 8 * f + 2 * c + i;
-        sq[f][i] = m < count ? sxs + int64_t(gather ? gather[row0 + m] : row0 + m) * nch : nullptr;
+        sok[f][i] = m < count;
+        sq[f][i] = sxs + (sok[f][i] ? int64_t(gather ? gather[row0 + m] : row0 + m) : 0) * nch;
       }
     } else {
       xr[f] = src >= 0 ? x + src * ldx + 16 * c : nullptr;
     }
   }
+  // STG: the chunk's B fragments and sums, into the same ring buffer as its weights
+  auto load_x = [&](WChunk<MODE, MT, NF>& Wc, int ch) {
+    if constexpr (STG) {
+#pragma unroll
+      for (int f = 0; f < NF; ++f) {
+#pragma unroll
+        for (int s = 0; s < 4; ++s) Wc.xf[f][s] = ld_x4_if(xq[f] + 16 * ch + s, xok[f]);
+        if constexpr (MODE != 0)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) Wc.xs[f][i] = ld_f_if(sq[f][i] + ch, sok[f][i]);
+      }
+    }
+  };
+  auto load = [&](WChunk<MODE, MT, NF>& Wc, int ch) {
+    load_w(Wc, ch);
+    if constexpr (XPF) load_x(Wc, ch);
+  };
+  if constexpr (XPF)
+#pragma unroll
+    for (int b = 0; b < NB - 1; ++b)
+      if (kq + b * ks < nch) load_x(buf[b], kq + b * ks);
   // RMSNorm of the activation rows inside the product: a warp per row sums its squares once, the chunks
   // then scale each element by 1/rms · norm_w as they read it
   float inv[NF];
@@ -193,7 +241,7 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
   zero(acc);
 
   // one chunk: 4 k16 steps × (hi, lo) MMAs per (tile, fragment); affine: into tmp, folded with s and b
-  auto consume = [&](const WChunk<MODE, MT>& Wc, int ch) {
+  auto consume = [&](const WChunk<MODE, MT, NF>& Wc, int ch) {
     float tmp[MT][NF][4];
     float sx[NF];
     zero(tmp);
@@ -219,7 +267,7 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
 #pragma unroll
         for (int f = 0; f < NF; ++f) {
           if constexpr (STG) {
-            const uint4 q = xq[f] ? __ldg(xq[f] + 16 * ch + s) : make_uint4(0u, 0u, 0u, 0u);
+            const uint4 q = XPF ? Wc.xf[f][s] : ld_x4_if(xq[f] + 16 * ch + s, xok[f]);
             bh[f][0] = q.x; bh[f][1] = q.y; bl[f][0] = q.z; bl[f][1] = q.w;
           } else {
             rows_bfrag<MODE == 4 ? 4 : 0>(X[f][0], X[f][1], sub, bh[f], bl[f]);
@@ -262,8 +310,8 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
       for (int f = 0; f < NF; ++f) {
         float s0, s1;
         if constexpr (STG) {
-          s0 = sq[f][0] ? __ldg(sq[f][0] + ch) : 0.f;
-          s1 = sq[f][1] ? __ldg(sq[f][1] + ch) : 0.f;
+          s0 = XPF ? Wc.xs[f][0] : ld_f_if(sq[f][0] + ch, sok[f][0]);
+          s1 = XPF ? Wc.xs[f][1] : ld_f_if(sq[f][1] + ch, sok[f][1]);
         } else {
           float v = sx[f];
           v += __shfl_xor_sync(0xffffffffu, v, 1);
@@ -376,8 +424,8 @@ void launch_mode(bool swi, int mt, int nf, dim3 grid, int ks, cudaStream_t s, co
 bool rows_covers(const Mat& W, int in) {
   if (W.exl3 || in <= 0 || in % 64 != 0) return false;
   if (W.affine)
-    return (W.bits == 4 || W.bits == 8) && W.gs % 64 == 0 && W.row_words % 4 == 0 && W.qstride % 4 == 0 &&
-           aligned16(W.q);
+    return (W.bits == 4 || W.bits == 8) && W.gs % 64 == 0 && (W.gs & (W.gs - 1)) == 0 && W.row_words % 4 == 0 &&
+           W.qstride % 4 == 0 && aligned16(W.q);
   return W.ld % 8 == 0 && W.estride % 8 == 0 && aligned16(W.w);
 }
 
