@@ -176,8 +176,7 @@ void quantize_token(const float* xt, int64_t in, int bits, int64_t gs, int8_t* q
 }  // namespace zmm
 LILY_INT8_ZMM_END
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
+LILY_TARGET_BEGIN("avx2,fma,f16c")
 namespace ymm_quant {
 
 // quantize_token for AVX2 hosts without AVX-512: the plain loop's per-element float operations (same codes
@@ -231,10 +230,9 @@ void quantize_token(const float* xt, int64_t in, int bits, int64_t gs, int8_t* q
 }
 
 }  // namespace ymm_quant
-#pragma GCC pop_options
+LILY_TARGET_END
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avxvnni")
+LILY_TARGET_BEGIN("avx2,fma,f16c,avxvnni")
 namespace ymm_vnni {
 constexpr int kRows = 4;
 #define LILY_YMM_VNNI 1
@@ -243,10 +241,9 @@ constexpr int kRows = 4;
 #include "backend/cpu/affine_int8_ymm_gemv.inc"
 #undef LILY_YMM_VNNI
 }  // namespace ymm_vnni
-#pragma GCC pop_options
+LILY_TARGET_END
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
+LILY_TARGET_BEGIN("avx2,fma,f16c")
 namespace ymm_avx2 {
 constexpr int kRows = 4;
 #define LILY_YMM_VNNI 0
@@ -255,7 +252,7 @@ constexpr int kRows = 4;
 #include "backend/cpu/affine_int8_ymm_gemv.inc"
 #undef LILY_YMM_VNNI
 }  // namespace ymm_avx2
-#pragma GCC pop_options
+LILY_TARGET_END
 
 #endif  // LILY_X86
 
@@ -308,6 +305,14 @@ const char* int8_isa_name(Int8Isa isa) {
   return "?";
 }
 
+#if LILY_X86
+// AVX-VNNI (256-bit): CPUID.(EAX=7, ECX=1):EAX bit 4; clang 14's __builtin_cpu_supports does not name it.
+static bool has_avx_vnni() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1u);
+}
+#endif
+
 bool int8_isa_available(Int8Isa isa) {
 #if LILY_X86
   __builtin_cpu_init();
@@ -315,7 +320,7 @@ bool int8_isa_available(Int8Isa isa) {
   switch (isa) {
     case Int8Isa::Scalar: return true;
     case Int8Isa::Avx2: return avx2;
-    case Int8Isa::AvxVnni: return avx2 && __builtin_cpu_supports("avxvnni");
+    case Int8Isa::AvxVnni: return avx2 && has_avx_vnni();
     case Int8Isa::Avx512Vnni:
       return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&

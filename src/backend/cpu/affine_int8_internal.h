@@ -7,22 +7,38 @@
 #include "quant/affine/affine.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define LILY_X86 1
 #else
 #define LILY_X86 0
 #endif
 
-// Brackets of the AVX-512 VNNI code of the int8 kernels: compiled for that ISA whatever the build flags
-// (the kernels are picked at run time). GCC 12's AVX-512 headers seed masked builtins with
+// Target regions: the functions defined between LILY_TARGET_BEGIN("isa,...") and LILY_TARGET_END are
+// compiled for that ISA whatever the build flags (the kernels are picked at run time). GCC: push_options and
+// target; clang (the sanitizer build): an attribute pushed onto every function of the region.
+#define LILY_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#define LILY_TARGET_BEGIN(isa) LILY_PRAGMA(clang attribute push(__attribute__((target(isa))), apply_to = function))
+#define LILY_TARGET_END _Pragma("clang attribute pop")
+#else
+#define LILY_TARGET_BEGIN(isa) _Pragma("GCC push_options") LILY_PRAGMA(GCC target(isa))
+#define LILY_TARGET_END _Pragma("GCC pop_options")
+#endif
+
+// Brackets of the AVX-512 VNNI code of the int8 kernels. GCC 12's AVX-512 headers seed masked builtins with
 // _mm512_undefined_*(), which -Wuninitialized reports inside inlined intrinsics (GCC bug 105593); nothing
 // there reads an uninitialised value.
 #define LILY_INT8_ZMM_BEGIN                                                                           \
-  _Pragma("GCC push_options")                                                                         \
-  _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni\")")             \
+  LILY_TARGET_BEGIN("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")                   \
   _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")                \
-  _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
-#define LILY_INT8_ZMM_END _Pragma("GCC diagnostic pop") _Pragma("GCC pop_options")
+  LILY_INT8_NO_MAYBE_UNINIT
+#define LILY_INT8_ZMM_END _Pragma("GCC diagnostic pop") LILY_TARGET_END
+#if defined(__clang__)
+#define LILY_INT8_NO_MAYBE_UNINIT
+#else
+#define LILY_INT8_NO_MAYBE_UNINIT _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#endif
 
 namespace lily::cpu::int8_detail {
 

@@ -57,6 +57,17 @@ inline void store_n(float* p, v8f v, int64_t n) {
 // Per lane: m ? a : b (m from a vector comparison: all ones or zeros).
 inline v8f select8(v8i m, v8f a, v8f b) { return (v8f)(((v8i)a & m) | ((v8i)b & ~m)); }
 
+// Per lane: x truncated toward zero; NaN and out-of-range lanes give INT_MIN, as x86's conversion does (a
+// plain __builtin_convertvector of them is undefined, which clang exploits).
+inline v8i cvtt8(v8f x) {
+#if defined(__AVX__)
+  return (v8i)__builtin_ia32_cvttps2dq256(x);
+#else
+  x = select8(x == x && x < 2147483648.0f && x >= -2147483648.0f, x, v8f{} - 2147483648.0f);
+  return __builtin_convertvector(x, v8i);
+#endif
+}
+
 // e^x per lane: x = n·ln2 + r with |r| <= ln2/2 (ln2 in two parts), a degree-7 polynomial for e^r, 2^n built in
 // the exponent bits. Within 2 ulp of e^x on [-87, 88]; outside, the input is clamped there (results
 // 1.6e-38 and 1.7e38: still finite and normal). NaN stays NaN. A lane depends on its own input alone, so a
@@ -66,7 +77,7 @@ inline v8f exp8(v8f x) {
   x = select8(x > hi, hi, x);
   x = select8(x < lo, lo, x);
   const v8f fx = x * 1.44269504088896341f + 0.5f;
-  v8f n = __builtin_convertvector(__builtin_convertvector(fx, v8i), v8f);
+  v8f n = __builtin_convertvector(cvtt8(fx), v8f);
   n = select8(n > fx, n - 1.0f, n);  // floor (the conversion truncates toward zero)
   const v8f r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
   v8f p = v8f{} + 1.9875691500e-4f;
