@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what lily needs to build and test on Debian 12 (idempotent), then configures and builds.
-# Usage: scripts/setup.sh [build-dir]   (default: build)
+# Usage: scripts/setup.sh [build-dir [CMAKE_ARGS...]]   (default: build; CMake arguments also in $LILY_CMAKE_ARGS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
+shift || true
 
 PKGS=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
@@ -33,5 +34,5 @@ GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
 # LILY_UNITY=1 (CI's from-scratch builds): unity build of the C++ targets (CMakeLists.txt, LILY_UNITY).
 cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DLILY_UNITY="$([ "${LILY_UNITY:-0}" = 1 ] && echo ON || echo OFF)" \
-  ${LILY_CMAKE_ARGS:-}
+  ${LILY_CMAKE_ARGS:-} "$@"
 cmake --build "$BUILD" -j "$(nproc)"
