@@ -7,6 +7,7 @@
 # Prints one line per target (executions, exec/s of wall time, CPU seconds, exec per CPU second, corpus
 # entries/bytes, outcome) and exits 1 when any target failed.
 # Usage: scripts/fuzz.sh [SECONDS] [TARGET...]     (targets: the names after fuzz_, default all)
+#        scripts/fuzz.sh --build                   configure and build the targets only (no assets, no runs)
 #   FUZZ_JOBS=N   run N targets at a time (default 1)
 #   LILY_UNITY=1  unity build of the targets (CI's from-scratch build)
 #   FUZZ_NICE=N   niceness of the fuzzers (default 0)
@@ -15,6 +16,8 @@
 #                 shared host: 30, so that load cannot pass for a hang)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build_only=0
+[ "${1:-}" = --build ] && { build_only=1; shift; }
 SECONDS_PER_TARGET=${1:-600}
 shift || true
 B=build-fuzz
@@ -23,12 +26,13 @@ if ! command -v clang++ >/dev/null 2>&1; then
   echo "fuzz: clang++ not found; run scripts/setup.sh (it installs clang, libclang-rt-14-dev and lld)" >&2
   exit 2
 fi
-scripts/fetch-assets.sh  # the real Qwen3 tokenizer and template some targets load
 GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
 CC=clang CXX=clang++ cmake -S . -B "$B" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLILY_FUZZ=ON -DLILY_TESTS=OFF \
   -DLILY_CUDA=OFF -DLILY_UNITY="$([ "${LILY_UNITY:-0}" = 1 ] && echo ON || echo OFF)" >/dev/null
 cmake --build "$B" --target fuzz_all -j "$(nproc)"
+[ "$build_only" = 1 ] && exit 0
+scripts/fetch-assets.sh  # the real Qwen3 tokenizer and template some targets load
 
 if [ $# -gt 0 ]; then
   TARGETS=("$@")
