@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(32 * kWarps, (MODE == 0 || NF > 1) ? 1 : 2)
   for (int b = 0; b < NB - 1; ++b)
     if (kq + b * ks < nch) load_w(buf[b], kq + b * ks);
   if (!tiles) grid_dependency_wait();
-  // activation rows of this lane's B fragments (row g of fragment f); null: padding
+  // activation rows of this lane's B fragments (row g of fragment f); padding rows: xr null, or xok / sok false
   const float* xr[NF];
   const uint4* xq[NF];       // STG: this lane's words of its row (chunk 0); xok: the row exists
   const float* sq[NF][2];    // STG: Σx per chunk of activation rows 8f + 2c and 8f + 2c + 1 (the C columns)
